@@ -1,0 +1,3 @@
+from memtier.cli import main
+
+raise SystemExit(main())

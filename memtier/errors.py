@@ -1,0 +1,228 @@
+"""One exception hierarchy for memtier, each class with a stable code.
+
+::
+
+    MemtierError                      code, retryable, http_status
+    ├── ConfigurationError            configuration_error   a setting above its hard ceiling, bad DSN
+    ├── ValidationError               invalid_input         caller input rejected before any I/O
+    │   ├── UnsupportedChannelError   unsupported_channel   group/conference or unknown channel
+    │   ├── TurnTooLargeError         turn_too_large        one turn exceeds what any session may hold
+    │   └── InvalidCursorError        invalid_cursor        a paging cursor that does not decode
+    ├── CapacityError                 capacity_exceeded     a bound refused the write; nothing stored
+    │   └── SessionFullError          session_full          turn/byte/tool bounds of one session hit
+    ├── BackendError                  backend_unavailable   Redis failed after bounded retries
+    │   └── TransientBackendError     backend_transient     one transient failure (retried internally)
+    ├── ScriptError                   script_error          a Lua script rejected its arguments (a bug)
+    ├── SnapshotError                 snapshot_error        writing or reading a snapshot generation
+    └── ConversationError             (threads) one code per ConversationErrorCode
+
+The code is the contract: HTTP bodies, metric labels and logs carry it.  The
+mapping from code to HTTP status lives here and only here
+(:func:`http_status_for`).  ``retryable`` is a property of the type, so the
+tenacity predicate is one line.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar
+
+__all__ = [
+    "BackendError",
+    "CapacityError",
+    "ConfigurationError",
+    "ConversationError",
+    "ConversationErrorCode",
+    "ErrorCode",
+    "InvalidCursorError",
+    "MemtierError",
+    "ScriptError",
+    "SessionFullError",
+    "SnapshotError",
+    "TransientBackendError",
+    "TurnTooLargeError",
+    "UnsupportedChannelError",
+    "ValidationError",
+    "http_status_for",
+]
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes of the memory tier (never renamed, only added)."""
+
+    CONFIGURATION_ERROR = "configuration_error"
+    INVALID_INPUT = "invalid_input"
+    UNSUPPORTED_CHANNEL = "unsupported_channel"
+    TURN_TOO_LARGE = "turn_too_large"
+    INVALID_CURSOR = "invalid_cursor"
+    CAPACITY_EXCEEDED = "capacity_exceeded"
+    SESSION_FULL = "session_full"
+    BACKEND_UNAVAILABLE = "backend_unavailable"
+    BACKEND_TRANSIENT = "backend_transient"
+    SCRIPT_ERROR = "script_error"
+    SNAPSHOT_ERROR = "snapshot_error"
+
+
+class ConversationErrorCode(StrEnum):
+    """Stable error codes of the conversation-threads service (spec wire names)."""
+
+    INVALID_REQUEST = "invalid_request"
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    THREAD_ARCHIVED = "thread_archived"
+    METADATA_CONFLICT = "metadata_conflict"
+    BRANCH_LIMIT = "branch_limit"
+    UNKNOWN_LEAF = "unknown_leaf"
+    INVALID_CURSOR = "invalid_cursor"
+    CURSOR_THREAD_MISMATCH = "cursor_thread_mismatch"
+    LIMIT_EXCEEDED = "limit_exceeded"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    EXPORT_TOO_LARGE = "export_too_large"
+    REQUEST_IN_PROGRESS = "request_in_progress"
+    RUNNER_FAILED = "runner_failed"
+    BACKEND_UNAVAILABLE = "backend_unavailable"
+
+
+_HTTP_STATUS: dict[str, int] = {
+    # memory tier
+    ErrorCode.CONFIGURATION_ERROR: 500,
+    ErrorCode.INVALID_INPUT: 400,
+    ErrorCode.UNSUPPORTED_CHANNEL: 400,
+    ErrorCode.TURN_TOO_LARGE: 413,
+    ErrorCode.INVALID_CURSOR: 400,
+    ErrorCode.CAPACITY_EXCEEDED: 507,
+    ErrorCode.SESSION_FULL: 507,
+    ErrorCode.BACKEND_UNAVAILABLE: 503,
+    ErrorCode.BACKEND_TRANSIENT: 503,
+    ErrorCode.SCRIPT_ERROR: 500,
+    ErrorCode.SNAPSHOT_ERROR: 500,
+    # threads
+    ConversationErrorCode.INVALID_REQUEST: 400,
+    ConversationErrorCode.UNAUTHORIZED: 401,
+    ConversationErrorCode.NOT_FOUND: 404,
+    ConversationErrorCode.THREAD_ARCHIVED: 409,
+    ConversationErrorCode.METADATA_CONFLICT: 409,
+    ConversationErrorCode.BRANCH_LIMIT: 409,
+    ConversationErrorCode.UNKNOWN_LEAF: 400,
+    ConversationErrorCode.INVALID_CURSOR: 400,
+    ConversationErrorCode.CURSOR_THREAD_MISMATCH: 400,
+    ConversationErrorCode.LIMIT_EXCEEDED: 400,
+    ConversationErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ConversationErrorCode.EXPORT_TOO_LARGE: 413,
+    ConversationErrorCode.REQUEST_IN_PROGRESS: 409,
+    ConversationErrorCode.RUNNER_FAILED: 502,
+    ConversationErrorCode.BACKEND_UNAVAILABLE: 503,
+}
+
+
+def http_status_for(code: str) -> int:
+    """The one mapping from a stable error code to an HTTP status (500 if unknown)."""
+    return _HTTP_STATUS.get(code, 500)
+
+
+class MemtierError(Exception):
+    """Root of every error memtier raises on purpose.
+
+    ``code`` is stable; ``details`` carries structured fields (never content or
+    secrets); ``retryable`` says whether the same call may succeed unchanged.
+    """
+
+    default_code: ClassVar[str] = "internal_error"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, code: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code: str = code or self.default_code
+        self.details: dict[str, Any] = details
+
+    @property
+    def http_status(self) -> int:
+        return http_status_for(self.code)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON error body: ``{"code": ..., "message": ..., **details}``."""
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        body.update(self.details)
+        return body
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"
+
+
+class ConfigurationError(MemtierError):
+    """A setting is invalid: above its hard ceiling, inconsistent, or an unknown DSN scheme."""
+
+    default_code = ErrorCode.CONFIGURATION_ERROR
+
+
+class ValidationError(MemtierError):
+    """Caller input was rejected before anything was sent to Redis."""
+
+    default_code = ErrorCode.INVALID_INPUT
+
+
+class UnsupportedChannelError(ValidationError):
+    """Only ``public`` and ``im`` channels exist; group and conference are not representable."""
+
+    default_code = ErrorCode.UNSUPPORTED_CHANNEL
+
+
+class TurnTooLargeError(ValidationError):
+    """One turn is larger than what any session may hold; refused rather than evicting everything."""
+
+    default_code = ErrorCode.TURN_TOO_LARGE
+
+
+class InvalidCursorError(ValidationError):
+    """A paging cursor that is malformed or was not minted by this store."""
+
+    default_code = ErrorCode.INVALID_CURSOR
+
+
+class CapacityError(MemtierError):
+    """A bound refused the write; nothing was stored."""
+
+    default_code = ErrorCode.CAPACITY_EXCEEDED
+
+
+class SessionFullError(CapacityError):
+    """The session is at its turn, byte or tool-result bound and could not be compacted."""
+
+    default_code = ErrorCode.SESSION_FULL
+
+
+class BackendError(MemtierError):
+    """Redis could not be reached or kept failing after bounded retries."""
+
+    default_code = ErrorCode.BACKEND_UNAVAILABLE
+
+
+class TransientBackendError(BackendError):
+    """One transient Redis failure (connection reset, timeout, LOADING, BUSY, TRYAGAIN, CLUSTERDOWN)."""
+
+    default_code = ErrorCode.BACKEND_TRANSIENT
+    retryable = True
+
+
+class ScriptError(MemtierError):
+    """A Lua script rejected its arguments: a bug in memtier, never a caller mistake."""
+
+    default_code = ErrorCode.SCRIPT_ERROR
+
+
+class SnapshotError(MemtierError):
+    """A snapshot generation could not be written or read."""
+
+    default_code = ErrorCode.SNAPSHOT_ERROR
+
+
+class ConversationError(MemtierError):
+    """An error of the conversation-threads service; ``code`` is a :class:`ConversationErrorCode`."""
+
+    default_code = ConversationErrorCode.INVALID_REQUEST
+
+    def __init__(
+        self, code: ConversationErrorCode | str, message: str | None = None, **details: Any
+    ) -> None:
+        super().__init__(message or str(code).replace("_", " "), code=str(code), **details)

@@ -1,0 +1,75 @@
+"""Every bound memtier enforces: a default and a hard ceiling in code.
+
+Configuration may only lower a bound; a value above its hard ceiling is a
+:class:`~memtier.errors.ConfigurationError` naming the field and the ceiling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
+GiB: Final = 1024 * MiB
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """One configurable bound: ``default`` <= ``ceiling``; ``minimum`` keeps configs sane."""
+
+    default: float
+    ceiling: float
+    minimum: float
+    unit: str
+
+
+# --- conversation memory -------------------------------------------------------------------
+# Spec: public sessions expire at exactly 30 minutes of inactivity, IM at exactly 24 hours.
+# These are ceilings as well as defaults: configuration may shorten, never lengthen, them.
+PUBLIC_TTL_SECONDS: Final = Bound(1800.0, 1800.0, 0.001, "s")
+IM_TTL_SECONDS: Final = Bound(86400.0, 86400.0, 0.001, "s")
+# 1M live sessions fit one Redis of a few GiB (see README, memory per session).
+MAX_ACTIVE_SESSIONS: Final = Bound(100_000, 1_000_000, 1, "sessions")
+MAX_TURNS_PER_SESSION: Final = Bound(200, 2_000, 4, "turns")
+MAX_SESSION_BYTES: Final = Bound(256 * KiB, 4 * MiB, 1 * KiB, "bytes")
+MAX_AGGREGATE_BYTES: Final = Bound(1 * GiB, 64 * GiB, 1 * KiB, "bytes")
+MAX_TOOL_RESULTS: Final = Bound(32, 256, 1, "tool results per session")
+MAX_TOOL_RESULT_BYTES: Final = Bound(4 * KiB, 64 * KiB, 64, "bytes")
+MAX_SUMMARY_BYTES: Final = Bound(8 * KiB, 64 * KiB, 256, "bytes")
+MAX_SNAPSHOT_BYTES: Final = Bound(1 * GiB, 64 * GiB, 1 * KiB, "bytes")
+MAX_TURN_BYTES: Final = Bound(16 * KiB, 256 * KiB, 64, "bytes")
+MAX_EVENTS: Final = Bound(10_000, 100_000, 16, "events per partition")
+
+# Not configurable: fixed protocol bounds.
+MAX_PARTITIONS: Final = 1024  # one hash tag (slot) each; 1 = exact global LRU
+MAX_TURN_ID_BYTES: Final = 128
+MAX_NAME_BYTES: Final = 128  # tool and action names
+# A script that evicts blocks its shard: cap victims per append (64 sessions is well
+# under a millisecond of Lua). An append that would need more is refused, nothing changed.
+MAX_EVICTIONS_PER_CALL: Final = 64
+# Expired sessions swept opportunistically by each write script, and per sweep call.
+SWEEP_PER_WRITE: Final = 8
+SWEEP_PER_CALL: Final = 256
+# Receipts kept per session for idempotent retries: retries come seconds after the
+# first attempt, so the newest 1024 turn ids of a session are far more than enough.
+IDEMPOTENCY_WINDOW: Final = 1024
+# Redis key TTL = channel TTL + grace: the sweeper publishes the expiry event within the
+# grace; if no sweeper runs, Redis still drops the content at most this late.
+EXPIRY_GRACE_MS: Final = 5_000
+# Paging: list_metadata and events pages.
+METADATA_PAGE: Final = Bound(100, 1_000, 1, "sessions per page")
+EVENTS_PAGE: Final = Bound(100, 1_000, 1, "events per page")
+# A compaction job is queued when a session passes this fraction of any of its bounds.
+COMPACTION_TRIGGER_PERCENT: Final = 80
+
+# --- conversation threads (spec "frozen limits": default / hard cap) -------------------------
+THREAD_LIST_PAGE: Final = Bound(50, 200, 1, "threads")
+REPLAY_PAGE_ROWS: Final = Bound(100, 500, 1, "rows")
+CURSOR_BYTES: Final = Bound(4 * KiB, 16 * KiB, 256, "bytes")
+THREAD_TITLE_BYTES: Final = Bound(256, 2 * KiB, 1, "bytes")
+REQUEST_ID_BYTES: Final = Bound(256, 2 * KiB, 1, "bytes")
+ACTIVE_BRANCHES: Final = Bound(16, 64, 1, "branches")
+EXPORT_BYTES: Final = Bound(8 * MiB, 32 * MiB, 1 * KiB, "bytes")
+EXPORT_PAGES: Final = Bound(100, 500, 1, "pages")
+REQUEST_BODY_BYTES: Final = Bound(64 * KiB, 1 * MiB, 1 * KiB, "bytes")

@@ -1,0 +1,77 @@
+"""prometheus-client collectors, all prefixed ``memtier_``.
+
+Labels are bounded enums (reason codes, script names, operation names),
+never avatar, user or channel ids.  Collectors live in the default registry
+so ``memtier serve`` exposes them; with ``PROMETHEUS_MULTIPROC_DIR`` set,
+prometheus-client writes them to per-process files and ``/metrics``
+aggregates them (see :func:`memtier.metrics.render`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+__all__ = [
+    "ACTIVE_SESSIONS",
+    "APPENDS",
+    "CONTENT_TYPE_LATEST",
+    "EVENTS",
+    "EVICTIONS",
+    "EXPIRIES",
+    "RETRIES",
+    "SCRIPT_DURATION",
+    "STORED_BYTES",
+    "render",
+]
+
+APPENDS = Counter(
+    "memtier_appends_total", "Turns appended to conversation memory.", ["role", "outcome"]
+)
+STORED_BYTES = Gauge(
+    "memtier_stored_bytes",
+    "Conversation-memory bytes stored, as last reported by Redis.",
+    multiprocess_mode="livemax",
+)
+ACTIVE_SESSIONS = Gauge(
+    "memtier_active_sessions",
+    "Live conversation-memory sessions, as last reported by Redis.",
+    multiprocess_mode="livemax",
+)
+EVICTIONS = Counter(
+    "memtier_evictions_total", "Sessions evicted under pressure, by reason code.", ["reason"]
+)
+EXPIRIES = Counter(
+    "memtier_expiries_total", "Sessions expired or rotated after inactivity, by reason.", ["reason"]
+)
+EVENTS = Counter("memtier_events_total", "Reason-code events observed, by reason.", ["reason"])
+RETRIES = Counter(
+    "memtier_retries_total",
+    "Operations retried after a transient Redis error.",
+    ["operation", "error_type"],
+)
+SCRIPT_DURATION = Histogram(
+    "memtier_script_duration_seconds",
+    "Round-trip latency of one Lua script call, seconds.",
+    ["script"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+
+
+def render() -> bytes:
+    """The exposition text: every process's collectors when multiprocess mode is on."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
+    return generate_latest()

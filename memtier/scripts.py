@@ -1,0 +1,171 @@
+"""Loads ``lua/`` and calls scripts by SHA, recovering NOSCRIPT transparently.
+
+File names carry the number of KEYS a script takes (``append_turn-9.lua``);
+the loader parses it and every call asserts ``len(keys) == N``.  Files
+without ``-N`` are includes, pulled in by a line ``--- @include "name"``
+(missing, circular or duplicate includes are errors).  The SHA is over the
+expanded text, which is also what ``SCRIPT LOAD`` receives.
+
+NOSCRIPT (a Redis restart, ``SCRIPT FLUSH``, or a failover to a Cluster
+replica whose script cache is empty) reloads the script once and re-sends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from redis.exceptions import NoScriptError
+from redis.exceptions import ResponseError as RedisResponseError
+
+from memtier import metrics
+from memtier.errors import ScriptError
+
+__all__ = ["LuaScript", "ScriptRegistry", "lua_root", "load_registry"]
+
+_NAME_RE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)\.lua$")
+_INCLUDE_RE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z0-9_/]+)"\s*$', re.MULTILINE)
+_MAX_INCLUDE_DEPTH = 8  # includes of includes; the tree is shallow by design
+
+def lua_root() -> Path:
+    """The directory holding the Lua sources: ``memtier/_lua`` in a wheel, ``lua/`` in a checkout."""
+    packaged = resources.files("memtier") / "_lua"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    checkout = Path(__file__).resolve().parent.parent / "lua"
+    if checkout.is_dir():
+        return checkout
+    raise ScriptError("memtier's Lua scripts are missing from this installation")
+
+
+def expand_includes(text: str, root: Path, *, _stack: tuple[str, ...] = ()) -> str:
+    """Inline ``--- @include "name"`` lines from ``root/includes/name.lua``."""
+    seen: set[str] = set()
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group("name")
+        if name in _stack:
+            raise ScriptError(f"circular Lua include: {' -> '.join((*_stack, name))}")
+        if name in seen:
+            raise ScriptError(f"duplicate Lua include {name!r}")
+        if len(_stack) >= _MAX_INCLUDE_DEPTH:
+            raise ScriptError("Lua includes nested too deeply")
+        seen.add(name)
+        path = root / "includes" / f"{name}.lua"
+        if not path.is_file():
+            raise ScriptError(f"missing Lua include {name!r} ({path})")
+        return expand_includes(path.read_text(encoding="utf-8"), root, _stack=(*_stack, name))
+
+    return _INCLUDE_RE.sub(replace, text)
+
+
+@dataclass(frozen=True)
+class LuaScript:
+    """One atomic operation: expanded source, its SHA1 and its declared KEYS count."""
+
+    name: str
+    num_keys: int
+    source: str
+    sha: str
+
+    @classmethod
+    def from_file(cls, path: Path, root: Path) -> LuaScript:
+        match = _NAME_RE.match(path.name)
+        if match is None:
+            raise ScriptError(f"Lua script name {path.name!r} lacks its -<numkeys> suffix")
+        source = expand_includes(path.read_text(encoding="utf-8"), root)
+        sha = hashlib.sha1(source.encode("utf-8"), usedforsecurity=False).hexdigest()
+        return cls(match.group("name"), int(match.group("keys")), source, sha)
+
+    def _args(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        if len(keys) != self.num_keys:
+            raise ScriptError(f"{self.name} takes {self.num_keys} keys, got {len(keys)}")
+        return (self.sha, self.num_keys, *keys, *args)
+
+    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run on a sync redis-py client (standalone or cluster)."""
+        call = self._args(keys, args)
+        started = time.perf_counter()
+        try:
+            try:
+                return client.evalsha(*call)
+            except NoScriptError:
+                client.script_load(self.source)
+                return client.evalsha(*call)
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            metrics.SCRIPT_DURATION.labels(self.name).observe(time.perf_counter() - started)
+
+    async def call_async(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run on an asyncio redis-py client (standalone or cluster)."""
+        call = self._args(keys, args)
+        started = time.perf_counter()
+        try:
+            try:
+                return await client.evalsha(*call)
+            except NoScriptError:
+                await client.script_load(self.source)
+                return await client.evalsha(*call)
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            metrics.SCRIPT_DURATION.labels(self.name).observe(time.perf_counter() - started)
+
+
+def _raise_script_error(name: str, exc: RedisResponseError) -> None:
+    # Scripts reject bad ARGV with error replies prefixed "memtier:" -- a bug, not a
+    # transient fault; everything else (BUSY, TRYAGAIN, ...) is left for the retry layer.
+    if "memtier:" in str(exc):
+        raise ScriptError(f"script {name} rejected its arguments: {exc}", script=name) from exc
+
+
+class ScriptRegistry:
+    """Name -> :class:`LuaScript` for one subfolder of ``lua/`` (``memory``, ``threads``)."""
+
+    def __init__(self, scripts: dict[str, LuaScript]) -> None:
+        self._scripts = scripts
+
+    def __getitem__(self, name: str) -> LuaScript:
+        return self._scripts[name]
+
+    def __iter__(self) -> Iterator[LuaScript]:
+        return iter(self._scripts.values())
+
+    def names(self) -> list[str]:
+        return sorted(self._scripts)
+
+    def load_all(self, client: Any) -> None:
+        """``SCRIPT LOAD`` every script (a Cluster client sends it to every primary)."""
+        for script in self._scripts.values():
+            client.script_load(script.source)
+
+    async def load_all_async(self, client: Any) -> None:
+        for script in self._scripts.values():
+            await client.script_load(script.source)
+
+
+_REGISTRIES: dict[str, ScriptRegistry] = {}
+
+
+def load_registry(folder: str) -> ScriptRegistry:
+    """Parse ``lua/<folder>/*-N.lua`` once per process."""
+    found = _REGISTRIES.get(folder)
+    if found is None:
+        root = lua_root()
+        scripts = {}
+        for path in sorted((root / folder).glob("*.lua")):
+            script = LuaScript.from_file(path, root)
+            scripts[script.name] = script
+        if not scripts:
+            raise ScriptError(f"no Lua scripts under {root / folder}")
+        found = _REGISTRIES[folder] = ScriptRegistry(scripts)
+    return found
