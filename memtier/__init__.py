@@ -1,0 +1,1 @@
+"""memtier: a Redis-backed, distributed memory tier for LLM agents."""

@@ -1,0 +1,1 @@
+"""Conversation memory: bounded, expiring short-term context per (avatar UUID, channel)."""

@@ -1,0 +1,193 @@
+"""The asyncio conversation-memory store: the twin of :mod:`memtier.memory.store`.
+
+Same names, same semantics, same I/O-free core; only the I/O awaits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from memtier import limits, metrics
+from memtier.config import MemtierConfig
+from memtier.connection import connect_async
+from memtier.memory.core import MemoryCore, PreparedTurn, ScriptCall
+from memtier.memory.models import (
+    AppendReceipt,
+    Context,
+    ConversationKey,
+    Event,
+    MetadataPage,
+    ReasonCode,
+    Turn,
+)
+from memtier.retry import retry_async
+from memtier.memory.store import StoreStats, _page_size
+from memtier.scripts import load_registry
+
+__all__ = ["AsyncConversationStore"]
+
+KeyLike = ConversationKey | tuple[Any, Any]
+
+
+class AsyncConversationStore:
+    """Bounded, expiring conversation memory per (avatar UUID, channel), on Redis.
+
+    Build it with :meth:`from_config` (URL from the config or ``MEMTIER_REDIS_URL``;
+    the embedded in-process Redis when none) or from an existing redis-py client
+    (standalone or :class:`redis.cluster.RedisCluster`).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        config: MemtierConfig | None = None,
+        *,
+        clock: Callable[[], int] | None = None,
+        embedded: bool = False,
+    ) -> None:
+        self.config = config or MemtierConfig.load()
+        self.client = client
+        self.embedded = embedded
+        self.core = MemoryCore(self.config, clock=clock)
+        self.scripts = load_registry("memory")
+
+    @classmethod
+    def from_config(cls, config: MemtierConfig | None = None) -> AsyncConversationStore:
+        config = config or MemtierConfig.load()
+        client, embedded = connect_async(config)
+        return cls(client, config, embedded=embedded)
+
+    # --- plumbing ------------------------------------------------------------------------------
+    async def _run(self, call: ScriptCall) -> Any:
+        return await self.scripts[call.script].call_async(self.client, call.keys, call.args)
+
+    async def _retrying(self, operation: str, call: ScriptCall) -> Any:
+        return await retry_async(operation, lambda: self._run(call))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def __aenter__(self) -> AsyncConversationStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- the API -------------------------------------------------------------------------------
+    async def append(self, key: KeyLike, turn: Turn) -> AppendReceipt:
+        """Append one turn; a retry with the same ``turn_id`` returns the first receipt.
+
+        Every append carries a turn id (the client's, or one generated here before
+        the first attempt), so the bounded retries on transient errors can never
+        store a turn twice.
+
+        Raises: ValidationError, SessionFullError (session at its bounds and not
+        compacted), CapacityError, TurnTooLargeError, BackendError.
+        """
+        ckey = self.core.coerce_key(key)
+        prepared = self.core.prepare_turn(ckey, turn)
+        return await self._append_prepared(prepared)
+
+    async def _append_prepared(self, prepared: PreparedTurn) -> AppendReceipt:
+        call = self.core.append_call(prepared)
+        try:
+            reply = await self._retrying("append", call)
+            receipt = self.core.decode_append(prepared, reply)
+        except Exception as exc:
+            metrics.APPENDS.labels(prepared.turn.role.value, getattr(exc, "code", "error")).inc()
+            raise
+        metrics.APPENDS.labels(
+            prepared.turn.role.value, "duplicate" if receipt.duplicate else "stored"
+        ).inc()
+        if receipt.rotated and not receipt.duplicate:
+            metrics.EXPIRIES.labels(ReasonCode.ROTATED.value).inc()
+        if receipt.evicted:
+            metrics.EVICTIONS.labels("pressure").inc(receipt.evicted)
+        return receipt
+
+    async def context(self, key: KeyLike, *, limit: int = 0) -> Context:
+        """The LLM-facing projection of exactly this key (empty if none or expired)."""
+        ckey = self.core.coerce_key(key)
+        reply = await self._retrying("context", self.core.context_call(ckey, limit))
+        return self.core.decode_context(ckey, reply)
+
+    async def list_metadata(self, cursor: str | None = None, *, limit: int | None = None) -> MetadataPage:
+        """One page of session metadata (never content); pass ``page.cursor`` for the next."""
+        count = _page_size(limit, limits.METADATA_PAGE)
+        partition, scan = self.core.decode_cursor(cursor)
+        part = self.core.keyspace.partition(partition)
+        reply = await self._retrying("list_metadata", self.core.metadata_call(part, scan, count))
+        next_scan, sessions = self.core.decode_metadata(reply)
+        return MetadataPage(sessions=tuple(sessions), cursor=self._next_cursor(partition, next_scan))
+
+    async def iter_metadata(self, *, page_size: int | None = None) -> Any:
+        """Iterate every live session's metadata, page by page (bounded pages)."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_metadata(cursor, limit=page_size)
+            for meta in page.sessions:
+                yield meta
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    def _next_cursor(self, partition: int, next_scan: str) -> str | None:
+        if next_scan != "0":
+            return self.core.encode_cursor(partition, next_scan)
+        if partition + 1 < self.config.partitions:
+            return self.core.encode_cursor(partition + 1, "0")
+        return None
+
+    async def delete(self, key: KeyLike) -> bool:
+        """Operator delete of one exact key; publishes ``operator_deleted``. False if absent."""
+        return await self._drop(key, ReasonCode.OPERATOR_DELETED)
+
+    async def expire(self, key: KeyLike) -> bool:
+        """Operator expiry of one exact key; publishes ``operator_expired``. False if absent."""
+        return await self._drop(key, ReasonCode.OPERATOR_EXPIRED)
+
+    async def _drop(self, key: KeyLike, reason: ReasonCode) -> bool:
+        ckey = self.core.coerce_key(key)
+        reply = await self._retrying(reason.value, self.core.drop_call(ckey, reason))
+        return int(reply[0]) == 1
+
+    async def sweep(self, *, max_per_partition: int = limits.SWEEP_PER_CALL) -> int:
+        """Remove expired sessions now (publishing ``expired`` events); returns how many."""
+        total = 0
+        for part in self.core.keyspace.all_partitions():
+            reply = await self._retrying("sweep", self.core.sweep_call(part, max_per_partition))
+            swept = int(reply[0])
+            total += swept
+        if total:
+            metrics.EXPIRIES.labels(ReasonCode.EXPIRED.value).inc(total)
+        return total
+
+    async def stats(self) -> StoreStats:
+        """Live sessions and stored bytes over all partitions (also updates the gauges)."""
+        sessions = nbytes = 0
+        for part in self.core.keyspace.all_partitions():
+            reply = await self._retrying("stats", self.core.stats_call(part))
+            sessions += int(reply[0])
+            nbytes += int(reply[1])
+        metrics.ACTIVE_SESSIONS.set(sessions)
+        metrics.STORED_BYTES.set(nbytes)
+        return StoreStats(sessions=sessions, bytes=nbytes)
+
+    async def events(self, *, after: str | None = None, limit: int | None = None) -> list[Event]:
+        """Read the bounded event queue in time order, from the start or after a cursor.
+
+        Each :class:`Event` carries ``cursor``: pass the last one back as ``after``.
+        """
+        count = _page_size(limit, limits.EVENTS_PAGE)
+        start = self.core.decode_events_cursor(after)
+        pages = []
+        for i, part in enumerate(self.core.keyspace.all_partitions()):
+            pages.append(
+                await retry_async(
+                    "events",
+                    lambda p=part, s=start[i]: self.client.xrange(
+                        p.events, min="(" + s, max="+", count=count
+                    ),
+                )
+            )
+        return self.core.merge_events(pages, start, count)

@@ -1,0 +1,523 @@
+"""The I/O-free core of conversation memory, shared by the sync and asyncio stores.
+
+It validates and sanitizes turns (redaction before bounding, both before any
+byte leaves the process), builds KEYS/ARGV for each script, decodes replies
+into models, maps status codes to exceptions, and projects sessions into
+LLM context.  It never touches a socket.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from memtier import limits
+from memtier.config import MemtierConfig
+from memtier.errors import (
+    CapacityError,
+    InvalidCursorError,
+    ScriptError,
+    SessionFullError,
+    TurnTooLargeError,
+    ValidationError,
+)
+from memtier.keys import MemoryKeyspace, PartitionKeys
+from memtier.memory.models import (
+    TURN_TYPES,
+    AppendReceipt,
+    Channel,
+    Context,
+    ContextMessage,
+    ConversationKey,
+    Event,
+    ReasonCode,
+    SessionMetadata,
+    Turn,
+    TurnRecord,
+    ms_to_datetime,
+)
+from memtier.redaction import bound_utf8, redact
+
+__all__ = ["AppendStatus", "MemoryCore", "ScriptCall", "new_session_id"]
+
+
+class AppendStatus:
+    """Status codes of ``append_turn`` (mirrors the script header)."""
+
+    STORED = 0
+    DUPLICATE = 1
+    SESSION_FULL = -1
+    AGGREGATE_FULL = -2
+    TURN_TOO_LARGE = -3
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """One script invocation: name, KEYS and ARGV (all encoded)."""
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[str | int | bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedTurn:
+    """A turn after redaction and bounding: what is sent to Redis."""
+
+    key: ConversationKey
+    turn: Turn
+    turn_id: str
+    payload: bytes
+    turn_bytes: int
+    truncated: bool
+    redactions: tuple[str, ...]
+
+
+def new_session_id() -> str:
+    """A cryptographically random session id (128 bits, URL-safe)."""
+    return "ses_" + secrets.token_urlsafe(16)
+
+
+def _b(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
+
+
+_DELIM_RE = re.compile(r"<\s*(/?)\s*(untrusted-data)", re.IGNORECASE)
+
+
+def _escape_delimiters(text: str) -> str:
+    """Neutralise anything in untrusted text that looks like our delimiter."""
+    return _DELIM_RE.sub(lambda m: "&lt;" + m.group(1) + m.group(2), text)
+
+
+def wrap_untrusted(source: str, text: str) -> str:
+    """The visible delimiter around untrusted data handed to an LLM."""
+    return (
+        f'<untrusted-data source="{source}">\n{_escape_delimiters(text)}\n</untrusted-data>'
+    )
+
+
+class MemoryCore:
+    """Everything conversation memory does that is not I/O."""
+
+    def __init__(
+        self, config: MemtierConfig, *, clock: Callable[[], int] | None = None
+    ) -> None:
+        self.config = config
+        self.conv = config.conversation
+        self.keyspace = MemoryKeyspace(config.namespace, config.partitions)
+        # Per-partition shares of the aggregate ceilings (documented trade, see keys.py).
+        self.max_sessions_per_partition = max(1, self.conv.max_active_sessions // config.partitions)
+        self.max_bytes_per_partition = self.conv.max_aggregate_bytes // config.partitions
+        # Test-only clock hook: never reachable from configuration.
+        self._clock = clock
+
+    # --- helpers -------------------------------------------------------------------------------
+    def clock_arg(self) -> str:
+        return "" if self._clock is None else str(int(self._clock()))
+
+    def ttl_ms(self, channel: Channel) -> int:
+        return self.conv.public_ttl_ms if channel is Channel.PUBLIC else self.conv.im_ttl_ms
+
+    def partition_for(self, key: ConversationKey) -> PartitionKeys:
+        return self.keyspace.partition(self.keyspace.partition_of(key.member))
+
+    @staticmethod
+    def coerce_key(key: ConversationKey | tuple[Any, Any]) -> ConversationKey:
+        if isinstance(key, ConversationKey):
+            return key
+        if isinstance(key, tuple) and len(key) == 2:
+            return ConversationKey(key[0], key[1])
+        raise ValidationError("key must be a ConversationKey(avatar, channel)")
+
+    # --- append --------------------------------------------------------------------------------
+    def prepare_turn(self, key: ConversationKey, turn: Turn) -> PreparedTurn:
+        """Redact, then bound, every text field; build the JSON payload."""
+        if not isinstance(turn, tuple(TURN_TYPES.values())):
+            raise ValidationError(
+                "turn must be AvatarMessage, AgentResponse, ToolSummary or ActionResult"
+            )
+        conv = self.conv
+        fields = turn.content_fields()
+        kinds: list[str] = []
+        truncated = False
+        out: dict[str, str] = {}
+        # Names (tool, action) are short labels; the body gets the rest of the turn budget.
+        for name in ("tool", "action"):
+            if name in fields:
+                text, found = redact(fields[name])
+                kinds += found
+                text, cut = bound_utf8(text, limits.MAX_NAME_BYTES)
+                truncated |= cut
+                out[name] = text
+        used = sum(len(v.encode()) for v in out.values())
+        budget = conv.max_turn_bytes - used
+        if turn.kind in ("tool", "action"):
+            budget = min(budget, conv.max_tool_result_bytes)
+        for name in ("text", "summary", "outcome"):
+            if name in fields:
+                text, found = redact(fields[name])
+                kinds += found
+                text, cut = bound_utf8(text, budget)
+                truncated |= cut
+                out[name] = text
+        turn_bytes = sum(len(v.encode()) for v in out.values())
+        if turn_bytes > conv.max_session_bytes:  # unreachable with a valid config; defence
+            raise TurnTooLargeError(
+                "turn is larger than a session may hold",
+                turn_bytes=turn_bytes,
+                limit_bytes=conv.max_session_bytes,
+            )
+        turn_id = turn.turn_id or uuid.uuid4().hex
+        payload = orjson.dumps({"k": turn.kind, "id": turn_id, "f": out})
+        return PreparedTurn(
+            key, turn, turn_id, payload, turn_bytes, truncated, tuple(dict.fromkeys(kinds))
+        )
+
+    def append_call(self, prepared: PreparedTurn, session_id: str | None = None) -> ScriptCall:
+        key = prepared.key
+        part = self.partition_for(key)
+        member = key.member
+        sk = part.session(member)
+        other = Channel.IM if key.channel is Channel.PUBLIC else Channel.PUBLIC
+        conv = self.conv
+        return ScriptCall(
+            "append_turn",
+            (
+                sk.session,
+                sk.turns,
+                sk.turn_ids,
+                part.lru(key.channel.value),
+                part.lru(other.value),
+                part.index,
+                part.meta,
+                part.events,
+                part.compact,
+            ),
+            (
+                part.prefix,
+                member,
+                prepared.turn_id,
+                prepared.payload,
+                prepared.turn_bytes,
+                1 if prepared.turn.kind == "tool" else 0,
+                session_id or new_session_id(),
+                self.ttl_ms(key.channel),
+                self.ttl_ms(other),
+                self.max_sessions_per_partition,
+                conv.max_turns_per_session,
+                conv.max_session_bytes,
+                self.max_bytes_per_partition,
+                conv.max_tool_results,
+                conv.max_events,
+                self.clock_arg(),
+                limits.COMPACTION_TRIGGER_PERCENT,
+                limits.IDEMPOTENCY_WINDOW,
+                limits.MAX_EVICTIONS_PER_CALL,
+                limits.SWEEP_PER_WRITE,
+                limits.EXPIRY_GRACE_MS,
+            ),
+        )
+
+    def decode_append(self, prepared: PreparedTurn, reply: Sequence[Any]) -> AppendReceipt:
+        status = int(reply[0])
+        if status in (AppendStatus.STORED, AppendStatus.DUPLICATE):
+            return AppendReceipt(
+                session_id=_b(reply[1]),
+                seq=int(reply[2]),
+                timestamp=ms_to_datetime(int(reply[4])),
+                bytes=int(reply[5]),
+                rotated=bool(int(reply[6])),
+                session_bytes=int(reply[7]),
+                turn_count=int(reply[8]),
+                truncated=prepared.truncated,
+                redactions=prepared.redactions,
+                duplicate=status == AppendStatus.DUPLICATE,
+                evicted=int(reply[9]),
+            )
+        if status == AppendStatus.SESSION_FULL:
+            which, current, limit = _b(reply[1]), int(reply[2]), int(reply[3])
+            raise SessionFullError(
+                f"session is at its {which} bound ({current} of {limit}); compact it first",
+                bound=which,
+                current=current,
+                limit=limit,
+            )
+        if status == AppendStatus.AGGREGATE_FULL:
+            raise CapacityError(
+                "evicting the least-recently-active sessions cannot make room for this turn"
+                f" within {limits.MAX_EVICTIONS_PER_CALL} evictions; nothing was stored",
+                needed=int(reply[1]),
+                freeable=int(reply[2]),
+            )
+        if status == AppendStatus.TURN_TOO_LARGE:
+            raise TurnTooLargeError(
+                "turn is larger than a session may hold",
+                turn_bytes=int(reply[1]),
+                limit_bytes=int(reply[2]),
+            )
+        raise ScriptError(f"append_turn returned unknown status {status}")
+
+    # --- context -------------------------------------------------------------------------------
+    def context_call(self, key: ConversationKey, limit: int = 0) -> ScriptCall:
+        part = self.partition_for(key)
+        sk = part.session(key.member)
+        return ScriptCall(
+            "read_context",
+            (sk.session, sk.turns, part.meta),
+            (self.ttl_ms(key.channel), self.clock_arg(), max(0, int(limit))),
+        )
+
+    def decode_context(self, key: ConversationKey, reply: Sequence[Any]) -> Context:
+        if int(reply[0]) != 0:
+            return Context(
+                key_avatar=key.avatar, key_channel=key.channel, session_id=None, messages=()
+            )
+        session_id = _b(reply[1])
+        summary_raw = _b(reply[8])
+        records = tuple(self.decode_record(r) for r in reply[9:])
+        summary: dict[str, Any] | None = orjson.loads(summary_raw) if summary_raw else None
+        return Context(
+            key_avatar=key.avatar,
+            key_channel=key.channel,
+            session_id=session_id,
+            messages=tuple(self.project(summary, records)),
+            turns=records,
+            summary=summary["text"] if summary else None,
+        )
+
+    @staticmethod
+    def decode_record(raw: bytes | str) -> TurnRecord:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        seq, clock, wall, payload = text.split("|", 3)
+        body = orjson.loads(payload)
+        kind = body["k"]
+        return TurnRecord(
+            seq=int(seq),
+            clock_ms=int(clock),
+            timestamp=ms_to_datetime(int(wall)),
+            kind=kind,
+            role=TURN_TYPES[kind].role,
+            turn_id=body["id"],
+            fields=body["f"],
+        )
+
+    @staticmethod
+    def project(
+        summary: dict[str, Any] | None, records: Sequence[TurnRecord]
+    ) -> list[ContextMessage]:
+        """Summary first, then turns; avatar and tool data stay untrusted user-role data."""
+        out: list[ContextMessage] = []
+        if summary:
+            untrusted = bool(summary.get("untrusted", True))
+            text = "Summary of earlier conversation:\n" + summary["text"]
+            out.append(
+                ContextMessage(
+                    role="user",
+                    content=wrap_untrusted("summary", text) if untrusted else text,
+                    untrusted=untrusted,
+                )
+            )
+        for rec in records:
+            f = rec.fields
+            if rec.kind == "agent":
+                out.append(ContextMessage(role="assistant", content=f["text"], untrusted=False))
+            elif rec.kind == "avatar":
+                out.append(
+                    ContextMessage(
+                        role="user", content=wrap_untrusted("avatar", f["text"]), untrusted=True
+                    )
+                )
+            elif rec.kind == "tool":
+                out.append(
+                    ContextMessage(
+                        role="user",
+                        content=wrap_untrusted(f"tool:{f['tool']}", f["summary"]),
+                        untrusted=True,
+                    )
+                )
+            else:
+                out.append(
+                    ContextMessage(
+                        role="user",
+                        content=wrap_untrusted(f"action:{f['action']}", f["outcome"]),
+                        untrusted=True,
+                    )
+                )
+        return out
+
+    # --- operators -----------------------------------------------------------------------------
+    def drop_call(self, key: ConversationKey, reason: ReasonCode) -> ScriptCall:
+        part = self.partition_for(key)
+        sk = part.session(key.member)
+        return ScriptCall(
+            "drop_session",
+            (
+                sk.session,
+                sk.turns,
+                sk.turn_ids,
+                part.lru(key.channel.value),
+                part.index,
+                part.meta,
+                part.events,
+            ),
+            (part.prefix, key.member, reason.value, self.conv.max_events, self.clock_arg()),
+        )
+
+    def sweep_call(self, part: PartitionKeys, max_n: int = limits.SWEEP_PER_CALL) -> ScriptCall:
+        return ScriptCall(
+            "sweep_expired",
+            (part.lru_public, part.lru_im, part.index, part.meta, part.events),
+            (
+                part.prefix,
+                self.conv.public_ttl_ms,
+                self.conv.im_ttl_ms,
+                min(max_n, limits.SWEEP_PER_CALL),
+                self.conv.max_events,
+                self.clock_arg(),
+            ),
+        )
+
+    def stats_call(self, part: PartitionKeys) -> ScriptCall:
+        return ScriptCall(
+            "partition_stats", (part.lru_public, part.lru_im, part.meta, part.index), ()
+        )
+
+    # --- metadata paging -----------------------------------------------------------------------
+    def metadata_call(self, part: PartitionKeys, scan_cursor: str, count: int) -> ScriptCall:
+        return ScriptCall(
+            "list_metadata",
+            (part.index, part.meta, part.lru_public),
+            (
+                part.prefix,
+                scan_cursor,
+                count,
+                self.conv.public_ttl_ms,
+                self.conv.im_ttl_ms,
+                self.clock_arg(),
+            ),
+        )
+
+    @staticmethod
+    def decode_metadata(reply: Sequence[Any]) -> tuple[str, list[SessionMetadata]]:
+        next_cursor = _b(reply[0])
+        out = []
+        items = reply[1:]
+        for i in range(0, len(items) - 7, 8):
+            member, sid, _created, created_wall, _last, last_wall, turns, nbytes = items[i : i + 8]
+            key = ConversationKey.from_member(_b(member))
+            out.append(
+                SessionMetadata(
+                    session_id=_b(sid),
+                    avatar=key.avatar,
+                    channel=key.channel,
+                    created_at=ms_to_datetime(int(created_wall)),
+                    last_active_at=ms_to_datetime(int(last_wall)),
+                    turn_count=int(turns),
+                    bytes=int(nbytes),
+                )
+            )
+        return next_cursor, out
+
+    @staticmethod
+    def encode_cursor(partition: int, scan_cursor: str) -> str:
+        raw = f"m1:{partition}:{scan_cursor}".encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    def decode_cursor(self, cursor: str | None) -> tuple[int, str]:
+        if cursor is None:
+            return 0, "0"
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+            tag, partition, scan = raw.split(":", 2)
+            if tag != "m1" or not scan.isdigit():
+                raise ValueError(tag)
+            index = int(partition)
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidCursorError("malformed metadata cursor") from None
+        if not 0 <= index < self.config.partitions:
+            raise InvalidCursorError("metadata cursor names an unknown partition")
+        return index, scan
+
+    # --- events --------------------------------------------------------------------------------
+    def decode_events_cursor(self, cursor: str | None) -> list[str]:
+        """Per-partition last-seen stream ids ("0-0" = from the start)."""
+        n = self.config.partitions
+        if cursor is None:
+            return ["0-0"] * n
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+            tag, *ids = raw.split(",")
+            if tag != "e1" or len(ids) != n:
+                raise ValueError(tag)
+            for sid in ids:
+                ms, _, seq = sid.partition("-")
+                if not (ms.isdigit() and seq.isdigit()):
+                    raise ValueError(sid)
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidCursorError("malformed events cursor") from None
+        return ids
+
+    @staticmethod
+    def encode_events_cursor(ids: Sequence[str]) -> str:
+        return base64.urlsafe_b64encode(("e1," + ",".join(ids)).encode()).decode().rstrip("=")
+
+    @staticmethod
+    def decode_event(
+        partition: int, stream_id: str, fields: dict[Any, Any], positions: list[str]
+    ) -> Event:
+        f = {_b(k): _b(v) for k, v in fields.items()}
+        member = f.get("member") or ""
+        avatar = channel = None
+        if member:
+            key = ConversationKey.from_member(member)
+            avatar, channel = key.avatar, key.channel
+        return Event(
+            id=f"{partition}:{stream_id}",
+            cursor=MemoryCore.encode_events_cursor(positions),
+            reason=ReasonCode(f["reason"]),
+            avatar=avatar,
+            channel=channel,
+            session_id=f.get("sid") or None,
+            timestamp=ms_to_datetime(int(f.get("wall") or f.get("ts") or 0)),
+            detail=f.get("detail") or None,
+        )
+
+    @staticmethod
+    def merge_events(
+        per_partition: list[list[tuple[str, dict[Any, Any]]]], start: list[str], limit: int
+    ) -> list[Event]:
+        """Merge per-partition stream pages by stream id (time), bounded by ``limit``."""
+        heads = [0] * len(per_partition)
+        positions = list(start)
+        out: list[Event] = []
+
+        def id_key(sid: str) -> tuple[int, int]:
+            ms, _, seq = sid.partition("-")
+            return int(ms), int(seq)
+
+        while len(out) < limit:
+            best = -1
+            for p, entries in enumerate(per_partition):
+                if heads[p] < len(entries) and (
+                    best < 0
+                    or id_key(_b(entries[heads[p]][0]))
+                    < id_key(_b(per_partition[best][heads[best]][0]))
+                ):
+                    best = p
+            if best < 0:
+                break
+            stream_id, fields = per_partition[best][heads[best]]
+            heads[best] += 1
+            positions[best] = _b(stream_id)
+            out.append(MemoryCore.decode_event(best, _b(stream_id), fields, positions))
+        return out

@@ -1,0 +1,331 @@
+"""Conversation-memory models: keys, turns, receipts, context, metadata, events.
+
+Every model is strict: unknown fields, roles and channels are rejected with a
+:class:`~memtier.errors.ValidationError` (stable code), never a bare pydantic
+error.  There is deliberately no system-message, scratchpad, hidden-reasoning,
+credential, capability-URL or binary turn type.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import ValidationError as PydanticValidationError
+
+from memtier.errors import UnsupportedChannelError, ValidationError
+
+__all__ = [
+    "ActionResult",
+    "AgentResponse",
+    "AppendReceipt",
+    "AvatarMessage",
+    "Channel",
+    "Context",
+    "ContextMessage",
+    "ConversationKey",
+    "Event",
+    "MetadataPage",
+    "ReasonCode",
+    "Role",
+    "SessionMetadata",
+    "ToolSummary",
+    "Turn",
+    "TurnRecord",
+    "parse_turn",
+]
+
+TurnId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:\-]{1,128}$")]
+
+
+class Channel(StrEnum):
+    """The only two channel kinds: public chat and direct IM (group/conference not representable)."""
+
+    PUBLIC = "public"
+    IM = "im"
+
+
+class Role(StrEnum):
+    """Normalized roles of stored turns."""
+
+    AVATAR = "avatar"
+    AGENT = "agent"
+    TOOL = "tool"
+
+
+class ReasonCode(StrEnum):
+    """Stable reason codes published on the event queue (never renamed, only added)."""
+
+    EXPIRED = "expired"
+    ROTATED = "rotated"
+    COMPACTED = "compacted"
+    EVICTED_SESSION_PRESSURE = "evicted_session_pressure"
+    EVICTED_AGGREGATE_PRESSURE = "evicted_aggregate_pressure"
+    OPERATOR_DELETED = "operator_deleted"
+    OPERATOR_EXPIRED = "operator_expired"
+    QUARANTINED = "quarantined"
+    PERMISSIONS_NOT_VERIFIED = "permissions_not_verified"
+    RESTORED = "restored"
+
+
+def _raise_validation(exc: PydanticValidationError, what: str) -> None:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or what
+        problems.append(f"{loc}: {err['msg']}")
+    raise ValidationError(f"invalid {what}: " + "; ".join(problems), fields=problems) from None
+
+
+class _Strict(BaseModel):
+    """Frozen, extra="forbid", and raising memtier's ValidationError."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strict=True)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except PydanticValidationError as exc:
+            _raise_validation(exc, type(self).__name__)
+
+
+class ConversationKey:
+    """The immutable (avatar UUID, channel) a session belongs to.
+
+    Only :class:`Channel.PUBLIC` and :class:`Channel.IM` exist; ``"group"`` or
+    ``"conference"`` raise :class:`~memtier.errors.UnsupportedChannelError`.
+    """
+
+    __slots__ = ("avatar", "channel")
+
+    avatar: UUID
+    channel: Channel
+
+    def __init__(self, avatar: UUID | str, channel: Channel | str) -> None:
+        try:
+            avatar_uuid = avatar if isinstance(avatar, UUID) else UUID(str(avatar))
+        except (ValueError, TypeError, AttributeError):
+            raise ValidationError("avatar must be a UUID", field="avatar") from None
+        try:
+            chan = Channel(channel)
+        except ValueError:
+            raise UnsupportedChannelError(
+                f"unsupported channel {str(channel)[:32]!r}: only 'public' and 'im' exist"
+                " (group and conference conversations are not representable)",
+                field="channel",
+            ) from None
+        object.__setattr__(self, "avatar", avatar_uuid)
+        object.__setattr__(self, "channel", chan)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("ConversationKey is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ConversationKey)
+            and other.avatar == self.avatar
+            and other.channel == self.channel
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.avatar, self.channel))
+
+    def __repr__(self) -> str:
+        return f"ConversationKey(avatar={str(self.avatar)!r}, channel={self.channel.value!r})"
+
+    @property
+    def member(self) -> str:
+        """``<avatar>:<channel>``, the name of this key inside its partition."""
+        return f"{self.avatar}:{self.channel.value}"
+
+    @classmethod
+    def from_member(cls, member: str) -> ConversationKey:
+        avatar, _, channel = member.rpartition(":")
+        return cls(avatar, channel)
+
+
+class _TurnBase(_Strict):
+    kind: ClassVar[str]
+    role: ClassVar[Role]
+    untrusted: ClassVar[bool]
+
+    turn_id: TurnId | None = None
+
+    def content_fields(self) -> dict[str, str]:
+        raise NotImplementedError
+
+
+class AvatarMessage(_TurnBase):
+    """Input from the avatar (a person in the world): untrusted."""
+
+    kind: ClassVar[str] = "avatar"
+    role: ClassVar[Role] = Role.AVATAR
+    untrusted: ClassVar[bool] = True
+    text: str
+
+    def content_fields(self) -> dict[str, str]:
+        return {"text": self.text}
+
+
+class AgentResponse(_TurnBase):
+    """A response the agent made visible to the avatar."""
+
+    kind: ClassVar[str] = "agent"
+    role: ClassVar[Role] = Role.AGENT
+    untrusted: ClassVar[bool] = False
+    text: str
+
+    def content_fields(self) -> dict[str, str]:
+        return {"text": self.text}
+
+
+class ToolSummary(_TurnBase):
+    """A bounded summary of one tool result: untrusted data."""
+
+    kind: ClassVar[str] = "tool"
+    role: ClassVar[Role] = Role.TOOL
+    untrusted: ClassVar[bool] = True
+    tool: Annotated[str, StringConstraints(min_length=1)]
+    summary: str
+
+    def content_fields(self) -> dict[str, str]:
+        return {"tool": self.tool, "summary": self.summary}
+
+
+class ActionResult(_TurnBase):
+    """The externally meaningful result of an action the agent took (e.g. a teleport).
+
+    Stored with the ``tool`` role and kept untrusted: outcomes often carry text
+    that came from the world, not from the agent.
+    """
+
+    kind: ClassVar[str] = "action"
+    role: ClassVar[Role] = Role.TOOL
+    untrusted: ClassVar[bool] = True
+    action: Annotated[str, StringConstraints(min_length=1)]
+    outcome: str
+
+    def content_fields(self) -> dict[str, str]:
+        return {"action": self.action, "outcome": self.outcome}
+
+
+Turn = AvatarMessage | AgentResponse | ToolSummary | ActionResult
+TURN_TYPES: dict[str, type[_TurnBase]] = {
+    t.kind: t for t in (AvatarMessage, AgentResponse, ToolSummary, ActionResult)
+}
+
+
+def parse_turn(data: dict[str, Any]) -> Turn:
+    """Build a turn from a JSON-like dict with a ``kind`` field (avatar/agent/tool/action)."""
+    if not isinstance(data, dict):
+        raise ValidationError("a turn must be an object")
+    fields = dict(data)
+    kind = fields.pop("kind", None)
+    turn_type = TURN_TYPES.get(kind) if isinstance(kind, str) else None
+    if turn_type is None:
+        raise ValidationError(
+            f"unknown turn kind {str(kind)[:32]!r}: one of {sorted(TURN_TYPES)}"
+            " (no system, scratchpad, reasoning, credential, capability-URL or binary turns)",
+            field="kind",
+        )
+    return turn_type(**fields)  # type: ignore[return-value]
+
+
+class AppendReceipt(_Strict):
+    """What one append stored: ``seq`` is gapless within ``session_id``."""
+
+    session_id: str
+    seq: int
+    timestamp: datetime
+    bytes: int = Field(description="UTF-8 content bytes this turn stored")
+    rotated: bool = Field(description="a new session began because the old one expired")
+    session_bytes: int
+    turn_count: int
+    truncated: bool = False
+    redactions: tuple[str, ...] = ()
+    duplicate: bool = Field(default=False, description="a retry: the first receipt, nothing stored")
+    evicted: int = 0
+
+
+class TurnRecord(_Strict):
+    """One stored turn, as read back (content already redacted and bounded)."""
+
+    seq: int
+    timestamp: datetime
+    clock_ms: int
+    kind: Literal["avatar", "agent", "tool", "action"]
+    role: Role
+    turn_id: str
+    fields: dict[str, str]
+
+    @property
+    def untrusted(self) -> bool:
+        return TURN_TYPES[self.kind].untrusted
+
+
+class ContextMessage(_Strict):
+    """One chat-completions message: role ``user`` or ``assistant``.
+
+    ``untrusted`` marks data that came from an avatar or a tool (or a summary
+    built from them); its ``content`` is wrapped in a visible
+    ``<untrusted-data ...>`` delimiter as well.
+    """
+
+    role: Literal["user", "assistant"]
+    content: str
+    untrusted: bool
+
+    def to_openai(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+class Context(_Strict):
+    """The LLM-facing projection of one key: summary (if any) then recent turns."""
+
+    key_avatar: UUID
+    key_channel: Channel
+    session_id: str | None
+    messages: tuple[ContextMessage, ...]
+    turns: tuple[TurnRecord, ...] = ()
+    summary: str | None = None
+
+    def to_openai(self) -> list[dict[str, str]]:
+        return [m.to_openai() for m in self.messages]
+
+
+class SessionMetadata(_Strict):
+    """Metadata of one live session: never content."""
+
+    session_id: str
+    avatar: UUID
+    channel: Channel
+    created_at: datetime
+    last_active_at: datetime
+    turn_count: int
+    bytes: int
+
+
+class MetadataPage(_Strict):
+    """One page of :class:`SessionMetadata`; pass ``cursor`` back for the next (None = done)."""
+
+    sessions: tuple[SessionMetadata, ...]
+    cursor: str | None
+
+
+class Event(_Strict):
+    """One reason-code event: key, session, time; never content."""
+
+    id: str
+    cursor: str
+    reason: ReasonCode
+    avatar: UUID | None
+    channel: Channel | None
+    session_id: str | None
+    timestamp: datetime
+    detail: str | None = None
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
