@@ -14,7 +14,8 @@ Hash tags put every key one script touches into one Redis Cluster slot:
 Memory layout of one partition (``T`` = the partition's hash tag)::
 
     T:s:<member>     HASH   one session: id, timestamps, counters, summary, receipts
-    T:t:<member>     LIST   its turns, oldest first: "<seq>|<clock_ms>|<wall_ms>|<json>"
+    T:t:<member>     LIST   its turns, oldest first:
+                            "<seq>|<clock_ms>|<wall_ms>|<bytes>|<is_tool 0/1>|<json>"
     T:i:<member>     ZSET   its turn ids (score = seq) for idempotent retries
     T:lru:public     ZSET   member -> last activity (ms) of public sessions
     T:lru:im         ZSET   member -> last activity (ms) of IM sessions

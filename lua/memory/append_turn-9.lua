@@ -198,7 +198,8 @@ end
 
 -- 7. Store the turn.
 local seq = rcall('HINCRBY', s_key, 'seq', 1)
-rcall('RPUSH', t_key, seq .. '|' .. now .. '|' .. wall .. '|' .. payload)
+rcall('RPUSH', t_key, seq .. '|' .. now .. '|' .. wall .. '|' .. turn_bytes .. '|' .. is_tool
+  .. '|' .. payload)
 turns = rcall('HINCRBY', s_key, 'turns', 1)
 bytes = rcall('HINCRBY', s_key, 'bytes', turn_bytes)
 if is_tool == 1 then tools = rcall('HINCRBY', s_key, 'tools', 1) end

@@ -12,7 +12,7 @@
 
   Output:
     { 0, sid, created_ms, created_wall, last_ms, last_wall, turns, bytes, summary, turn_1, ... }
-        summary is "" when there is none; turns oldest first, each "<seq>|<clock>|<wall>|<json>"
+        summary is "" when there is none; turns oldest first, each "<seq>|<clock>|<wall>|<bytes>|<is_tool>|<json>"
     { -1 }  NOT_FOUND (no session, or it has expired)
 
   Side effects: none.

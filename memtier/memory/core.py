@@ -298,7 +298,7 @@ class MemoryCore:
     @staticmethod
     def decode_record(raw: bytes | str) -> TurnRecord:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        seq, clock, wall, payload = text.split("|", 3)
+        seq, clock, wall, _nbytes, _tool, payload = text.split("|", 5)
         body = orjson.loads(payload)
         kind = body["k"]
         return TurnRecord(
