@@ -2,19 +2,19 @@
 
 ::
 
-    MemtierError                      code, retryable, http_status
-    ├── ConfigurationError            configuration_error   a setting above its hard ceiling, bad DSN
-    ├── ValidationError               invalid_input         caller input rejected before any I/O
-    │   ├── UnsupportedChannelError   unsupported_channel   group/conference or unknown channel
-    │   ├── TurnTooLargeError         turn_too_large        one turn exceeds what any session may hold
-    │   └── InvalidCursorError        invalid_cursor        a paging cursor that does not decode
-    ├── CapacityError                 capacity_exceeded     a bound refused the write; nothing stored
-    │   └── SessionFullError          session_full          turn/byte/tool bounds of one session hit
-    ├── BackendError                  backend_unavailable   Redis failed after bounded retries
-    │   └── TransientBackendError     backend_transient     one transient failure (retried internally)
-    ├── ScriptError                   script_error          a Lua script rejected its arguments (a bug)
-    ├── SnapshotError                 snapshot_error        writing or reading a snapshot generation
-    └── ConversationError             (threads) one code per ConversationErrorCode
+    MemtierError                     code, retryable, http_status
+    ├── ConfigurationError           configuration_error  setting above its ceiling, bad DSN
+    ├── ValidationError              invalid_input        input rejected before any I/O
+    │   ├── UnsupportedChannelError  unsupported_channel  group/conference/unknown channel
+    │   ├── TurnTooLargeError        turn_too_large       more than any session may hold
+    │   └── InvalidCursorError       invalid_cursor       a paging cursor that does not decode
+    ├── CapacityError                capacity_exceeded    a bound refused the write
+    │   └── SessionFullError         session_full         turn/byte/tool bounds of a session
+    ├── BackendError                 backend_unavailable  Redis failed after bounded retries
+    │   └── TransientBackendError    backend_transient    one transient failure (retried)
+    ├── ScriptError                  script_error         a script rejected its ARGV (a bug)
+    ├── SnapshotError                snapshot_error       writing/reading a snapshot generation
+    └── ConversationError            (threads)            one code per ConversationErrorCode
 
 The code is the contract: HTTP bodies, metric labels and logs carry it.  The
 mapping from code to HTTP status lives here and only here
@@ -81,6 +81,8 @@ class ConversationErrorCode(StrEnum):
     REQUEST_IN_PROGRESS = "request_in_progress"
     RUNNER_FAILED = "runner_failed"
     BACKEND_UNAVAILABLE = "backend_unavailable"
+    THREAD_BUSY = "thread_busy"
+    REQUEST_CONFLICT = "request_conflict"
 
 
 _HTTP_STATUS: dict[str, int] = {
@@ -112,6 +114,8 @@ _HTTP_STATUS: dict[str, int] = {
     ConversationErrorCode.REQUEST_IN_PROGRESS: 409,
     ConversationErrorCode.RUNNER_FAILED: 502,
     ConversationErrorCode.BACKEND_UNAVAILABLE: 503,
+    ConversationErrorCode.THREAD_BUSY: 409,
+    ConversationErrorCode.REQUEST_CONFLICT: 409,
 }
 
 
@@ -163,13 +167,13 @@ class ValidationError(MemtierError):
 
 
 class UnsupportedChannelError(ValidationError):
-    """Only ``public`` and ``im`` channels exist; group and conference are not representable."""
+    """Only ``public`` and ``im`` exist; group and conference are not representable."""
 
     default_code = ErrorCode.UNSUPPORTED_CHANNEL
 
 
 class TurnTooLargeError(ValidationError):
-    """One turn is larger than what any session may hold; refused rather than evicting everything."""
+    """A turn larger than any session may hold: refused rather than evicting everything."""
 
     default_code = ErrorCode.TURN_TOO_LARGE
 
@@ -199,7 +203,7 @@ class BackendError(MemtierError):
 
 
 class TransientBackendError(BackendError):
-    """One transient Redis failure (connection reset, timeout, LOADING, BUSY, TRYAGAIN, CLUSTERDOWN)."""
+    """One transient Redis failure: reset, timeout, LOADING, BUSY, TRYAGAIN, CLUSTERDOWN."""
 
     default_code = ErrorCode.BACKEND_TRANSIENT
     retryable = True
@@ -218,7 +222,7 @@ class SnapshotError(MemtierError):
 
 
 class ConversationError(MemtierError):
-    """An error of the conversation-threads service; ``code`` is a :class:`ConversationErrorCode`."""
+    """An error of the conversation-threads service (``code``: a ConversationErrorCode)."""
 
     default_code = ConversationErrorCode.INVALID_REQUEST
 

@@ -32,16 +32,45 @@ Eviction and sweeping delete sessions the caller did not name: the scripts
 derive those keys from the partition's tag prefix (ARGV), which is always in
 the same slot as the declared keys.  This is the one documented exception to
 "scripts touch only KEYS", tested on a real Redis Cluster.
+
+Threads layout of one owner (``O`` = ``{<ns>:o:<tenant>:<user>}``; tenant and
+user ids match ``[A-Za-z0-9_.@+-]{1,128}``, so they can neither close the tag
+nor forge a ``:`` separator, and are SCAN-glob safe)::
+
+    O:ix             ZSET   all scores 0, member "<created ms, 20 digits>|<thread id>":
+                            BYLEX REV = newest first, exact cursor paging
+    O:t:<thread>     HASH   marker, title, state, version, branches (JSON), timestamps,
+                            ownership, metadata (JSON), head, counters, legal hold
+    O:e:<thread>     HASH   entry id -> entry JSON (role, content, parent), redacted
+    O:p:<thread>     HASH   entry id -> parent entry id ("" = root): the entry tree
+    O:r:<thread>     HASH   request id -> run record JSON (idempotent continue)
+    O:v:<thread>     STREAM redacted event ledger, ids "<ms>-<seq>", never trimmed
+    O:l:<thread>     STRING lease token of the continue running on the thread (PX expiry)
+
+    {<ns>:threads}:cursor-secret  STRING  HMAC key of replay/list cursors (created once)
+
+Every thread script declares its keys (no key is derived inside Lua).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from uuid import UUID
 
-__all__ = ["MemoryKeyspace", "PartitionKeys", "SessionKeys", "session_member"]
+from memtier.errors import ValidationError
+
+__all__ = [
+    "MemoryKeyspace",
+    "OwnerKeys",
+    "PartitionKeys",
+    "SessionKeys",
+    "ThreadKeys",
+    "ThreadKeyspace",
+    "session_member",
+]
 
 
 def session_member(avatar: UUID, channel: str) -> str:
@@ -145,3 +174,88 @@ def _partition_keys(namespace: str, index: int) -> PartitionKeys:
     if found is None:
         found = _PARTITION_CACHE[key] = PartitionKeys(namespace, index)
     return found
+
+
+# --- conversation threads ---------------------------------------------------------------------
+
+OWNER_ID_RE = re.compile(r"^[A-Za-z0-9_.@+\-]{1,128}\Z")
+THREAD_ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadKeys:
+    """The keys of one conversation thread; all carry the owner's hash tag."""
+
+    thread: str
+    entries: str
+    parents: str
+    runs: str
+    events: str
+    lease: str
+
+    def all(self) -> tuple[str, ...]:
+        """Every key of the thread (what ``delete`` removes, besides its index member)."""
+        return (self.thread, self.entries, self.parents, self.runs, self.events, self.lease)
+
+
+@dataclass(frozen=True)
+class OwnerKeys:
+    """The keys of one owner (tenant, user): every thread of theirs shares this hash tag."""
+
+    namespace: str
+    tenant: str
+    user: str
+
+    def __post_init__(self) -> None:
+        for name, value in (("tenant", self.tenant), ("user", self.user)):
+            if not OWNER_ID_RE.match(value):
+                raise ValidationError(f"{name} id must match {OWNER_ID_RE.pattern}", field=name)
+
+    @cached_property
+    def tag(self) -> str:
+        return "{" + f"{self.namespace}:o:{self.tenant}:{self.user}" + "}"
+
+    @cached_property
+    def prefix(self) -> str:
+        return self.tag + ":"
+
+    @cached_property
+    def index(self) -> str:
+        """ZSET of the owner's threads (newest first by lexicographic member order)."""
+        return self.prefix + "ix"
+
+    def thread(self, thread_id: str) -> ThreadKeys:
+        if not THREAD_ID_RE.match(thread_id):
+            raise ValidationError(f"thread id must match {THREAD_ID_RE.pattern}", field="id")
+        p = self.prefix
+        return ThreadKeys(
+            thread=f"{p}t:{thread_id}",
+            entries=f"{p}e:{thread_id}",
+            parents=f"{p}p:{thread_id}",
+            runs=f"{p}r:{thread_id}",
+            events=f"{p}v:{thread_id}",
+            lease=f"{p}l:{thread_id}",
+        )
+
+    def pattern(self) -> str:
+        """SCAN pattern matching every key of this owner."""
+        return self.prefix + "*"
+
+
+@dataclass(frozen=True)
+class ThreadKeyspace:
+    """Key builder for conversation threads in one namespace."""
+
+    namespace: str
+
+    def owner(self, tenant: str, user: str) -> OwnerKeys:
+        return OwnerKeys(self.namespace, tenant, user)
+
+    @cached_property
+    def cursor_secret(self) -> str:
+        """The HMAC key of thread cursors, shared by every process of the namespace."""
+        return "{" + f"{self.namespace}:threads" + "}:cursor-secret"
+
+    def pattern(self) -> str:
+        """SCAN pattern matching every thread key of this namespace (operators, tests)."""
+        return "{" + f"{self.namespace}:o:*"

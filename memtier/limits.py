@@ -45,6 +45,9 @@ MAX_EVENTS: Final = Bound(10_000, 100_000, 16, "events per partition")
 MAX_PARTITIONS: Final = 1024  # one hash tag (slot) each; 1 = exact global LRU
 MAX_TURN_ID_BYTES: Final = 128
 MAX_NAME_BYTES: Final = 128  # tool and action names
+# Raw text longer than this many times max_turn_bytes is refused before redaction runs, so
+# one call cannot make the caller's process scan megabytes (redaction is linear, not free).
+MAX_RAW_INPUT_FACTOR: Final = 16
 # A script that evicts blocks its shard: cap victims per append (64 sessions is well
 # under a millisecond of Lua). An append that would need more is refused, nothing changed.
 MAX_EVICTIONS_PER_CALL: Final = 64
@@ -73,3 +76,15 @@ ACTIVE_BRANCHES: Final = Bound(16, 64, 1, "branches")
 EXPORT_BYTES: Final = Bound(8 * MiB, 32 * MiB, 1 * KiB, "bytes")
 EXPORT_PAGES: Final = Bound(100, 500, 1, "pages")
 REQUEST_BODY_BYTES: Final = Bound(64 * KiB, 1 * MiB, 1 * KiB, "bytes")
+
+# Fixed bounds of the threads service (not configurable; memtier/threads/__init__.py explains).
+THREAD_MESSAGE_BYTES: Final = 256 * KiB  # one user message (refused above) or reply (truncated)
+THREAD_METADATA_BYTES: Final = 16 * KiB  # host metadata of one thread, as JSON
+THREAD_EVENT_BYTES: Final = 16 * KiB  # data of one runner event after redaction (cut above)
+THREAD_EVENTS_PER_TURN: Final = 256  # runner events kept per turn; later ones counted, dropped
+THREAD_MAX_ENTRIES: Final = 2_000  # entries per thread (a turn adds 2): 1000 turns
+THREAD_MAX_EVENTS: Final = 100_000  # ledger rows per thread (the ledger is never trimmed)
+THREAD_MAX_BYTES: Final = 64 * MiB  # entries + ledger bytes per thread
+THREADS_PER_OWNER: Final = 10_000  # threads one (tenant, user) may hold
+THREAD_LEASE_MS: Final = 30_000  # lease of a running turn; renewed every third of it
+THREAD_WAIT_CEILING_S: Final = 300.0  # longest a continue may wait for a busy thread/duplicate

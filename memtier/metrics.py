@@ -30,6 +30,8 @@ __all__ = [
     "RETRIES",
     "SCRIPT_DURATION",
     "STORED_BYTES",
+    "THREAD_OPERATIONS",
+    "THREAD_RUNNER_DURATION",
     "render",
 ]
 
@@ -65,6 +67,18 @@ SCRIPT_DURATION = Histogram(
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
 
+THREAD_OPERATIONS = Counter(
+    "memtier_thread_operations_total",
+    "Conversation-thread service operations, by operation and outcome (ok or error code).",
+    ["operation", "outcome"],
+)
+THREAD_RUNNER_DURATION = Histogram(
+    "memtier_thread_runner_duration_seconds",
+    "Wall time of one agent turn in the host runner, seconds, by outcome.",
+    ["outcome"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)
+
 
 def render() -> bytes:
     """The exposition text: every process's collectors when multiprocess mode is on."""
@@ -72,6 +86,6 @@ def render() -> bytes:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
     return generate_latest()

@@ -13,7 +13,7 @@ Defaults: exponential backoff 50 ms -> 2 s with up to 100 ms jitter, at most
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from redis import exceptions as rexc
 from tenacity import (
@@ -75,15 +75,17 @@ def translate(exc: BaseException) -> BaseException:
             error_type=type(exc).__name__,
         )
     if isinstance(exc, rexc.RedisError):
-        return BackendError(f"Redis error: {type(exc).__name__}: {exc}", error_type=type(exc).__name__)
+        return BackendError(
+            f"Redis error: {type(exc).__name__}: {exc}", error_type=type(exc).__name__
+        )
     return exc
 
 
-def _stop():  # type: ignore[no-untyped-def]
+def _stop() -> Any:
     return stop_any(stop_after_attempt(MAX_ATTEMPTS), stop_after_delay(MAX_DELAY_S))
 
 
-def _wait():  # type: ignore[no-untyped-def]
+def _wait() -> Any:
     return wait_none() if _testing else wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.1)
 
 

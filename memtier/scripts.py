@@ -27,14 +27,15 @@ from redis.exceptions import ResponseError as RedisResponseError
 from memtier import metrics
 from memtier.errors import ScriptError
 
-__all__ = ["LuaScript", "ScriptRegistry", "lua_root", "load_registry"]
+__all__ = ["LuaScript", "ScriptRegistry", "load_registry", "lua_root"]
 
 _NAME_RE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)\.lua$")
 _INCLUDE_RE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z0-9_/]+)"\s*$', re.MULTILINE)
 _MAX_INCLUDE_DEPTH = 8  # includes of includes; the tree is shallow by design
 
+
 def lua_root() -> Path:
-    """The directory holding the Lua sources: ``memtier/_lua`` in a wheel, ``lua/`` in a checkout."""
+    """Where the Lua sources are: ``memtier/_lua`` in a wheel, ``lua/`` in a checkout."""
     packaged = resources.files("memtier") / "_lua"
     if packaged.is_dir():
         return Path(str(packaged))
@@ -156,16 +157,27 @@ class ScriptRegistry:
 _REGISTRIES: dict[str, ScriptRegistry] = {}
 
 
-def load_registry(folder: str) -> ScriptRegistry:
-    """Parse ``lua/<folder>/*-N.lua`` once per process."""
+def load_registry(folder: str, root: Path | None = None) -> ScriptRegistry:
+    """Parse ``lua/<folder>/*-N.lua`` once per process.
+
+    ``root`` replaces :func:`lua_root` (another Lua tree, e.g. in the loader's
+    tests); such a registry is parsed on every call, never cached.
+    """
+    if root is not None:
+        return _parse_folder(root, folder)
     found = _REGISTRIES.get(folder)
     if found is None:
-        root = lua_root()
-        scripts = {}
-        for path in sorted((root / folder).glob("*.lua")):
-            script = LuaScript.from_file(path, root)
-            scripts[script.name] = script
-        if not scripts:
-            raise ScriptError(f"no Lua scripts under {root / folder}")
-        found = _REGISTRIES[folder] = ScriptRegistry(scripts)
+        found = _REGISTRIES[folder] = _parse_folder(lua_root(), folder)
     return found
+
+
+def _parse_folder(root: Path, folder: str) -> ScriptRegistry:
+    scripts = {}
+    for path in sorted((root / folder).glob("*.lua")):
+        script = LuaScript.from_file(path, root)
+        if script.name in scripts:
+            raise ScriptError(f"two Lua scripts named {script.name!r} under {root / folder}")
+        scripts[script.name] = script
+    if not scripts:
+        raise ScriptError(f"no Lua scripts under {root / folder}")
+    return ScriptRegistry(scripts)

@@ -20,8 +20,8 @@ from memtier.memory.models import (
     ReasonCode,
     Turn,
 )
-from memtier.retry import retry_async
 from memtier.memory.store import StoreStats, _page_size
+from memtier.retry import retry_async
 from memtier.scripts import load_registry
 
 __all__ = ["AsyncConversationStore"]
@@ -111,14 +111,18 @@ class AsyncConversationStore:
         reply = await self._retrying("context", self.core.context_call(ckey, limit))
         return self.core.decode_context(ckey, reply)
 
-    async def list_metadata(self, cursor: str | None = None, *, limit: int | None = None) -> MetadataPage:
+    async def list_metadata(
+        self, cursor: str | None = None, *, limit: int | None = None
+    ) -> MetadataPage:
         """One page of session metadata (never content); pass ``page.cursor`` for the next."""
         count = _page_size(limit, limits.METADATA_PAGE)
         partition, scan = self.core.decode_cursor(cursor)
         part = self.core.keyspace.partition(partition)
         reply = await self._retrying("list_metadata", self.core.metadata_call(part, scan, count))
         next_scan, sessions = self.core.decode_metadata(reply)
-        return MetadataPage(sessions=tuple(sessions), cursor=self._next_cursor(partition, next_scan))
+        return MetadataPage(
+            sessions=tuple(sessions), cursor=self._next_cursor(partition, next_scan)
+        )
 
     async def iter_metadata(self, *, page_size: int | None = None) -> Any:
         """Iterate every live session's metadata, page by page (bounded pages)."""
@@ -181,12 +185,13 @@ class AsyncConversationStore:
         count = _page_size(limit, limits.EVENTS_PAGE)
         start = self.core.decode_events_cursor(after)
         pages = []
-        for i, part in enumerate(self.core.keyspace.all_partitions()):
+        for part, position in zip(self.core.keyspace.all_partitions(), start, strict=True):
+            key = part.events
             pages.append(
                 await retry_async(
                     "events",
-                    lambda p=part, s=start[i]: self.client.xrange(
-                        p.events, min="(" + s, max="+", count=count
+                    lambda key=key, position=position: self.client.xrange(  # type: ignore[misc]
+                        key, min="(" + position, max="+", count=count
                     ),
                 )
             )

@@ -43,7 +43,7 @@ from memtier.memory.models import (
     TurnRecord,
     ms_to_datetime,
 )
-from memtier.redaction import bound_utf8, redact
+from memtier.redaction import sanitize
 
 __all__ = ["AppendStatus", "MemoryCore", "ScriptCall", "new_session_id"]
 
@@ -101,17 +101,13 @@ def _escape_delimiters(text: str) -> str:
 
 def wrap_untrusted(source: str, text: str) -> str:
     """The visible delimiter around untrusted data handed to an LLM."""
-    return (
-        f'<untrusted-data source="{source}">\n{_escape_delimiters(text)}\n</untrusted-data>'
-    )
+    return f'<untrusted-data source="{source}">\n{_escape_delimiters(text)}\n</untrusted-data>'
 
 
 class MemoryCore:
     """Everything conversation memory does that is not I/O."""
 
-    def __init__(
-        self, config: MemtierConfig, *, clock: Callable[[], int] | None = None
-    ) -> None:
+    def __init__(self, config: MemtierConfig, *, clock: Callable[[], int] | None = None) -> None:
         self.config = config
         self.conv = config.conversation
         self.keyspace = MemoryKeyspace(config.namespace, config.partitions)
@@ -148,28 +144,36 @@ class MemoryCore:
             )
         conv = self.conv
         fields = turn.content_fields()
+        raw_limit = limits.MAX_RAW_INPUT_FACTOR * conv.max_turn_bytes
+        for name, value in fields.items():
+            if len(value) > raw_limit:  # characters >= bytes/4: a cheap, safe pre-check
+                raise TurnTooLargeError(
+                    f"{name} is over the input limit of {raw_limit} characters"
+                    f" (at most {conv.max_turn_bytes} bytes of a turn are stored)",
+                    field=name,
+                    limit_bytes=raw_limit,
+                )
         kinds: list[str] = []
         truncated = False
         out: dict[str, str] = {}
         # Names (tool, action) are short labels; the body gets the rest of the turn budget.
+        # sanitize() redacts before it bounds, so a cut can never leave half a secret behind.
         for name in ("tool", "action"):
             if name in fields:
-                text, found = redact(fields[name])
-                kinds += found
-                text, cut = bound_utf8(text, limits.MAX_NAME_BYTES)
-                truncated |= cut
-                out[name] = text
+                clean = sanitize(fields[name], limits.MAX_NAME_BYTES)
+                kinds += clean.kinds
+                truncated |= clean.truncated
+                out[name] = clean.text
         used = sum(len(v.encode()) for v in out.values())
         budget = conv.max_turn_bytes - used
         if turn.kind in ("tool", "action"):
             budget = min(budget, conv.max_tool_result_bytes)
         for name in ("text", "summary", "outcome"):
             if name in fields:
-                text, found = redact(fields[name])
-                kinds += found
-                text, cut = bound_utf8(text, budget)
-                truncated |= cut
-                out[name] = text
+                clean = sanitize(fields[name], budget)
+                kinds += clean.kinds
+                truncated |= clean.truncated
+                out[name] = clean.text
         turn_bytes = sum(len(v.encode()) for v in out.values())
         if turn_bytes > conv.max_session_bytes:  # unreachable with a valid config; defence
             raise TurnTooLargeError(

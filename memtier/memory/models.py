@@ -42,7 +42,7 @@ TurnId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:\-]{1,128}$")]
 
 
 class Channel(StrEnum):
-    """The only two channel kinds: public chat and direct IM (group/conference not representable)."""
+    """The only two channel kinds: public chat and direct IM (no group or conference)."""
 
     PUBLIC = "public"
     IM = "im"
@@ -82,7 +82,7 @@ def _raise_validation(exc: PydanticValidationError, what: str) -> None:
 class _Strict(BaseModel):
     """Frozen, extra="forbid", and raising memtier's ValidationError."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", str_strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -120,7 +120,9 @@ class ConversationStore:
         part = self.core.keyspace.partition(partition)
         reply = self._retrying("list_metadata", self.core.metadata_call(part, scan, count))
         next_scan, sessions = self.core.decode_metadata(reply)
-        return MetadataPage(sessions=tuple(sessions), cursor=self._next_cursor(partition, next_scan))
+        return MetadataPage(
+            sessions=tuple(sessions), cursor=self._next_cursor(partition, next_scan)
+        )
 
     def iter_metadata(self, *, page_size: int | None = None) -> Any:
         """Iterate every live session's metadata, page by page (bounded pages)."""
@@ -182,12 +184,13 @@ class ConversationStore:
         count = _page_size(limit, limits.EVENTS_PAGE)
         start = self.core.decode_events_cursor(after)
         pages = []
-        for i, part in enumerate(self.core.keyspace.all_partitions()):
+        for part, position in zip(self.core.keyspace.all_partitions(), start, strict=True):
+            key = part.events
             pages.append(
                 retry_sync(
                     "events",
-                    lambda p=part, s=start[i]: self.client.xrange(
-                        p.events, min="(" + s, max="+", count=count
+                    lambda key=key, position=position: self.client.xrange(  # type: ignore[misc]
+                        key, min="(" + position, max="+", count=count
                     ),
                 )
             )

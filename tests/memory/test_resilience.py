@@ -1,0 +1,186 @@
+"""Lost replies, transient errors, NOSCRIPT, metrics by scraping, Lua contract codes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from memhelpers import Clock, key, sync_store
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from redis import exceptions as rexc
+
+from memtier import AvatarMessage, BackendError, ConversationStore, ScriptError
+from memtier.scripts import load_registry
+
+
+class FlakyClient:
+    """Wraps a redis-py client: the chosen EVALSHA calls fail as configured.
+
+    ``lose_reply``: the command runs on Redis, then the reply is "lost" (ConnectionError),
+    which is exactly what a retry after a dropped connection looks like.
+    ``fail_before``: the command never reaches Redis.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        lose_reply: int = 0,
+        fail_before: int = 0,
+        error: Exception | None = None,
+    ) -> None:
+        load_registry("memory").load_all(inner)  # so NOSCRIPT does not add calls
+        self.inner = inner
+        self.lose_reply = lose_reply
+        self.fail_before = fail_before
+        self.error = error or rexc.ConnectionError("connection reset by peer")
+        self.calls = 0
+
+    def evalsha(self, *args: Any) -> Any:
+        self.calls += 1
+        if self.fail_before > 0:
+            self.fail_before -= 1
+            raise self.error
+        result = self.inner.evalsha(*args)
+        if self.lose_reply > 0:
+            self.lose_reply -= 1
+            raise rexc.ConnectionError("reply lost")
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def scrape() -> dict[str, float]:
+    """Scrape the default registry the way Prometheus would, as {sample-with-labels: value}."""
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
+
+
+def test_retry_after_lost_reply_stores_one_turn(backend: Any) -> None:
+    flaky = FlakyClient(backend.sync_client(), lose_reply=1)
+    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    receipt = store.append(key(1), AvatarMessage(text="exactly once"))
+    assert flaky.calls == 2  # first attempt ran but its reply was lost; the retry deduped
+    assert receipt.duplicate and receipt.seq == 1
+    assert [t.seq for t in store.context(key(1)).turns] == [1]
+    assert store.stats()["bytes"] == len("exactly once")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        rexc.ConnectionError("reset"),
+        rexc.TimeoutError("timeout"),
+        rexc.BusyLoadingError("LOADING Redis is loading the dataset in memory"),
+        rexc.ResponseError("BUSY Redis is busy running a script"),
+        rexc.TryAgainError("TRYAGAIN"),
+        rexc.ClusterDownError("CLUSTERDOWN The cluster is down"),
+    ],
+    ids=["reset", "timeout", "loading", "busy", "tryagain", "clusterdown"],
+)
+def test_transient_errors_are_retried_and_counted(backend: Any, error: Exception) -> None:
+    flaky = FlakyClient(backend.sync_client(), fail_before=2, error=error)
+    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    before = scrape()
+    label = f"memtier_retries_total{{error_type={type(error).__name__},operation=append}}"
+    receipt = store.append(key(1), AvatarMessage(text="hi"))
+    assert receipt.seq == 1 and not receipt.duplicate
+    assert flaky.calls == 3
+    assert scrape()[label] - before.get(label, 0.0) == 2
+
+
+def test_persistent_failure_is_bounded_and_raises_backend_error(backend: Any) -> None:
+    flaky = FlakyClient(backend.sync_client(), fail_before=10_000)
+    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    with pytest.raises(BackendError) as info:
+        store.append(key(1), AvatarMessage(text="hi"))
+    assert info.value.code == "backend_unavailable"
+    assert flaky.calls == 5  # bounded attempts
+
+
+def test_noscript_after_script_flush_is_recovered(backend: Any) -> None:
+    store = sync_store(backend, Clock())
+    store.append(key(1), AvatarMessage(text="one"))
+    client = backend.sync_client()
+    if backend.is_cluster:
+        for node in client.get_nodes():  # every primary and replica forgets every script
+            client.execute_command("SCRIPT", "FLUSH", target_nodes=node)
+    else:
+        client.script_flush()
+    assert store.append(key(1), AvatarMessage(text="two")).seq == 2
+    assert store.context(key(1)).turns[-1].fields["text"] == "two"
+
+
+def test_metrics_are_exposed_by_scraping(backend: Any) -> None:
+    store = sync_store(backend, Clock())
+    before = scrape()
+    store.append(key(1), AvatarMessage(text="abc"))
+    store.context(key(1))
+    store.stats()
+    after = scrape()
+    appended = "memtier_appends_total{outcome=stored,role=avatar}"
+    assert after[appended] - before.get(appended, 0.0) == 1
+    assert after["memtier_stored_bytes{}"] == 3
+    assert after["memtier_active_sessions{}"] == 1
+    count = "memtier_script_duration_seconds_count{script=append_turn}"
+    assert after[count] > before.get(count, 0.0)
+    assert not any("avatar=" in name or "00000000-" in name for name in after)
+
+
+def test_every_append_status_code_of_the_lua_contract(backend: Any) -> None:
+    """append_turn-9.lua called directly with hand-built KEYS/ARGV: every Output code."""
+    store = sync_store(backend, Clock(), conversation={"max_tool_results": 1})
+    script = load_registry("memory")["append_turn"]
+    client = backend.sync_client()
+    k = key(1)
+
+    def call(**overrides: Any) -> Any:
+        prepared = store.core.prepare_turn(k, AvatarMessage(text="x", turn_id="fixed"))
+        base = store.core.append_call(prepared)
+        args = list(base.args)
+        for index, value in overrides.items():
+            args[int(index[1:])] = value
+        return script(client, base.keys, args)
+
+    assert call()[0] == 0  # stored
+    assert call()[0] == 1  # duplicate
+    assert call(a2="tool-1", a5=1)[0] == 0  # a tool turn
+    full = call(a2="tool-2", a5=1)
+    assert full[0] == -1 and full[1] in (b"tools", "tools")  # SESSION_FULL
+    assert call(a2="big", a4=10**9)[0] == -3  # TURN_TOO_LARGE
+    assert call(a2="agg", a12=0)[0] == -2  # AGGREGATE_FULL (nothing evictable)
+    with pytest.raises(ScriptError):
+        call(a4="not-a-number")  # caller bug -> error reply -> ScriptError
+
+
+def test_every_lua_script_keeps_its_keys_in_one_slot(backend: Any) -> None:
+    from redis.crc import key_slot
+
+    store = sync_store(backend, Clock(), partitions=7)
+    core = store.core
+    calls = []
+    for n in range(20):
+        k = key(n, "im" if n % 2 else "public")
+        prepared = core.prepare_turn(k, AvatarMessage(text="x"))
+        calls += [core.append_call(prepared), core.context_call(k)]
+        calls.append(core.drop_call(k, __import__("memtier").ReasonCode.OPERATOR_DELETED))
+    for part in core.keyspace.all_partitions():
+        calls += [core.sweep_call(part), core.stats_call(part), core.metadata_call(part, "0", 10)]
+    for call in calls:
+        slots = {key_slot(k.encode()) for k in call.keys}
+        assert len(slots) == 1, call
+        prefix_slot = (
+            key_slot(str(call.args[0]).encode() + b"x")
+            if call.script in ("append_turn", "drop_session", "sweep_expired", "list_metadata")
+            else None
+        )
+        if prefix_slot is not None:  # derived victim keys land in the same slot
+            assert prefix_slot in slots
+    # partitions spread over slots
+    assert len({key_slot(p.meta.encode()) for p in core.keyspace.all_partitions()}) == 7
