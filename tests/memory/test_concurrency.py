@@ -89,3 +89,21 @@ def test_ceilings_hold_exactly_under_concurrent_appends(backend_no_fake: Any) ->
     for m in metas:
         ctx = store.context(ConversationKey(m.avatar, m.channel))
         assert sum(len(t.fields["text"].encode()) for t in ctx.turns) == m.bytes
+
+
+async def test_asyncio_tasks_on_one_key_get_one_gapless_sequence(backend: Any) -> None:
+    import asyncio
+
+    from memtier import AsyncConversationStore
+
+    config = backend.config(conversation={"max_turns_per_session": 2000})
+    stores = [AsyncConversationStore(backend.async_client(), config) for _ in range(4)]
+    k = key(77, "im")
+
+    async def burst(store: AsyncConversationStore, n: int) -> list[int]:
+        return [(await store.append(k, AvatarMessage(text=f"{n}-{i}"))).seq for i in range(25)]
+
+    results = await asyncio.gather(*(burst(stores[n % 4], n) for n in range(8)))
+    assert sorted(s for r in results for s in r) == list(range(1, 201))
+    ctx = await stores[0].context(k)
+    assert [t.seq for t in ctx.turns] == list(range(1, 201))
