@@ -1,0 +1,121 @@
+"""Shared fixtures: real Redis servers, the three-way ``backend`` fixture, test switches.
+
+* ``redis_server`` / ``redis_cluster`` -- session fixtures, started lazily (only
+  when a test asks) from the ``redis-server`` binary; see ``tests/servers.py``.
+* ``backend`` -- parametrized over ``fake`` (fakeredis), ``real`` (standalone)
+  and ``cluster`` (3 primaries + 3 replicas), with the pytest marks of the same
+  names: ``pytest -m fake`` runs only the in-process half.  ``backend_no_fake``
+  is the same without fakeredis, for behaviour that needs real Redis semantics
+  (several processes, real atomicity, restarts).
+* Missing ``redis-server`` fails the tests that need it; only a local run with
+  ``MEMTIER_ALLOW_SKIP_REAL=1`` (and ``CI`` unset) skips them instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+os.environ.setdefault("FAKEREDIS_LUA_VERSION", "5.1")  # Redis's Lua; read when fakeredis loads
+
+from servers import Backend, RedisClusterServers, RedisServer
+
+ALLOW_SKIP_ENV = "MEMTIER_ALLOW_SKIP_REAL"
+
+
+def require_real_redis(*binaries: str) -> None:
+    """Fail (CI, or by default) or skip (``MEMTIER_ALLOW_SKIP_REAL=1`` locally) without Redis."""
+    missing = [name for name in binaries if shutil.which(name) is None]
+    if not missing:
+        return
+    message = (
+        f"{', '.join(missing)} not found on PATH; this test needs a real Redis."
+        " Install Debian's redis-server and redis-tools (tests/run.sh does)."
+    )
+    if os.environ.get("CI"):
+        pytest.fail(message + " (CI is set: never skipped)", pytrace=False)
+    if os.environ.get(ALLOW_SKIP_ENV) == "1":
+        pytest.skip(f"{message} Skipped because {ALLOW_SKIP_ENV}=1.")
+    pytest.fail(message + f" Set {ALLOW_SKIP_ENV}=1 to skip such tests locally.", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One standalone redis-server for the session (tests may ``restart()`` it)."""
+    require_real_redis("redis-server")
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """One 3-primary + 3-replica Redis Cluster for the session."""
+    require_real_redis("redis-server", "redis-cli")
+    with RedisClusterServers() as cluster:
+        yield cluster
+
+
+@pytest.fixture(autouse=True)
+def _retry_without_waits() -> Iterator[None]:
+    """memtier's retry layer keeps its attempt caps but never sleeps in tests."""
+    # Imported here, not at the top: a broken memtier module then fails the tests
+    # (with its traceback) instead of aborting the whole collection.
+    import memtier.retry
+
+    memtier.retry.set_testing(True)
+    yield
+    memtier.retry.set_testing(True)
+
+
+def _make_backend(request: pytest.FixtureRequest, kind: str) -> Backend:
+    namespace = "t" + uuid.uuid4().hex[:10]
+    if kind == "fake":
+        import fakeredis
+
+        return Backend(kind, namespace=namespace, url=None, fake_server=fakeredis.FakeServer())
+    if kind == "real":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        return Backend(
+            kind, namespace=namespace, url=server.url, node_url=server.url, server=server
+        )
+    if kind == "cluster":
+        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+        return Backend(
+            kind, namespace=namespace, url=cluster.url, node_url=cluster.node_url, server=cluster
+        )
+    raise AssertionError(f"unknown backend kind {kind!r}")
+
+
+_ALL = [
+    pytest.param("fake", marks=pytest.mark.fake),
+    pytest.param("real", marks=pytest.mark.real),
+    pytest.param("cluster", marks=pytest.mark.cluster),
+]
+
+
+@pytest.fixture(params=_ALL)
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    """The same test on fakeredis, a real standalone Redis and a real Redis Cluster.
+
+    Async so that the async clients it made are closed in the test's own event
+    loop; sync tests use it just the same.
+    """
+    made = _make_backend(request, request.param)
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+@pytest.fixture(params=_ALL[1:])
+async def backend_no_fake(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    """``backend`` without fakeredis: real standalone Redis and real Redis Cluster only."""
+    made = _make_backend(request, request.param)
+    try:
+        yield made
+    finally:
+        await made.aclose()

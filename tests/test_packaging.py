@@ -1,0 +1,101 @@
+"""The wheel ships every Lua script (under ``memtier/_lua``) and ``py.typed``.
+
+The wheel is built once per session (``pip wheel --no-build-isolation``: the
+test extra installs hatchling, so nothing is fetched), then inspected as a zip
+and imported from an unpacked copy to prove :func:`memtier.scripts.lua_root`
+finds the packaged scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LUA = REPO / "lua"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+            "--no-cache-dir", "-q", "-w", str(out), str(REPO),
+        ],
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr).decode("utf-8", "replace")
+    wheels = list(out.glob("memtier-*.whl"))
+    assert len(wheels) == 1, wheels
+    yield wheels[0]
+
+
+def _lua_sources() -> list[str]:
+    return sorted(p.relative_to(LUA).as_posix() for p in LUA.rglob("*.lua"))
+
+
+def test_wheel_contains_every_lua_file(wheel: Path) -> None:
+    sources = _lua_sources()
+    assert sources, "lua/ has no scripts at all"
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        missing = [s for s in sources if f"memtier/_lua/{s}" not in names]
+        assert missing == []
+        # byte for byte the checkout's files
+        for source in sources:
+            assert zf.read(f"memtier/_lua/{source}") == (LUA / source).read_bytes(), source
+
+
+def test_wheel_contains_py_typed(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        assert "memtier/py.typed" in zf.namelist()
+
+
+def test_wheel_declares_the_console_script(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        entry_points = next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))
+        assert "memtier = memtier.cli:main" in zf.read(entry_points).decode()
+
+
+def test_installed_wheel_loads_its_packaged_scripts(wheel: Path, tmp_path: Path) -> None:
+    """Imported from the unpacked wheel, memtier reads ``memtier/_lua``, not the checkout."""
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    probe = textwrap.dedent(
+        f"""
+        import json, sys
+        sys.path.insert(0, {str(site)!r})
+        import memtier.scripts as s
+        root = s.lua_root()
+        folders = sorted(
+            p.name for p in root.iterdir()
+            if p.is_dir() and p.name != "includes" and any(p.glob("*.lua"))
+        )
+        loaded = {{f: s.load_registry(f).names() for f in folders}}
+        print(json.dumps({{"module": s.__file__, "root": str(root), "loaded": loaded}}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, cwd=tmp_path, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode("utf-8", "replace")
+    report = json.loads(done.stdout)
+    assert report["module"] == str(site / "memtier" / "scripts.py")
+    assert report["root"] == str(site / "memtier" / "_lua")
+    expected = {}
+    for folder in sorted(p for p in LUA.iterdir() if p.is_dir() and p.name != "includes"):
+        names = sorted(p.name.rsplit("-", 1)[0] for p in folder.glob("*.lua"))
+        if names:
+            expected[folder.name] = names
+    assert report["loaded"] == expected
