@@ -45,8 +45,20 @@ def lua_root() -> Path:
     raise ScriptError("memtier's Lua scripts are missing from this installation")
 
 
-def expand_includes(text: str, root: Path, *, _stack: tuple[str, ...] = ()) -> str:
-    """Inline ``--- @include "name"`` lines from ``root/includes/name.lua``."""
+def expand_includes(
+    text: str,
+    root: Path,
+    *,
+    _stack: tuple[str, ...] = (),
+    _included: set[str] | None = None,
+) -> str:
+    """Inline ``--- @include "name"`` lines from ``root/includes/name.lua``.
+
+    An include reached a second time through another include is inlined once only
+    (its ``local function``s are already in scope); naming it twice in one file is
+    an error, and so is a cycle.
+    """
+    included: set[str] = set() if _included is None else _included
     seen: set[str] = set()
 
     def replace(match: re.Match[str]) -> str:
@@ -61,7 +73,12 @@ def expand_includes(text: str, root: Path, *, _stack: tuple[str, ...] = ()) -> s
         path = root / "includes" / f"{name}.lua"
         if not path.is_file():
             raise ScriptError(f"missing Lua include {name!r} ({path})")
-        return expand_includes(path.read_text(encoding="utf-8"), root, _stack=(*_stack, name))
+        if name in included:
+            return f"-- (include {name!r} already inlined above)"
+        included.add(name)
+        return expand_includes(
+            path.read_text(encoding="utf-8"), root, _stack=(*_stack, name), _included=included
+        )
 
     return _INCLUDE_RE.sub(replace, text)
 

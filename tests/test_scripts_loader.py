@@ -347,3 +347,17 @@ def test_every_shipped_script_compiles_on_redis(redis_server: RedisServer) -> No
         for folder in _shipped_folders():
             for script in load_registry(folder):
                 assert client.script_load(script.source) == script.sha, script.name
+
+
+def test_diamond_include_is_inlined_once(tmp_path: Path) -> None:
+    """a -> b, a -> c, b -> d, c -> d: d's text appears exactly once."""
+    from memtier.scripts import expand_includes
+
+    inc = tmp_path / "includes"
+    inc.mkdir()
+    (inc / "b.lua").write_text('--- @include "d"\nlocal function b() end\n')
+    (inc / "c.lua").write_text('--- @include "d"\nlocal function c() end\n')
+    (inc / "d.lua").write_text("local function d_marker() end\n")
+    text = expand_includes('--- @include "b"\n--- @include "c"\nreturn 1\n', tmp_path)
+    assert text.count("d_marker") == 1
+    assert "function b()" in text and "function c()" in text
