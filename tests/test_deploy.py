@@ -736,6 +736,10 @@ def test_create_cluster_script_syntax() -> None:
     result = run(["bash", "-n", str(CLUSTER_SCRIPT)])
     assert result.returncode == 0, result.stderr
     assert os.access(CLUSTER_SCRIPT, os.X_OK), "create-cluster.sh must be executable"
+    shellcheck = shutil.which("shellcheck")  # an extra lint where installed (Debian: shellcheck)
+    if shellcheck is not None:
+        result = run([shellcheck, str(CLUSTER_SCRIPT)])
+        assert result.returncode == 0, result.stdout
 
 
 def test_create_cluster_script_starts_and_stops_a_cluster(tmp_path: Path) -> None:

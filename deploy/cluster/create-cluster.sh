@@ -37,7 +37,7 @@ die() {
 }
 
 usage() {
-    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit "${1:-2}"
 }
 
@@ -100,8 +100,9 @@ start() {
 
     local port
     for port in "${ports[@]}"; do
-        [[ "$port" =~ ^[0-9]+$ ]] && ((port > 0 && port <= 55535)) ||
+        if ! [[ "$port" =~ ^[0-9]+$ ]] || ((port < 1 || port > 55535)); then
             die "bad port '$port' (1-55535: the cluster bus uses port + 10000)"
+        fi
     done
 
     mkdir -p "$dir"
