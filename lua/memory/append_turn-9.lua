@@ -47,7 +47,8 @@
     { -3, turn_bytes, limit }      TURN_TOO_LARGE: larger than any session may hold
 
   Side effects: events (expired, rotated, evicted_*), PEXPIRE of the session's keys to
-  ttl + grace, clock high-water mark, a compaction job when a bound passes compact_percent.
+  ttl + grace, clock high-water mark, a compaction job when a bound passes compact_percent
+  (its stream id kept in the session's `cq` field until a compaction clears it).
 ]]
 --- @include "memory_common"
 
@@ -223,8 +224,11 @@ rcall('PEXPIRE', i_key, expire_ms)
 if (turns * 100 >= max_turns * compact_percent
     or bytes * 100 >= max_session_bytes * compact_percent
     or tools * 100 >= max_tools * compact_percent)
-    and rcall('HSETNX', s_key, 'cq', sid) == 1 then
-  rcall('XADD', compact_key, 'MAXLEN', '~', max_sessions, '*', 'member', member, 'sid', sid)
+    and rcall('HEXISTS', s_key, 'cq') == 0 then
+  -- cq = the job's stream id: a compaction that runs first (inline) deletes the stale job.
+  local job_id = rcall('XADD', compact_key, 'MAXLEN', '~', max_sessions, '*',
+    'member', member, 'sid', sid)
+  rcall('HSET', s_key, 'cq', job_id)
 end
 
 return { 0, sid, seq, now, wall, turn_bytes, rotated, bytes, turns, #victims }

@@ -5,11 +5,13 @@ Same names, same semantics, same I/O-free core; only the I/O awaits."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
 from memtier.connection import connect_async
+from memtier.errors import SessionFullError
+from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
 from memtier.memory.core import MemoryCore, PreparedTurn, ScriptCall
 from memtier.memory.models import (
     AppendReceipt,
@@ -20,6 +22,7 @@ from memtier.memory.models import (
     ReasonCode,
     Turn,
 )
+from memtier.memory.plans import Command, Plan, drive_async
 from memtier.memory.store import StoreStats, _page_size
 from memtier.retry import retry_async
 from memtier.scripts import load_registry
@@ -27,6 +30,7 @@ from memtier.scripts import load_registry
 __all__ = ["AsyncConversationStore"]
 
 KeyLike = ConversationKey | tuple[Any, Any]
+T = TypeVar("T")
 
 
 class AsyncConversationStore:
@@ -44,12 +48,19 @@ class AsyncConversationStore:
         *,
         clock: Callable[[], int] | None = None,
         embedded: bool = False,
+        summarizer: Summarizer | None = None,
+        inline_compaction: bool = True,
     ) -> None:
         self.config = config or MemtierConfig.load()
         self.client = client
         self.embedded = embedded
         self.core = MemoryCore(self.config, clock=clock)
         self.scripts = load_registry("memory")
+        # Compaction (memtier.memory.compaction): the summarizer hook (None = the
+        # deterministic default; a blocking hook runs in a worker thread) and whether
+        # append compacts inline on SESSION_FULL.
+        self.summarizer = summarizer
+        self.inline_compaction = inline_compaction
 
     @classmethod
     def from_config(cls, config: MemtierConfig | None = None) -> AsyncConversationStore:
@@ -63,6 +74,16 @@ class AsyncConversationStore:
 
     async def _retrying(self, operation: str, call: ScriptCall) -> Any:
         return await retry_async(operation, lambda: self._run(call))
+
+    async def _execute(self, request: ScriptCall | Command) -> Any:
+        if isinstance(request, ScriptCall):
+            return await self._retrying(request.script, request)
+        method = getattr(self.client, request.method)
+        return await retry_async(request.method, lambda: method(*request.args, **request.kwargs))
+
+    async def _drive(self, plan: Plan[T]) -> T:
+        """Run a sans-I/O plan (compaction, flush, recovery) on this store's client."""
+        return await drive_async(plan, self._execute)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -81,6 +102,11 @@ class AsyncConversationStore:
         the first attempt), so the bounded retries on transient errors can never
         store a turn twice.
 
+        A session at one of its bounds is compacted inline (its oldest turns folded
+        into the summary, exactly as a ``memtier worker`` would) and the append is
+        retried once, so a host without workers still gets bounded sessions; with
+        ``inline_compaction=False`` the SessionFullError is raised instead.
+
         Raises: ValidationError, SessionFullError (session at its bounds and not
         compacted), CapacityError, TurnTooLargeError, BackendError.
         """
@@ -92,7 +118,24 @@ class AsyncConversationStore:
         call = self.core.append_call(prepared)
         try:
             reply = await self._retrying("append", call)
-            receipt = self.core.decode_append(prepared, reply)
+            try:
+                receipt = self.core.decode_append(prepared, reply)
+            except SessionFullError:
+                if not self.inline_compaction:
+                    raise
+                # Compact inline, then retry the same call (same turn id) once.
+                await self._drive(
+                    compaction_plan(
+                        self.core,
+                        prepared.key,
+                        summarizer=self.summarizer,
+                        force=True,
+                        incoming_bytes=prepared.turn_bytes,
+                        incoming_tool=prepared.turn.kind == "tool",
+                    )
+                )
+                reply = await self._retrying("append", call)
+                receipt = self.core.decode_append(prepared, reply)
         except Exception as exc:
             metrics.APPENDS.labels(prepared.turn.role.value, getattr(exc, "code", "error")).inc()
             raise
@@ -110,6 +153,17 @@ class AsyncConversationStore:
         ckey = self.core.coerce_key(key)
         reply = await self._retrying("context", self.core.context_call(ckey, limit))
         return self.core.decode_context(ckey, reply)
+
+    async def compact(self, key: KeyLike, *, force: bool = False) -> CompactionOutcome:
+        """Compact one session now (what a worker does for a queued job).
+
+        Without ``force`` nothing happens below the compaction trigger
+        (:data:`memtier.limits.COMPACTION_TRIGGER_PERCENT` of a bound).
+        """
+        ckey = self.core.coerce_key(key)
+        return await self._drive(
+            compaction_plan(self.core, ckey, summarizer=self.summarizer, force=force)
+        )
 
     async def list_metadata(
         self, cursor: str | None = None, *, limit: int | None = None

@@ -1,0 +1,685 @@
+"""Deterministic compaction: fold a session's oldest turns into a bounded factual summary.
+
+Pure and I/O-free, except :func:`compaction_plan`, a sans-I/O plan (see
+:mod:`memtier.memory.plans`) that the stores and ``memtier worker`` drive.
+
+When
+    ``append_turn`` queues a job on the partition's ``T:compact`` stream once a session
+    passes :data:`~memtier.limits.COMPACTION_TRIGGER_PERCENT` of its turn, byte or
+    tool-result bound (one job per session: the ``cq`` marker).  ``memtier worker``
+    processes share those streams through a consumer group.  A host without workers
+    still gets bounded sessions: ``append`` compacts inline when the script answers
+    SESSION_FULL, then retries the append once (see ``ConversationStore.append``).
+
+What is folded
+    The newest turns are kept while they fit :data:`KEEP_PERCENT` of every bound
+    (turns, bytes left next to a full summary, tool results); everything older is folded
+    -- a contiguous prefix of the turns list, so turns appended meanwhile are untouched.
+
+The summary (stored as JSON in the session hash, ``summary`` field)::
+
+    {"v": 1, "untrusted": true,
+     "seq": [first, last], "turns": n, "wall": [from_ms, to_ms],
+     "counts": {"avatar": a, "agent": g, "tool": t, "action": x},
+     "tools": [[name, n], ...], "tools_other": n,
+     "actions": [[name, n], ...], "actions_other": n,
+     "text": "..."}
+
+Its size in bytes is the JSON's UTF-8 length, at most ``max_summary_bytes``, and is what
+session bytes, the index hash and the partition total account for.  ``facts`` merge
+exactly across repeated compactions (counts add up, the span widens); ``text`` is::
+
+    Earlier conversation (compacted): turns 1-120 (120 turns), 2026-11-30T10:00:00Z to ...
+    Messages: 50 from the avatar, 50 from the agent, 15 tool results, 5 action results.
+    Tools used: search x9, weather x6.
+    Actions: teleport x3, give x2.
+    Excerpts (oldest first):
+    #3 avatar: can you take me to the sandbox?
+    #4 action teleport: arrived at Sandbox Island (128, 64, 22)
+    ...
+
+Excerpts (who said what, in short: at most :data:`EXCERPT_BYTES` of content each) are
+chosen round-robin over action results, tool results and messages, newest first, until
+the budget is spent, then printed in sequence order; excerpts of the previous summary
+compete with the new ones by the same rule.
+
+Untrusted stays untrusted: the summary is ``untrusted`` when any folded turn came from
+the avatar or a tool (or an action outcome), or the previous summary was; ``context()``
+then renders it as user-role data inside the visible delimiter.  A summarizer hook
+cannot change that flag.
+
+Determinism: the same session state and bounds give the same bytes on any worker -- no
+dict-order, locale, time-of-day or randomness dependence (names are sorted, times are
+formatted by hand in UTC, JSON by orjson with fixed key order).  Text goes through
+:func:`memtier.redaction.sanitize`, whose grapheme heuristics use Python's Unicode
+database: run workers on one Python minor version for byte-identical output.
+
+A pluggable :data:`Summarizer` (e.g. an LLM call) may replace the text; the facts, the
+untrusted flag, redaction and the byte bound are still applied here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final
+
+import orjson
+
+from memtier import limits
+from memtier.config import ConversationConfig
+from memtier.errors import ScriptError
+from memtier.memory.core import MemoryCore, ScriptCall
+from memtier.memory.models import ConversationKey
+from memtier.memory.plans import Plan
+from memtier.memory.state import UNTRUSTED_KINDS, SessionState, StoredTurn, iter_sessions
+from memtier.redaction import sanitize
+
+__all__ = [
+    "EXCERPT_BYTES",
+    "KEEP_PERCENT",
+    "CompactionOutcome",
+    "CompactionPlan",
+    "CompactionStatus",
+    "JobRef",
+    "Summarizer",
+    "SummaryFacts",
+    "SummaryRequest",
+    "apply_call",
+    "choose_fold",
+    "compaction_plan",
+    "deterministic_summary",
+    "needs_compaction",
+    "plan_compaction",
+    "read_session_call",
+]
+
+SUMMARY_VERSION: Final = 1
+# After a compaction the kept turns use at most this share of each bound, so a session is
+# not compacted again after a handful of turns.
+KEEP_PERCENT: Final = 50
+# Content bytes of one excerpt ("who said what, in short").
+EXCERPT_BYTES: Final = 200
+# Tool / action names listed in the facts (the rest are counted in *_other), and their size.
+MAX_FACT_NAMES: Final = 8
+FACT_NAME_BYTES: Final = 48
+# A compaction that loses its compare-and-swap re-reads and re-plans at most this often.
+MAX_CAS_ATTEMPTS: Final = 3
+# Shrinking custom summarizer text to its byte budget (JSON escaping can grow it).
+_MAX_FIT_ROUNDS: Final = 16
+
+EXCERPTS_HEADER: Final = "Excerpts (oldest first):"
+_WS_RE: Final = re.compile(r"[ \t\r\n\f\v]+")
+_EXCERPT_RE: Final = re.compile(r"^#(\d{1,20}) (action|tool|avatar|agent)\b")
+_KIND_RANK: Final = {"action": 0, "tool": 1, "avatar": 2, "agent": 2}
+
+
+class CompactionStatus(StrEnum):
+    """Outcome of one compaction attempt (worker job or inline)."""
+
+    APPLIED = "applied"
+    RELEASED = "released"  # nothing to fold (already compacted): job marker cleared
+    NOT_FOUND = "not_found"  # session gone, expired, rotated, deleted or evicted
+    CONFLICT = "conflict"  # lost the compare-and-swap MAX_CAS_ATTEMPTS times
+    OVER_BOUND = "over_bound"  # no summary small enough to fit the bounds
+
+
+class ApplyStatus:
+    """Status codes of ``apply_compaction`` (mirrors the script header)."""
+
+    APPLIED = 0
+    RELEASED = 1
+    NOT_FOUND = -1
+    CONFLICT = -2
+    OVER_BOUND = -3
+
+
+# --------------------------------------------------------------------------- summary model
+
+
+@dataclass(frozen=True)
+class SummaryFacts:
+    """The exact, mergeable facts of everything folded so far."""
+
+    first_seq: int
+    last_seq: int
+    turns: int
+    from_wall_ms: int
+    to_wall_ms: int
+    avatar: int = 0
+    agent: int = 0
+    tool: int = 0
+    action: int = 0
+    tools: tuple[tuple[str, int], ...] = ()
+    tools_other: int = 0
+    actions: tuple[tuple[str, int], ...] = ()
+    actions_other: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": [self.first_seq, self.last_seq],
+            "turns": self.turns,
+            "wall": [self.from_wall_ms, self.to_wall_ms],
+            "counts": {
+                "avatar": self.avatar,
+                "agent": self.agent,
+                "tool": self.tool,
+                "action": self.action,
+            },
+            "tools": [[n, c] for n, c in self.tools],
+            "tools_other": self.tools_other,
+            "actions": [[n, c] for n, c in self.actions],
+            "actions_other": self.actions_other,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SummaryFacts | None:
+        """The facts of a stored summary, or None if it has none (e.g. a custom format)."""
+        try:
+            seq, wall, counts = doc["seq"], doc["wall"], doc["counts"]
+            return cls(
+                first_seq=int(seq[0]),
+                last_seq=int(seq[1]),
+                turns=int(doc["turns"]),
+                from_wall_ms=int(wall[0]),
+                to_wall_ms=int(wall[1]),
+                avatar=int(counts["avatar"]),
+                agent=int(counts["agent"]),
+                tool=int(counts["tool"]),
+                action=int(counts["action"]),
+                tools=tuple((str(n), int(c)) for n, c in doc.get("tools", ())),
+                tools_other=int(doc.get("tools_other", 0)),
+                actions=tuple((str(n), int(c)) for n, c in doc.get("actions", ())),
+                actions_other=int(doc.get("actions_other", 0)),
+            )
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
+
+
+def _clean_name(name: str) -> str:
+    return sanitize(_WS_RE.sub(" ", name).strip(), FACT_NAME_BYTES).text
+
+
+def _merge_names(
+    previous: Sequence[tuple[str, int]], previous_other: int, new: Sequence[str]
+) -> tuple[tuple[tuple[str, int], ...], int]:
+    counts: dict[str, int] = {}
+    for name, n in previous:
+        counts[name] = counts.get(name, 0) + n
+    for name in new:
+        clean = _clean_name(name)
+        counts[clean] = counts.get(clean, 0) + 1
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    kept = tuple(ranked[:MAX_FACT_NAMES])
+    other = previous_other + sum(n for _, n in ranked[MAX_FACT_NAMES:])
+    return kept, other
+
+
+def merge_facts(previous: SummaryFacts | None, folded: Sequence[StoredTurn]) -> SummaryFacts:
+    """Facts of ``previous`` plus the ``folded`` records (exact counts, widened span)."""
+    kinds = [r.kind for r in folded]
+    walls = [r.wall_ms for r in folded]
+    if previous is None:
+        previous = SummaryFacts(
+            first_seq=folded[0].seq if folded else 0,
+            last_seq=folded[-1].seq if folded else 0,
+            turns=0,
+            from_wall_ms=min(walls, default=0),
+            to_wall_ms=max(walls, default=0),
+        )
+    tools, tools_other = _merge_names(
+        previous.tools,
+        previous.tools_other,
+        [r.fields.get("tool", "") for r in folded if r.kind == "tool"],
+    )
+    actions, actions_other = _merge_names(
+        previous.actions,
+        previous.actions_other,
+        [r.fields.get("action", "") for r in folded if r.kind == "action"],
+    )
+    return SummaryFacts(
+        first_seq=previous.first_seq,
+        last_seq=max([previous.last_seq, *(r.seq for r in folded)]),
+        turns=previous.turns + len(folded),
+        from_wall_ms=min([previous.from_wall_ms, *walls]),
+        to_wall_ms=max([previous.to_wall_ms, *walls]),
+        avatar=previous.avatar + kinds.count("avatar"),
+        agent=previous.agent + kinds.count("agent"),
+        tool=previous.tool + kinds.count("tool"),
+        action=previous.action + kinds.count("action"),
+        tools=tools,
+        tools_other=tools_other,
+        actions=actions,
+        actions_other=actions_other,
+    )
+
+
+@dataclass(frozen=True)
+class SummaryRequest:
+    """What a summarizer gets: the previous text, the merged facts and the folded turns.
+
+    ``budget_bytes`` is the room for the text (JSON-escaped UTF-8 bytes); longer text is
+    cut, then redacted again, by the caller.
+    """
+
+    previous_text: str | None
+    facts: SummaryFacts
+    records: tuple[StoredTurn, ...]
+    budget_bytes: int
+    untrusted: bool
+
+
+Summarizer = Callable[[SummaryRequest], str]
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _esc_len(text: str) -> int:
+    """Bytes ``text`` takes inside a JSON string (orjson escaping, without the quotes)."""
+    return len(orjson.dumps(text)) - 2
+
+
+def _utc(ms: int) -> str:
+    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return (
+        f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}Z"
+    )
+
+
+def _names(items: Sequence[tuple[str, int]], other: int) -> str:
+    text = ", ".join(f"{name} x{n}" for name, n in items)
+    if other:
+        text += f" (+{other} other)"
+    return text
+
+
+def header_lines(facts: SummaryFacts) -> list[str]:
+    lines = [
+        f"Earlier conversation (compacted): turns {facts.first_seq}-{facts.last_seq}"
+        f" ({facts.turns} turns), {_utc(facts.from_wall_ms)} to {_utc(facts.to_wall_ms)}.",
+        f"Messages: {facts.avatar} from the avatar, {facts.agent} from the agent,"
+        f" {facts.tool} tool results, {facts.action} action results.",
+    ]
+    if facts.tools or facts.tools_other:
+        lines.append(f"Tools used: {_names(facts.tools, facts.tools_other)}.")
+    if facts.actions or facts.actions_other:
+        lines.append(f"Actions: {_names(facts.actions, facts.actions_other)}.")
+    return lines
+
+
+def excerpt(record: StoredTurn) -> str:
+    """``#<seq> <who>: <content>`` on one line, content at most EXCERPT_BYTES (+ "…")."""
+    f = record.fields
+    if record.kind == "tool":
+        who, body = f"tool {_clean_name(f.get('tool', ''))}", f.get("summary", "")
+    elif record.kind == "action":
+        who, body = f"action {_clean_name(f.get('action', ''))}", f.get("outcome", "")
+    else:
+        who, body = record.kind, f.get("text", "")
+    cleaned = sanitize(_WS_RE.sub(" ", body).strip(), EXCERPT_BYTES)
+    return f"#{record.seq} {who}: {cleaned.text}{'…' if cleaned.truncated else ''}"
+
+
+def _previous_excerpts(text: str | None) -> list[str]:
+    if not text:
+        return []
+    lines = text.split("\n")
+    if EXCERPTS_HEADER in lines:
+        return [ln for ln in lines[lines.index(EXCERPTS_HEADER) + 1 :] if ln]
+    # A summary in another format (a custom summarizer): keep it as one old excerpt.
+    flat = _WS_RE.sub(" ", text).strip()
+    cut = sanitize(flat, EXCERPT_BYTES * 2)
+    return [f"#0 earlier: {cut.text}{'…' if cut.truncated else ''}"] if flat else []
+
+
+def _excerpt_key(line: str) -> tuple[int, int]:
+    """(category rank, seq) of an excerpt line."""
+    m = _EXCERPT_RE.match(line)
+    if m is None:
+        return 2, 0
+    return _KIND_RANK[m.group(2)], int(m.group(1))
+
+
+def deterministic_summary(request: SummaryRequest) -> str:
+    """The default summarizer: facts header plus as many excerpts as the budget allows."""
+    header = "\n".join([*header_lines(request.facts), EXCERPTS_HEADER])
+    budget = request.budget_bytes
+    used = _esc_len(header)
+    if used >= budget:
+        return header  # the caller cuts it to the budget
+    candidates = _previous_excerpts(request.previous_text) + [excerpt(r) for r in request.records]
+    # Round-robin over categories (actions, tools, messages), newest first in each.
+    by_rank: dict[int, list[tuple[int, int, str]]] = {0: [], 1: [], 2: []}
+    for order, line in enumerate(candidates):
+        rank, seq = _excerpt_key(line)
+        by_rank[rank].append((seq, order, line))
+    for items in by_rank.values():
+        items.sort(key=lambda item: (-item[0], -item[1]))
+    ranked: list[tuple[int, int, str]] = []
+    for i in range(max((len(v) for v in by_rank.values()), default=0)):
+        for rank in (0, 1, 2):
+            if i < len(by_rank[rank]):
+                ranked.append(by_rank[rank][i])
+    chosen: list[tuple[int, int, str]] = []
+    for item in ranked:
+        cost = 2 + _esc_len(item[2])  # "\n" is two bytes escaped
+        if used + cost <= budget:
+            chosen.append(item)
+            used += cost
+    chosen.sort(key=lambda item: (item[0], item[1]))
+    return "\n".join([header, *(line for _, _, line in chosen)])
+
+
+def fit_text(text: str, budget: int) -> str:
+    """Redact ``text`` and cut it until its JSON-escaped size fits ``budget`` bytes."""
+    if budget <= 0:
+        return ""
+    clean = sanitize(text, max(0, budget))
+    out = clean.text
+    for _ in range(_MAX_FIT_ROUNDS):
+        over = _esc_len(out) - budget
+        if over <= 0:
+            return out
+        out = sanitize(out, max(0, len(out.encode("utf-8")) - over)).text
+    return ""
+
+
+def build_summary(
+    previous: str | None,
+    folded: Sequence[StoredTurn],
+    max_bytes: int,
+    summarizer: Summarizer | None = None,
+) -> bytes | None:
+    """The new summary JSON (at most ``max_bytes``), or None if even its facts do not fit."""
+    prev_doc: dict[str, Any] | None = None
+    if previous:
+        try:
+            loaded = orjson.loads(previous)
+            prev_doc = loaded if isinstance(loaded, dict) else None
+        except orjson.JSONDecodeError:
+            prev_doc = None
+    prev_text = prev_doc.get("text") if prev_doc else None
+    prev_facts = SummaryFacts.from_json(prev_doc) if prev_doc else None
+    untrusted = any(r.kind in UNTRUSTED_KINDS for r in folded) or bool(
+        prev_doc is not None and prev_doc.get("untrusted", True)
+    )
+    facts = merge_facts(prev_facts, folded)
+
+    def doc(f: SummaryFacts, text: str) -> bytes:
+        return orjson.dumps(
+            {"v": SUMMARY_VERSION, "untrusted": untrusted, **f.to_json(), "text": text}
+        )
+
+    overhead = len(doc(facts, ""))
+    if overhead > max_bytes:  # tiny budgets: keep the counts, drop the name lists
+        facts = replace(
+            facts,
+            tools=(),
+            tools_other=facts.tools_other + sum(n for _, n in facts.tools),
+            actions=(),
+            actions_other=facts.actions_other + sum(n for _, n in facts.actions),
+        )
+        overhead = len(doc(facts, ""))
+        if overhead > max_bytes:
+            return None
+    budget = max_bytes - overhead
+    request = SummaryRequest(
+        previous_text=prev_text if isinstance(prev_text, str) else None,
+        facts=facts,
+        records=tuple(folded),
+        budget_bytes=budget,
+        untrusted=untrusted,
+    )
+    text = (summarizer or deterministic_summary)(request)
+    if not isinstance(text, str):
+        raise ScriptError("a summarizer must return str")
+    out = doc(facts, fit_text(text, budget))
+    if len(out) > max_bytes:  # unreachable: fit_text measured the escaped size
+        out = doc(facts, "")
+    return out
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def needs_compaction(state: SessionState, conv: ConversationConfig) -> bool:
+    """True once the session passes COMPACTION_TRIGGER_PERCENT of a bound (as append does)."""
+    p = limits.COMPACTION_TRIGGER_PERCENT
+    return (
+        state.turns * 100 >= conv.max_turns_per_session * p
+        or state.nbytes * 100 >= conv.max_session_bytes * p
+        or state.tools * 100 >= conv.max_tool_results * p
+    )
+
+
+def choose_fold(
+    state: SessionState,
+    conv: ConversationConfig,
+    *,
+    incoming_bytes: int = 0,
+    incoming_tool: bool = False,
+) -> int:
+    """How many of the oldest records to fold: keep the newest that fit KEEP_PERCENT of every
+    bound (and leave room for an incoming turn when compacting inline)."""
+    keep_turns = min(
+        conv.max_turns_per_session * KEEP_PERCENT // 100, conv.max_turns_per_session - 1
+    )
+    room = conv.max_session_bytes - conv.max_summary_bytes
+    keep_bytes = min(room * KEEP_PERCENT // 100, room - incoming_bytes)
+    keep_tools = min(
+        conv.max_tool_results * KEEP_PERCENT // 100,
+        conv.max_tool_results - (1 if incoming_tool else 0),
+    )
+    kept = kept_bytes = kept_tools = 0
+    for record in reversed(state.records):
+        tool = 1 if record.is_tool else 0
+        if (
+            kept + 1 > keep_turns
+            or kept_bytes + record.nbytes > keep_bytes
+            or kept_tools + tool > keep_tools
+        ):
+            break
+        kept += 1
+        kept_bytes += record.nbytes
+        kept_tools += tool
+    return len(state.records) - kept
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    """One compare-and-swap: fold ``fold_n`` records (seq first..last) into ``summary``."""
+
+    member: str
+    session_id: str
+    expected_sv: int
+    fold_n: int
+    first_seq: int
+    last_seq: int
+    summary: bytes
+    removed_bytes: int
+
+    @property
+    def summary_bytes(self) -> int:
+        return len(self.summary)
+
+
+def plan_compaction(
+    state: SessionState,
+    conv: ConversationConfig,
+    summarizer: Summarizer | None = None,
+    *,
+    force: bool = False,
+    incoming_bytes: int = 0,
+    incoming_tool: bool = False,
+    max_summary_bytes: int | None = None,
+) -> CompactionPlan | None:
+    """The compaction of ``state``, or None when there is nothing (or no need) to fold.
+
+    Pure: the same ``state`` and bounds give the same plan, byte for byte.
+    """
+    if not force and not needs_compaction(state, conv):
+        return None
+    fold_n = choose_fold(state, conv, incoming_bytes=incoming_bytes, incoming_tool=incoming_tool)
+    if fold_n <= 0:
+        return None
+    folded = state.records[:fold_n]
+    budget = conv.max_summary_bytes if max_summary_bytes is None else max_summary_bytes
+    summary = build_summary(state.summary, folded, min(budget, conv.max_summary_bytes), summarizer)
+    if summary is None:
+        return None
+    return CompactionPlan(
+        member=state.member,
+        session_id=state.session_id,
+        expected_sv=state.summary_version,
+        fold_n=fold_n,
+        first_seq=folded[0].seq,
+        last_seq=folded[-1].seq,
+        summary=summary,
+        removed_bytes=sum(r.nbytes for r in folded),
+    )
+
+
+# --------------------------------------------------------------------------- script calls
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A compaction job being processed: its stream, consumer group and entry id."""
+
+    stream: str
+    group: str
+    entry_id: str
+
+
+def read_session_call(core: MemoryCore, key: ConversationKey) -> ScriptCall:
+    part = core.partition_for(key)
+    sk = part.session(key.member)
+    return ScriptCall(
+        "read_session",
+        (sk.session, sk.turns, part.meta),
+        (key.member, core.ttl_ms(key.channel), core.clock_arg()),
+    )
+
+
+def apply_call(
+    core: MemoryCore,
+    key: ConversationKey,
+    session_id: str,
+    plan: CompactionPlan | None,
+    job: JobRef | None = None,
+) -> ScriptCall:
+    """``apply_compaction`` for ``plan``; ``plan=None`` only releases the job marker."""
+    part = core.partition_for(key)
+    sk = part.session(key.member)
+    conv = core.conv
+    return ScriptCall(
+        "apply_compaction",
+        (sk.session, sk.turns, part.index, part.meta, part.events, part.compact),
+        (
+            key.member,
+            session_id,
+            plan.expected_sv if plan else 0,
+            plan.fold_n if plan else 0,
+            plan.first_seq if plan else 0,
+            plan.last_seq if plan else 0,
+            plan.summary if plan else b"",
+            core.ttl_ms(key.channel),
+            conv.max_session_bytes,
+            conv.max_summary_bytes,
+            core.max_bytes_per_partition,
+            conv.max_events,
+            core.clock_arg(),
+            job.group if job else "",
+            job.entry_id if job else "",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class CompactionOutcome:
+    """What one compaction did."""
+
+    status: CompactionStatus
+    session_id: str | None = None
+    folded: int = 0
+    removed_bytes: int = 0
+    summary_bytes: int = 0
+    session_bytes: int = 0
+    attempts: int = 0
+
+
+def compaction_plan(
+    core: MemoryCore,
+    key: ConversationKey,
+    *,
+    session_id: str | None = None,
+    job: JobRef | None = None,
+    summarizer: Summarizer | None = None,
+    force: bool = False,
+    incoming_bytes: int = 0,
+    incoming_tool: bool = False,
+) -> Plan[CompactionOutcome]:
+    """Read, plan and compare-and-swap one compaction; re-plan on conflict (bounded).
+
+    ``session_id``: the session the job was queued for (a different live id means the
+    session rotated: the job is dropped).  ``job``: acknowledged by the script together
+    with the outcome, so a job is done at most once even if a worker dies right after.
+    """
+    budget: int | None = None
+    current_id = session_id
+    for attempt in range(1, MAX_CAS_ATTEMPTS + 1):
+        reply = yield read_session_call(core, key)
+        states = list(iter_sessions(reply))
+        if not states or (session_id is not None and states[0].session_id != session_id):
+            # Gone, expired, rotated, deleted or evicted: nothing to fold; drop the job.
+            if job is not None:
+                yield apply_call(core, key, session_id or "-", None, job)
+            return CompactionOutcome(CompactionStatus.NOT_FOUND, session_id, attempts=attempt)
+        state = states[0]
+        current_id = state.session_id
+        plan = plan_compaction(
+            state,
+            core.conv,
+            summarizer,
+            force=force,
+            incoming_bytes=incoming_bytes,
+            incoming_tool=incoming_tool,
+            max_summary_bytes=budget,
+        )
+        if plan is None:
+            released = yield apply_call(core, key, state.session_id, None, job)
+            status = (
+                CompactionStatus.RELEASED
+                if int(released[0]) == ApplyStatus.RELEASED
+                else CompactionStatus.NOT_FOUND
+            )
+            return CompactionOutcome(status, state.session_id, attempts=attempt)
+        result = yield apply_call(core, key, state.session_id, plan, job)
+        code = int(result[0])
+        if code == ApplyStatus.APPLIED:
+            return CompactionOutcome(
+                CompactionStatus.APPLIED,
+                state.session_id,
+                folded=int(result[1]),
+                removed_bytes=int(result[2]),
+                summary_bytes=plan.summary_bytes,
+                session_bytes=int(result[4]),
+                attempts=attempt,
+            )
+        if code == ApplyStatus.NOT_FOUND:
+            return CompactionOutcome(CompactionStatus.NOT_FOUND, state.session_id, attempts=attempt)
+        if code == ApplyStatus.OVER_BOUND:
+            # Never grow the session: the summary may take at most what it replaces.
+            if budget is not None and plan.summary_bytes <= budget:
+                break
+            budget = plan.removed_bytes + state.summary_bytes
+        elif code != ApplyStatus.CONFLICT:
+            raise ScriptError(f"apply_compaction returned unknown status {code}")
+    # Out of attempts (or no summary fits): release the job so a later append can re-queue.
+    yield apply_call(core, key, current_id or "-", None, job)
+    final = CompactionStatus.OVER_BOUND if budget is not None else CompactionStatus.CONFLICT
+    return CompactionOutcome(final, current_id, attempts=MAX_CAS_ATTEMPTS)
