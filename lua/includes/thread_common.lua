@@ -1,0 +1,66 @@
+--[[
+  Shared helpers of the conversation-thread scripts (inlined by the loader).
+
+  Every key a thread script touches carries the owner's hash tag
+  "{<ns>:o:<tenant>:<user>}" (memtier/keys.py), so each script runs in one
+  Redis Cluster slot and can only ever see the caller's own threads.
+
+  Status codes (mirrored by memtier.threads.core.ThreadStatus):
+     0 OK                   3 DONE (run already recorded)
+     1 EXISTED / NOOP       4 CLAIMED
+    -1 NOT_FOUND           -2 METADATA_CONFLICT   -3 THREAD_ARCHIVED
+    -4 BRANCH_LIMIT        -5 UNKNOWN_LEAF        -6 LIMIT_EXCEEDED
+    -7 THREAD_BUSY         -8 REQUEST_IN_PROGRESS -9 REQUEST_CONFLICT
+   -10 LEASE_LOST
+]]
+local rcall = redis.call
+
+-- True when the thread hash exists and carries this service's marker.
+local function thread_live(thread_key, marker)
+  return rcall('HGET', thread_key, 'marker') == marker
+end
+
+-- { status, field1, value1, ... } : the status followed by the thread hash.
+local function thread_reply(status, thread_key)
+  local reply = rcall('HGETALL', thread_key)
+  table.insert(reply, 1, status)
+  return reply
+end
+
+-- Append one redacted ledger row.  Stream ids are "<ms>-<seq>" with
+-- ms = max(now_ms, ms of the newest row): ids, hence (timestamp, id) order, never go
+-- backwards even when hosts' clocks disagree.  Returns the new id.
+local function thread_xadd(events_key, now_ms, etype, data, run)
+  local ms = now_ms
+  local newest = rcall('XREVRANGE', events_key, '+', '-', 'COUNT', 1)
+  if newest[1] then
+    local newest_ms = string.match(newest[1][1], '^(%d+)-')
+    if tonumber(newest_ms) > tonumber(ms) then
+      ms = newest_ms
+    end
+  end
+  return rcall('XADD', events_key, ms .. '-*', 'type', etype, 'data', data, 'run', run, 'r', '1')
+end
+
+-- Decode a run record (JSON written by the client); nil when absent or unreadable.
+local function thread_run_record(runs_key, request_id)
+  local raw = rcall('HGET', runs_key, request_id)
+  if not raw then
+    return nil
+  end
+  local ok, rec = pcall(cjson.decode, raw)
+  if not ok or type(rec) ~= 'table' then
+    return nil
+  end
+  return rec
+end
+
+-- ARGV check: the non-negative integer in value, or nil (the caller then replies
+-- redis.error_reply('memtier: ...'): a bug in memtier, never an expected outcome).
+local function thread_int(value)
+  local n = tonumber(value)
+  if n and n >= 0 and n == math.floor(n) then
+    return n
+  end
+  return nil
+end

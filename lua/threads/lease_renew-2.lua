@@ -1,0 +1,33 @@
+--[[
+  Heartbeat of a running turn: extend the thread lease while the runner works.
+
+  Input:
+    KEYS[1] thread hash    T:t:<thread_id>
+    KEYS[2] lease string   T:l:<thread_id>
+    ARGV[1] marker     thread marker
+    ARGV[2] token      the run's token
+    ARGV[3] lease_ms   new lease duration from now, ms
+
+  Output:
+    { 0 }    renewed
+    { -1 }   NOT_FOUND (the thread was deleted)
+    { -10 }  LEASE_LOST: another token holds the lease, or it expired
+
+  Side effects: PEXPIRE of the lease.
+]]
+--- @include "thread_common"
+
+local thread_key, lease_key = KEYS[1], KEYS[2]
+local marker, token = ARGV[1], ARGV[2]
+local lease_ms = thread_int(ARGV[3])
+if not lease_ms or lease_ms == 0 then
+  return redis.error_reply('memtier: lease_renew: malformed ARGV')
+end
+if not thread_live(thread_key, marker) then
+  return { -1 }
+end
+if rcall('GET', lease_key) ~= token then
+  return { -10 }
+end
+rcall('PEXPIRE', lease_key, lease_ms)
+return { 0 }

@@ -1,0 +1,54 @@
+--[[
+  Read one page of a thread's ledger (replay and export), plus the newest row's type so the
+  caller can tell whether the ledger currently ends with a terminal event.  Read-only.
+
+  Input:
+    KEYS[1] thread hash    T:t:<thread_id>
+    KEYS[2] events stream  T:v:<thread_id>
+    ARGV[1] marker   thread marker
+    ARGV[2] start    "-" for the beginning, or "(<id>" to start after a served row
+    ARGV[3] count    rows to read (page size + 1, so the caller knows whether more exist)
+
+  Output:
+    { -1 }   NOT_FOUND
+    { 0, newest_id, newest_type, id, type, data, run, redacted, ... }  5 strings per row,
+             ordered by id (= by (timestamp, id)); newest_* are "" for an empty ledger;
+             redacted is "1" for rows written through the service's redactor, "" otherwise.
+
+  Side effects: none.
+]]
+--- @include "thread_common"
+
+local thread_key, events_key = KEYS[1], KEYS[2]
+local marker, start = ARGV[1], ARGV[2]
+local count = thread_int(ARGV[3])
+if not count or count == 0 or count > 1001 then
+  return redis.error_reply('memtier: read_events: malformed ARGV')
+end
+if not thread_live(thread_key, marker) then
+  return { -1 }
+end
+local reply = { 0, '', '' }
+local newest = rcall('XREVRANGE', events_key, '+', '-', 'COUNT', 1)
+local function field(row, name)
+  local flat = row[2]
+  for i = 1, #flat, 2 do
+    if flat[i] == name then
+      return flat[i + 1]
+    end
+  end
+  return ''
+end
+if newest[1] then
+  reply[2] = newest[1][1]
+  reply[3] = field(newest[1], 'type')
+end
+local rows = rcall('XRANGE', events_key, start, '+', 'COUNT', count)
+for _, row in ipairs(rows) do
+  reply[#reply + 1] = row[1]
+  reply[#reply + 1] = field(row, 'type')
+  reply[#reply + 1] = field(row, 'data')
+  reply[#reply + 1] = field(row, 'run')
+  reply[#reply + 1] = field(row, 'r')
+end
+return reply

@@ -1,0 +1,125 @@
+--[[
+  Claim one continue turn on a thread: the per-request run record (idempotency) and the
+  per-thread lease (serialization) in one step, plus the history path for the runner.
+
+  Input:
+    KEYS[1] thread hash    T:t:<thread_id>
+    KEYS[2] runs hash      T:r:<thread_id>      request id -> run record JSON
+    KEYS[3] lease string   T:l:<thread_id>      token of the run holding the thread
+    KEYS[4] parents hash   T:p:<thread_id>      entry id -> parent entry id ("" = root)
+    KEYS[5] events stream  T:v:<thread_id>
+    ARGV[1]  marker           thread marker
+    ARGV[2]  request_id       idempotency key of this continue
+    ARGV[3]  token            random token of this attempt (CSPRNG)
+    ARGV[4]  fingerprint      sha256 of (message, leaf id): an exact retry has the same one
+    ARGV[5]  lease_ms         lease duration, ms (renewed by the runner's heartbeat)
+    ARGV[6]  leaf_id          "" = continue from the head; else a recorded branch ref
+    ARGV[7]  max_entries      entries one thread may hold
+    ARGV[8]  turn_entries     entries one turn adds
+    ARGV[9]  max_events       ledger rows one thread may hold
+    ARGV[10] turn_events      ledger rows one turn may add (reserved up front)
+    ARGV[11] max_bytes        stored bytes one thread may hold
+    ARGV[12] turn_bytes       bytes one turn may add at most (reserved up front)
+    ARGV[13] record           run record JSON {"s":"running","tok":token,"fp":...,"at":ms}
+
+  Output (checked in this order):
+    { -1 }                     NOT_FOUND
+    { -9 }                     REQUEST_CONFLICT: request_id was used with another fingerprint
+    { 3, record_json }         DONE: this request already completed; record carries the result
+    { -8 }                     REQUEST_IN_PROGRESS: its first attempt still holds the lease
+    { -3 }                     THREAD_ARCHIVED
+    { -5 }                     UNKNOWN_LEAF: leaf_id is not a recorded branch ref
+    { -6, what }               LIMIT_EXCEEDED: "entries" | "events" | "bytes" would pass a cap
+    { -7 }                     THREAD_BUSY: another request's run holds the lease
+    { 4, base, count, id... }  CLAIMED: base = entry the turn hangs off ("" = none);
+                               count = entries so far; ids = path base -> root (bounded by count)
+    A record whose token no longer holds the lease (its process died; the lease expired)
+    is abandoned and claimed again.  A replay of our own claim (same token) returns CLAIMED.
+
+  Side effects: lease SET PX lease_ms; run record; eseq reset (emit batches of this run).
+]]
+--- @include "thread_common"
+
+local thread_key, runs_key, lease_key, parents_key, events_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local marker, request_id, token, fingerprint = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local lease_ms = thread_int(ARGV[5])
+local leaf_id = ARGV[6]
+local max_entries, turn_entries = thread_int(ARGV[7]), thread_int(ARGV[8])
+local max_events, turn_events = thread_int(ARGV[9]), thread_int(ARGV[10])
+local max_bytes, turn_bytes = thread_int(ARGV[11]), thread_int(ARGV[12])
+local record = ARGV[13]
+if not (lease_ms and max_entries and turn_entries and max_events and turn_events
+        and max_bytes and turn_bytes) or lease_ms == 0 or request_id == '' or token == '' then
+  return redis.error_reply('memtier: run_claim: malformed ARGV')
+end
+
+if not thread_live(thread_key, marker) then
+  return { -1 }
+end
+local holder = rcall('GET', lease_key)
+local rec = thread_run_record(runs_key, request_id)
+local own_replay = false
+if rec then
+  if rec.fp ~= fingerprint then
+    return { -9 }
+  end
+  if rec.s == 'done' then
+    return { 3, rcall('HGET', runs_key, request_id) }
+  end
+  if rec.tok == token then
+    own_replay = true
+  elseif holder and holder == rec.tok then
+    return { -8 }
+  end
+  -- otherwise: abandoned (its lease expired); claim it again below
+end
+
+local fields = rcall('HMGET', thread_key, 'state', 'branches', 'head', 'entries', 'bytes')
+local state, head = fields[1], fields[3]
+local count, bytes = tonumber(fields[4]), tonumber(fields[5])
+if state ~= 'active' and not own_replay then
+  return { -3 }
+end
+local base = head
+if leaf_id ~= '' then
+  local known = false
+  for _, ref in ipairs(cjson.decode(fields[2])) do
+    if ref.leafId == leaf_id then
+      known = true
+      break
+    end
+  end
+  if not known then
+    return { -5 }
+  end
+  base = leaf_id
+end
+if count + turn_entries > max_entries then
+  return { -6, 'entries' }
+end
+if rcall('XLEN', events_key) + turn_events > max_events then
+  return { -6, 'events' }
+end
+if bytes + turn_bytes > max_bytes then
+  return { -6, 'bytes' }
+end
+if holder and holder ~= token then
+  return { -7 }
+end
+
+rcall('SET', lease_key, token, 'PX', lease_ms)
+rcall('HSET', runs_key, request_id, record)
+if not own_replay then
+  rcall('HSET', thread_key, 'eseq', 0)
+end
+
+local reply = { 4, base, count }
+local cursor = base
+local steps = 0
+while cursor and cursor ~= '' and steps < count do  -- a path is never longer than count
+  reply[#reply + 1] = cursor
+  cursor = rcall('HGET', parents_key, cursor)
+  steps = steps + 1
+end
+return reply

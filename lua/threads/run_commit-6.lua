@@ -1,0 +1,80 @@
+--[[
+  Record a finished turn: its entries, its closing events and its run result, atomically,
+  then release the thread lease.
+
+  Input:
+    KEYS[1] thread hash    T:t:<thread_id>
+    KEYS[2] entries hash   T:e:<thread_id>      entry id -> entry JSON
+    KEYS[3] parents hash   T:p:<thread_id>      entry id -> parent id
+    KEYS[4] runs hash      T:r:<thread_id>
+    KEYS[5] lease string   T:l:<thread_id>
+    KEYS[6] events stream  T:v:<thread_id>
+    ARGV[1] marker          thread marker
+    ARGV[2] token           the run's token (must hold the lease)
+    ARGV[3] request_id      the run's request id
+    ARGV[4] now_ms          wall clock, ms
+    ARGV[5] expected_count  entries count seen by run_claim (entry ids were derived from it)
+    ARGV[6] new_head        "" = head unchanged; else the turn's last entry
+    ARGV[7] done_record     run record JSON {"s":"done","tok":...,"fp":...,"res":{...}}
+    ARGV[8] n_entries       entries of this turn
+    ARGV[9] n_events        closing events of this turn
+    then n_entries triples  id, parent id, entry JSON (redacted, bounded)
+    then n_events pairs     type, data JSON (redacted, bounded)
+
+  Output:
+    { 0 }    committed
+    { 3 }    DONE: already committed by this token (a retried call); nothing changed
+    { -1 }   NOT_FOUND: the thread was deleted meanwhile (delete wins; nothing written)
+    { -10 }  LEASE_LOST: the lease expired and another run took the thread
+
+  Side effects: entries, parents, head, entries count, bytes, updated, ledger rows,
+  run record; the lease is deleted.
+]]
+--- @include "thread_common"
+
+local thread_key, entries_key, parents_key, runs_key, lease_key, events_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local marker, token, request_id, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local expected_count = thread_int(ARGV[5])
+local new_head, done_record = ARGV[6], ARGV[7]
+local n_entries, n_events = thread_int(ARGV[8]), thread_int(ARGV[9])
+if not (expected_count and n_entries and n_events and thread_int(now_ms))
+    or #ARGV ~= 9 + 3 * n_entries + 2 * n_events then
+  return redis.error_reply('memtier: run_commit: malformed ARGV')
+end
+
+if not thread_live(thread_key, marker) then
+  return { -1 }
+end
+local rec = thread_run_record(runs_key, request_id)
+if rec and rec.s == 'done' and rec.tok == token then
+  return { 3 }
+end
+if rcall('GET', lease_key) ~= token then
+  return { -10 }
+end
+if tonumber(rcall('HGET', thread_key, 'entries')) ~= expected_count then
+  return { -10 }
+end
+
+local added = 0
+for i = 0, n_entries - 1 do
+  local id, parent, entry = ARGV[10 + 3 * i], ARGV[11 + 3 * i], ARGV[12 + 3 * i]
+  rcall('HSET', entries_key, id, entry)
+  rcall('HSET', parents_key, id, parent)
+  added = added + #entry
+end
+local base = 10 + 3 * n_entries
+for i = 0, n_events - 1 do
+  local etype, data = ARGV[base + 2 * i], ARGV[base + 1 + 2 * i]
+  thread_xadd(events_key, now_ms, etype, data, request_id)
+  added = added + #etype + #data
+end
+rcall('HSET', thread_key, 'entries', expected_count + n_entries, 'updated', now_ms)
+if new_head ~= '' then
+  rcall('HSET', thread_key, 'head', new_head)
+end
+rcall('HINCRBY', thread_key, 'bytes', added)
+rcall('HSET', runs_key, request_id, done_record)
+rcall('DEL', lease_key)
+return { 0 }

@@ -1,0 +1,334 @@
+"""The asyncio conversation service: the same flows as the sync one, on redis-py's asyncio client.
+
+Method names, arguments, results and errors mirror
+:class:`memtier.threads.service.ConversationService` exactly; the runner is
+an async callable (a sync runner is run in a worker thread, see
+:func:`memtier.threads.runner.as_async_runner`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from memtier import limits, metrics
+from memtier.config import MemtierConfig, ThreadsConfig
+from memtier.connection import connect_async
+from memtier.retry import retry_async
+from memtier.scripts import load_registry
+from memtier.threads.core import (
+    BatchOp,
+    CommandOp,
+    Flow,
+    Op,
+    RunOp,
+    ScriptOp,
+    SleepOp,
+    ThreadsCore,
+    TurnState,
+    outcome_of,
+)
+from memtier.threads.models import (
+    ContinueResult,
+    ConversationThread,
+    DeleteResult,
+    ExportResult,
+    Ownership,
+    ReplayPage,
+    ThreadPage,
+)
+from memtier.threads.runner import (
+    AgentDenied,
+    AsyncConversationRunner,
+    AsyncRunnerTurn,
+    EchoRunner,
+    RunnerEvent,
+    RunnerResult,
+    as_async_runner,
+)
+
+__all__ = ["AsyncConversationService", "create_async_conversation_service"]
+
+T = TypeVar("T")
+
+
+class AsyncConversationService:
+    """Asyncio twin of :class:`~memtier.threads.service.ConversationService`."""
+
+    def __init__(
+        self,
+        client: Any,
+        config: MemtierConfig | None = None,
+        *,
+        runner: Any = None,
+        threads: ThreadsConfig | None = None,
+        clock: Callable[[], int] | None = None,
+        cursor_secret: bytes | str | None = None,
+        lease_ms: int = limits.THREAD_LEASE_MS,
+        busy_wait_s: float = 5.0,
+        inflight_wait_s: float = 30.0,
+        embedded: bool = False,
+    ) -> None:
+        self.config = config or MemtierConfig.load()
+        self.client = client
+        self.embedded = embedded
+        self.runner: AsyncConversationRunner = as_async_runner(
+            runner if runner is not None else EchoRunner()
+        )
+        self.core = ThreadsCore(
+            self.config.namespace,
+            threads or self.config.threads,
+            clock=clock,
+            cursor_secret=cursor_secret,
+            lease_ms=lease_ms,
+            busy_wait_s=busy_wait_s,
+            inflight_wait_s=inflight_wait_s,
+        )
+        self.scripts = load_registry("threads")
+
+    @property
+    def limits(self) -> ThreadsConfig:
+        return self.core.config
+
+    # --- plumbing --------------------------------------------------------------------------------
+
+    async def _execute(self, operation: str, op: Op) -> Any:
+        if isinstance(op, ScriptOp):
+            script = self.scripts[op.script]
+
+            async def call() -> Any:
+                if op.attempts is not None:
+                    op.attempts[0] += 1
+                return await script.call_async(self.client, op.keys, op.args)
+
+            return await retry_async(operation, call)
+        if isinstance(op, CommandOp):
+            method = getattr(self.client, op.method)
+
+            async def command() -> Any:
+                return await method(*op.args, **dict(op.kwargs))
+
+            return await retry_async(operation, command)
+        if isinstance(op, BatchOp):
+
+            async def batch() -> Any:
+                pipe = self.client.pipeline(transaction=False)
+                for cmd in op.commands:
+                    getattr(pipe, cmd.method)(*cmd.args, **dict(cmd.kwargs))
+                return await pipe.execute()
+
+            return await retry_async(operation, batch)
+        if isinstance(op, SleepOp):
+            await asyncio.sleep(op.seconds)
+            return None
+        if isinstance(op, RunOp):
+            return await self._run_turn(op.turn)
+        raise TypeError(f"unknown operation {op!r}")  # pragma: no cover
+
+    async def _drive(self, operation: str, flow: Flow[T]) -> T:
+        failure: BaseException | None = None
+        try:
+            op = next(flow)
+            while True:
+                try:
+                    value = await self._execute(operation, op)
+                except Exception as exc:
+                    op = flow.throw(exc)
+                    continue
+                op = flow.send(value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            flow.close()
+            metrics.THREAD_OPERATIONS.labels(operation, outcome_of(failure)).inc()
+
+    async def _run_turn(self, state: TurnState) -> RunnerResult:
+        lock = asyncio.Lock()
+
+        async def emit(event: RunnerEvent) -> None:
+            async with lock:
+                op = self.core.emit_op(state, event)
+                if op is None:
+                    return
+                self.core.check_emit(await self._execute("emit", op))
+
+        async def heartbeat() -> None:
+            interval = self.core.lease_ms / 3000
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    reply = await self._execute("lease_renew", self.core.renew_op(state))
+                except Exception:  # a missed beat is retried at the next interval
+                    continue
+                if not self.core.renew_ok(reply):
+                    return
+
+        turn = AsyncRunnerTurn(
+            thread=state.thread,
+            history=state.history,
+            message=state.message,
+            request_id=state.request_id,
+            leaf_id=state.leaf_id,
+            emit=emit,
+        )
+        outcome = "error"
+        started = time.perf_counter()
+        beat = asyncio.create_task(heartbeat(), name="memtier-lease")
+        try:
+            result = await self.runner(turn)
+            outcome = "ok"
+            return result
+        except AgentDenied:
+            outcome = "denied"
+            raise
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+            metrics.THREAD_RUNNER_DURATION.labels(outcome).observe(time.perf_counter() - started)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def load_scripts(self) -> None:
+        """``SCRIPT LOAD`` every thread script (on Cluster: on every primary)."""
+        await retry_async("load_scripts", lambda: self.scripts.load_all_async(self.client))
+
+    async def scripts_loaded(self) -> bool:
+        """True when Redis answers and ``SCRIPT EXISTS`` is true for every thread script."""
+        shas = [script.sha for script in self.scripts]
+        found = await self.client.script_exists(*shas)
+        if isinstance(found, bool):
+            return found
+        return bool(found) and all(bool(x) for x in found)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def __aenter__(self) -> AsyncConversationService:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # --- the API (see ConversationService for the documentation) --------------------------------
+
+    async def create(
+        self,
+        ownership: Ownership,
+        *,
+        title: str | None = None,
+        thread_id: str | None = None,
+        request_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> ConversationThread:
+        return await self._drive(
+            "create",
+            self.core.create(
+                ownership,
+                title=title,
+                thread_id=thread_id,
+                request_id=request_id,
+                metadata=metadata,
+            ),
+        )
+
+    async def get(self, ownership: Ownership, thread_id: str) -> ConversationThread:
+        return await self._drive("get", self.core.get(ownership, thread_id))
+
+    async def continue_(
+        self,
+        ownership: Ownership,
+        thread_id: str,
+        message: str,
+        *,
+        request_id: str | None = None,
+        leaf_id: str | None = None,
+    ) -> ContinueResult:
+        return await self._drive(
+            "continue",
+            self.core.continue_(
+                ownership, thread_id, message, request_id=request_id, leaf_id=leaf_id
+            ),
+        )
+
+    async def branch(
+        self,
+        ownership: Ownership,
+        thread_id: str,
+        leaf_id: str,
+        *,
+        expected_version: int | None = None,
+    ) -> ConversationThread:
+        return await self._drive(
+            "branch",
+            self.core.branch(ownership, thread_id, leaf_id, expected_version=expected_version),
+        )
+
+    async def archive(
+        self, ownership: Ownership, thread_id: str, *, expected_version: int | None = None
+    ) -> ConversationThread:
+        return await self._drive(
+            "archive", self.core.archive(ownership, thread_id, expected_version=expected_version)
+        )
+
+    async def export(
+        self, ownership: Ownership, thread_id: str, *, cursor: str | None = None
+    ) -> ExportResult:
+        return await self._drive("export", self.core.export(ownership, thread_id, cursor=cursor))
+
+    async def delete(self, ownership: Ownership, thread_id: str) -> DeleteResult:
+        return await self._drive("delete", self.core.delete(ownership, thread_id))
+
+    async def replay(
+        self,
+        ownership: Ownership,
+        thread_id: str,
+        *,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> ReplayPage:
+        return await self._drive(
+            "replay", self.core.replay(ownership, thread_id, cursor=cursor, limit=limit)
+        )
+
+    async def set_legal_hold(self, ownership: Ownership, thread_id: str) -> ConversationThread:
+        return await self._drive(
+            "set_legal_hold", self.core.set_legal_hold(ownership, thread_id, True)
+        )
+
+    async def release_legal_hold(self, ownership: Ownership, thread_id: str) -> ConversationThread:
+        return await self._drive(
+            "release_legal_hold", self.core.set_legal_hold(ownership, thread_id, False)
+        )
+
+    async def list(
+        self, ownership: Ownership, *, cursor: str | None = None, limit: int | None = None
+    ) -> ThreadPage:
+        return await self._drive(
+            "list", self.core.list_threads(ownership, cursor=cursor, limit=limit)
+        )
+
+    def script_names(self) -> builtins.list[str]:
+        return self.scripts.names()
+
+
+def create_async_conversation_service(
+    config: MemtierConfig | None = None,
+    *,
+    client: Any = None,
+    runner: Any = None,
+    **options: Any,
+) -> AsyncConversationService:
+    """An :class:`AsyncConversationService` on ``client``, or on the configured Redis."""
+    config = config or MemtierConfig.load()
+    embedded = False
+    if client is None:
+        client, embedded = connect_async(config)
+    return AsyncConversationService(client, config, runner=runner, embedded=embedded, **options)

@@ -1,0 +1,261 @@
+"""Wire models of the conversation-threads service: the spec's JSON, camelCase.
+
+Python code uses snake_case attributes; JSON (HTTP bodies, exports) uses the
+spec's camelCase names through pydantic aliases.  :meth:`WireModel.to_wire`
+is the one serialization used on the wire (aliases, JSON types, ``None``
+fields left out: the spec's optional fields are absent, not ``null``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from memtier.errors import ConversationError, ConversationErrorCode
+from memtier.keys import OWNER_ID_RE
+
+__all__ = [
+    "MARKER",
+    "RESERVED_EVENT_TYPES",
+    "TERMINAL_EVENT_TYPES",
+    "ArchiveRequest",
+    "BranchRef",
+    "BranchRequest",
+    "ContinueRequest",
+    "ContinueResult",
+    "ContinueStatus",
+    "ConversationEntry",
+    "ConversationThread",
+    "CreateThreadRequest",
+    "DeleteResult",
+    "EntryRole",
+    "ErrorBody",
+    "EventRecord",
+    "ExportRequest",
+    "ExportResult",
+    "Ownership",
+    "ReplayPage",
+    "ThreadPage",
+    "ThreadState",
+    "WireModel",
+    "ms_to_datetime",
+]
+
+# The marker every thread hash carries (spec: "a prismConversation marker in metadata").
+# A hash without it is not a conversation thread and is never served.
+MARKER: Final = "memtier.conversation/1"
+
+# Ledger rows that end a turn; ``terminal`` in replay pages refers to these.
+TERMINAL_EVENT_TYPES: Final = frozenset({"agent_finished", "agent_denied", "error"})
+# Written by the service itself; a runner may not emit them.
+RESERVED_EVENT_TYPES: Final = TERMINAL_EVENT_TYPES | {
+    "agent_started",
+    "user_message",
+    "assistant_message",
+}
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    """Epoch milliseconds -> aware UTC datetime (serialized as ``...Z``)."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """Host-verified owner of a thread: ``Ownership(tenant_id, user_id)``.
+
+    Both ids match ``[A-Za-z0-9_.@+-]{1,128}`` (they name a Redis hash tag, so
+    braces and colons are refused; anything else -- e.g. opaque ids from an
+    identity provider -- can be hex- or base64url-encoded by the host).
+    Raises :class:`~memtier.errors.ConversationError` (``invalid_request``).
+    """
+
+    tenant_id: str
+    user_id: str
+
+    def __post_init__(self) -> None:
+        for name, value in (("tenant_id", self.tenant_id), ("user_id", self.user_id)):
+            if not isinstance(value, str) or not OWNER_ID_RE.match(value):
+                raise ConversationError(
+                    ConversationErrorCode.INVALID_REQUEST,
+                    f"ownership {name} must match [A-Za-z0-9_.@+-]{{1,128}}",
+                )
+
+
+class WireModel(BaseModel):
+    """Base of every wire model: camelCase aliases, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="forbid"
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object sent on the wire (camelCase, ``None`` fields omitted)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class ThreadState(StrEnum):
+    ACTIVE = "active"
+    ARCHIVED = "archived"
+
+
+class BranchRef(WireModel):
+    """A recorded branch: the leaf entry a continue may fork from (append-only)."""
+
+    leaf_id: str
+    created_at: datetime
+
+
+class ConversationThread(WireModel):
+    """One thread: the spec's ``ConversationThread`` plus ``version``, ``headId``, ``legalHold``.
+
+    ``version`` is what ``branch``/``archive`` compare-and-swap against;
+    ``headId`` is the last entry of the most recent turn (where a continue
+    without ``leafId`` attaches); ``tenantId``/``userId`` are the immutable
+    ownership projection.
+    """
+
+    id: str
+    title: str | None = None
+    state: ThreadState
+    branches: tuple[BranchRef, ...] = ()
+    created_at: datetime
+    updated_at: datetime
+    tenant_id: str
+    user_id: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    version: int
+    head_id: str | None = None
+    legal_hold: bool = False
+
+
+class EntryRole(StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+class ConversationEntry(WireModel):
+    """One durable entry of the thread's tree (content redacted and bounded)."""
+
+    id: str
+    parent_id: str | None = None
+    role: EntryRole
+    content: str
+    created_at: datetime
+    request_id: str | None = None
+    truncated: bool | None = None
+
+
+class EventRecord(WireModel):
+    """One durable, redacted ledger row; ordered by ``(timestamp, id)``; dedupe by ``id``."""
+
+    id: str
+    thread_id: str
+    type: str
+    timestamp: datetime
+    request_id: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    redacted: bool = True
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in TERMINAL_EVENT_TYPES
+
+
+class ThreadPage(WireModel):
+    """``list``: the owner's threads, newest first; ``nextCursor`` while more exist."""
+
+    items: tuple[ConversationThread, ...]
+    next_cursor: str | None = None
+
+
+class ReplayPage(WireModel):
+    """``replay``: a page of ledger rows.
+
+    ``terminal`` is true when this page reaches the end of the ledger and the
+    ledger's newest row is ``agent_finished``/``agent_denied``/``error`` (no run
+    is writing).  ``nextCursor`` is absent exactly then (or for an empty
+    ledger); otherwise resume with it -- it may return rows already seen
+    (at-least-once across a reconnect): dedupe by ``id``.
+    """
+
+    records: tuple[EventRecord, ...]
+    next_cursor: str | None = None
+    terminal: bool = False
+
+
+class ExportResult(WireModel):
+    """``export``: the thread and its ledger, byte- and page-capped, resumable."""
+
+    thread: ConversationThread
+    events: tuple[EventRecord, ...]
+    next_cursor: str | None = None
+    truncated: bool = False
+
+
+class DeleteResult(WireModel):
+    """``delete``: ``deleted`` when every key is gone; ``held`` when a legal hold blocked it."""
+
+    deleted: bool
+    held: bool
+
+
+class ContinueStatus(StrEnum):
+    COMPLETED = "completed"
+    DENIED = "denied"
+
+
+class ContinueResult(WireModel):
+    """The result of one agent turn (the same result for every retry of its ``requestId``)."""
+
+    thread_id: str
+    request_id: str
+    status: ContinueStatus
+    leaf_id: str | None = None
+    entries: tuple[ConversationEntry, ...] = ()
+    reason: str | None = None
+
+
+class ErrorBody(WireModel):
+    """Every error response: a stable ``code`` and a human ``message``."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="allow"
+    )
+
+    code: str
+    message: str
+
+
+# --- request bodies (HTTP) -----------------------------------------------------------------------
+
+
+class CreateThreadRequest(WireModel):
+    title: str | None = None
+    id: str | None = None
+    request_id: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class ContinueRequest(WireModel):
+    message: str
+    request_id: str | None = None
+    leaf_id: str | None = None
+
+
+class BranchRequest(WireModel):
+    leaf_id: str
+    expected_version: int | None = Field(default=None, ge=0)
+
+
+class ArchiveRequest(WireModel):
+    expected_version: int | None = Field(default=None, ge=0)
+
+
+class ExportRequest(WireModel):
+    cursor: str | None = None

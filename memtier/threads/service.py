@@ -1,0 +1,370 @@
+"""The synchronous conversation service: executes the core's flows with redis-py's sync client.
+
+Everything but I/O lives in :mod:`memtier.threads.core`; this shell runs each
+yielded request (script, command, pipelined reads, sleep, runner call) with the
+one retry layer (:func:`memtier.retry.retry_sync`), records metrics, and keeps
+the lease of a running turn alive from a heartbeat thread.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from memtier import limits, metrics
+from memtier.config import MemtierConfig, ThreadsConfig
+from memtier.connection import connect_sync
+from memtier.retry import retry_sync
+from memtier.scripts import load_registry
+from memtier.threads.core import (
+    BatchOp,
+    CommandOp,
+    Flow,
+    Op,
+    RunOp,
+    ScriptOp,
+    SleepOp,
+    ThreadsCore,
+    TurnState,
+    outcome_of,
+)
+from memtier.threads.models import (
+    ContinueResult,
+    ConversationThread,
+    DeleteResult,
+    ExportResult,
+    Ownership,
+    ReplayPage,
+    ThreadPage,
+)
+from memtier.threads.runner import (
+    AgentDenied,
+    ConversationRunner,
+    EchoRunner,
+    RunnerEvent,
+    RunnerResult,
+    RunnerTurn,
+)
+
+__all__ = ["ConversationService", "create_conversation_service"]
+
+T = TypeVar("T")
+
+
+class ConversationService:
+    """Durable, ownership-scoped conversation threads on Redis (sync API).
+
+    Every method takes the host-verified :class:`Ownership` first; a thread of
+    another owner is indistinguishable from a missing one (``not_found``).
+    Errors are :class:`~memtier.errors.ConversationError` with a stable
+    ``code`` (or :class:`~memtier.errors.BackendError` when Redis stays
+    unavailable after bounded retries).
+
+    ``runner`` runs one agent turn for :meth:`continue_` (default: the
+    deterministic :class:`~memtier.threads.runner.EchoRunner`).  ``clock``
+    (epoch ms) and ``cursor_secret`` are for tests and multi-namespace hosts;
+    ``busy_wait_s`` bounds how long a continue waits for another request's
+    turn on the same thread before ``thread_busy``; ``inflight_wait_s`` how
+    long an exact retry waits for its first attempt before
+    ``request_in_progress``.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        config: MemtierConfig | None = None,
+        *,
+        runner: ConversationRunner | None = None,
+        threads: ThreadsConfig | None = None,
+        clock: Callable[[], int] | None = None,
+        cursor_secret: bytes | str | None = None,
+        lease_ms: int = limits.THREAD_LEASE_MS,
+        busy_wait_s: float = 5.0,
+        inflight_wait_s: float = 30.0,
+        embedded: bool = False,
+    ) -> None:
+        self.config = config or MemtierConfig.load()
+        self.client = client
+        self.embedded = embedded
+        self.runner: ConversationRunner = runner if runner is not None else EchoRunner()
+        self.core = ThreadsCore(
+            self.config.namespace,
+            threads or self.config.threads,
+            clock=clock,
+            cursor_secret=cursor_secret,
+            lease_ms=lease_ms,
+            busy_wait_s=busy_wait_s,
+            inflight_wait_s=inflight_wait_s,
+        )
+        self.scripts = load_registry("threads")
+
+    @property
+    def limits(self) -> ThreadsConfig:
+        return self.core.config
+
+    # --- plumbing --------------------------------------------------------------------------------
+
+    def _execute(self, operation: str, op: Op) -> Any:
+        if isinstance(op, ScriptOp):
+            script = self.scripts[op.script]
+
+            def call() -> Any:
+                if op.attempts is not None:
+                    op.attempts[0] += 1
+                return script(self.client, op.keys, op.args)
+
+            return retry_sync(operation, call)
+        if isinstance(op, CommandOp):
+            method = getattr(self.client, op.method)
+            return retry_sync(operation, lambda: method(*op.args, **dict(op.kwargs)))
+        if isinstance(op, BatchOp):
+
+            def batch() -> Any:
+                pipe = self.client.pipeline(transaction=False)
+                for command in op.commands:
+                    getattr(pipe, command.method)(*command.args, **dict(command.kwargs))
+                return pipe.execute()
+
+            return retry_sync(operation, batch)
+        if isinstance(op, SleepOp):
+            time.sleep(op.seconds)
+            return None
+        if isinstance(op, RunOp):
+            return self._run_turn(op.turn)
+        raise TypeError(f"unknown operation {op!r}")  # pragma: no cover
+
+    def _drive(self, operation: str, flow: Flow[T]) -> T:
+        failure: BaseException | None = None
+        try:
+            op = next(flow)
+            while True:
+                try:
+                    value = self._execute(operation, op)
+                except Exception as exc:
+                    op = flow.throw(exc)
+                    continue
+                op = flow.send(value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            flow.close()
+            metrics.THREAD_OPERATIONS.labels(operation, outcome_of(failure)).inc()
+
+    def _run_turn(self, state: TurnState) -> RunnerResult:
+        lock = threading.Lock()
+
+        def emit(event: RunnerEvent) -> None:
+            with lock:
+                op = self.core.emit_op(state, event)
+                if op is None:
+                    return
+                self.core.check_emit(self._execute("emit", op))
+
+        stop = threading.Event()
+
+        def heartbeat() -> None:
+            interval = self.core.lease_ms / 3000
+            while not stop.wait(interval):
+                try:
+                    if not self.core.renew_ok(
+                        self._execute("lease_renew", self.core.renew_op(state))
+                    ):
+                        return  # lost or deleted: the commit will report it
+                except Exception:  # a missed beat is retried at the next interval
+                    continue
+
+        beat = threading.Thread(target=heartbeat, name="memtier-lease", daemon=True)
+        turn = RunnerTurn(
+            thread=state.thread,
+            history=state.history,
+            message=state.message,
+            request_id=state.request_id,
+            leaf_id=state.leaf_id,
+            emit=emit,
+        )
+        outcome = "error"
+        started = time.perf_counter()
+        beat.start()
+        try:
+            result = self.runner(turn)
+            outcome = "ok"
+            return result
+        except AgentDenied:
+            outcome = "denied"
+            raise
+        finally:
+            stop.set()
+            beat.join()
+            metrics.THREAD_RUNNER_DURATION.labels(outcome).observe(time.perf_counter() - started)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def load_scripts(self) -> None:
+        """``SCRIPT LOAD`` every thread script (on Cluster: on every primary)."""
+        retry_sync("load_scripts", lambda: self.scripts.load_all(self.client))
+
+    def scripts_loaded(self) -> bool:
+        """True when Redis answers and ``SCRIPT EXISTS`` is true for every thread script."""
+        found = self.client.script_exists(*(script.sha for script in self.scripts))
+        if isinstance(found, bool):
+            return found
+        return bool(found) and all(bool(x) for x in found)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> ConversationService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the API ---------------------------------------------------------------------------------
+
+    def create(
+        self,
+        ownership: Ownership,
+        *,
+        title: str | None = None,
+        thread_id: str | None = None,
+        request_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> ConversationThread:
+        """Create a thread (``conv_<uuid>`` id unless ``thread_id`` is given).
+
+        Create-only and idempotent: repeating the same create (same id, title,
+        metadata and request id) returns the existing thread; a different create
+        of an existing id raises ``metadata_conflict`` and changes nothing.
+        Without ``thread_id`` but with ``request_id`` the id derives from the
+        request id, so retries return the same thread.
+        """
+        return self._drive(
+            "create",
+            self.core.create(
+                ownership,
+                title=title,
+                thread_id=thread_id,
+                request_id=request_id,
+                metadata=metadata,
+            ),
+        )
+
+    def get(self, ownership: Ownership, thread_id: str) -> ConversationThread:
+        """The thread, or ``not_found`` (also for another owner's thread)."""
+        return self._drive("get", self.core.get(ownership, thread_id))
+
+    def continue_(
+        self,
+        ownership: Ownership,
+        thread_id: str,
+        message: str,
+        *,
+        request_id: str | None = None,
+        leaf_id: str | None = None,
+    ) -> ContinueResult:
+        """Run one agent turn and record it (see :mod:`memtier.threads` for the protocol).
+
+        ``leaf_id`` must be a branch ref recorded by :meth:`branch` (else
+        ``unknown_leaf``); without it the turn continues from the thread's head.
+        ``request_id`` makes retries exact: the runner runs once, every retry
+        returns the first result (waiting up to ``inflight_wait_s`` while it is
+        still running).  Raises ``thread_archived``, ``thread_busy``,
+        ``request_in_progress``, ``request_conflict``, ``runner_failed``, ...
+        """
+        return self._drive(
+            "continue",
+            self.core.continue_(
+                ownership, thread_id, message, request_id=request_id, leaf_id=leaf_id
+            ),
+        )
+
+    def branch(
+        self,
+        ownership: Ownership,
+        thread_id: str,
+        leaf_id: str,
+        *,
+        expected_version: int | None = None,
+    ) -> ConversationThread:
+        """Record ``leaf_id`` (an entry of the thread) as a branch ref: CAS on the version."""
+        return self._drive(
+            "branch",
+            self.core.branch(ownership, thread_id, leaf_id, expected_version=expected_version),
+        )
+
+    def archive(
+        self, ownership: Ownership, thread_id: str, *, expected_version: int | None = None
+    ) -> ConversationThread:
+        """Archive the thread (no-op if archived): CAS on the version."""
+        return self._drive(
+            "archive", self.core.archive(ownership, thread_id, expected_version=expected_version)
+        )
+
+    def export(
+        self, ownership: Ownership, thread_id: str, *, cursor: str | None = None
+    ) -> ExportResult:
+        """The thread and its redacted ledger, byte- and page-capped, resumable."""
+        return self._drive("export", self.core.export(ownership, thread_id, cursor=cursor))
+
+    def delete(self, ownership: Ownership, thread_id: str) -> DeleteResult:
+        """Remove every key of the thread unless a legal hold is set (``held``)."""
+        return self._drive("delete", self.core.delete(ownership, thread_id))
+
+    def replay(
+        self,
+        ownership: Ownership,
+        thread_id: str,
+        *,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> ReplayPage:
+        """A page of durable redacted events; never re-runs anything."""
+        return self._drive(
+            "replay", self.core.replay(ownership, thread_id, cursor=cursor, limit=limit)
+        )
+
+    def set_legal_hold(self, ownership: Ownership, thread_id: str) -> ConversationThread:
+        """Operators: block deletion of the thread until released."""
+        return self._drive("set_legal_hold", self.core.set_legal_hold(ownership, thread_id, True))
+
+    def release_legal_hold(self, ownership: Ownership, thread_id: str) -> ConversationThread:
+        """Operators: allow deletion again."""
+        return self._drive(
+            "release_legal_hold", self.core.set_legal_hold(ownership, thread_id, False)
+        )
+
+    def list(
+        self, ownership: Ownership, *, cursor: str | None = None, limit: int | None = None
+    ) -> ThreadPage:
+        """The owner's threads, newest created first; ``next_cursor`` while more exist."""
+        return self._drive("list", self.core.list_threads(ownership, cursor=cursor, limit=limit))
+
+    def script_names(self) -> builtins.list[str]:
+        return self.scripts.names()
+
+
+def create_conversation_service(
+    config: MemtierConfig | None = None,
+    *,
+    client: Any = None,
+    runner: ConversationRunner | None = None,
+    **options: Any,
+) -> ConversationService:
+    """A :class:`ConversationService` on ``client``, or on the configured Redis.
+
+    Without a client, the URL comes from ``config`` / ``MEMTIER_REDIS_URL``
+    (``redis+cluster://`` for Redis Cluster); with none, the embedded
+    in-process Redis (a warning says so).  ``options`` go to the constructor.
+    """
+    config = config or MemtierConfig.load()
+    embedded = False
+    if client is None:
+        client, embedded = connect_sync(config)
+    service = ConversationService(client, config, runner=runner, embedded=embedded, **options)
+    return service

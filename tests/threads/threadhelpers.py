@@ -1,0 +1,103 @@
+"""Helpers shared by the conversation-thread tests (imported by module name)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtier.keys import ThreadKeyspace
+from memtier.threads import (
+    ConversationService,
+    Ownership,
+    RunnerEvent,
+    RunnerReply,
+    RunnerTurn,
+)
+
+OWNER = Ownership("acme", "alice")
+OTHER = Ownership("acme", "mallory")  # same tenant, another user
+OTHER_TENANT = Ownership("globex", "alice")  # same user id, another tenant
+
+
+def scan_keys(backend: Any, client: Any, pattern: str) -> list[str]:
+    """Every key matching ``pattern`` (on a cluster: on every primary)."""
+    if backend.is_cluster:
+        found = client.scan_iter(match=pattern, count=1000, target_nodes=client.PRIMARIES)
+    else:
+        found = client.scan_iter(match=pattern, count=1000)
+    return sorted(k.decode() if isinstance(k, bytes) else str(k) for k in found)
+
+
+def thread_key_names(service: ConversationService, owner: Ownership, thread_id: str) -> list[str]:
+    keyspace = ThreadKeyspace(service.config.namespace)
+    keys = keyspace.owner(owner.tenant_id, owner.user_id).thread(thread_id)
+    return list(keys.all())
+
+
+class Clock:
+    """A test clock (epoch ms) that advances 1 ms per reading, so timestamps are distinct."""
+
+    def __init__(self, start: int = 1_700_000_000_000) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        self.now += 1
+        return self.now
+
+
+@dataclass
+class CountingRunner:
+    """A sync runner that counts its calls; optionally blocks on ``gate`` and emits events."""
+
+    reply: Callable[[RunnerTurn], str] = lambda turn: f"reply to {turn.message}"
+    events: Sequence[RunnerEvent] = ()
+    gate: threading.Event | None = None
+    entered: threading.Event = field(default_factory=threading.Event)
+    calls: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    fail: BaseException | None = None
+
+    def __call__(self, turn: RunnerTurn) -> RunnerReply:
+        with self.lock:
+            self.calls += 1
+        self.entered.set()
+        for event in self.events:
+            turn.emit(event)
+        if self.gate is not None:
+            assert self.gate.wait(120), "test gate never opened"
+        if self.fail is not None:
+            raise self.fail
+        return RunnerReply(self.reply(turn))
+
+
+def run_concurrently(
+    functions: Iterable[Callable[[], Any]], *, timeout: float = 240.0
+) -> list[tuple[str, Any]]:
+    """Start every function in its own thread at once (a barrier); ("ok", value) or ("err", exc)."""
+    fns = list(functions)
+    barrier = threading.Barrier(len(fns))
+    results: list[tuple[str, Any]] = [("err", RuntimeError("did not finish"))] * len(fns)
+
+    def worker(i: int, fn: Callable[[], Any]) -> None:
+        barrier.wait()
+        try:
+            results[i] = ("ok", fn())
+        except BaseException as exc:
+            results[i] = ("err", exc)
+
+    threads = [threading.Thread(target=worker, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a concurrent client hung"
+    return results
+
+
+def codes(results: Sequence[tuple[str, Any]]) -> list[str]:
+    """'ok' or the error code of each result."""
+    return [
+        "ok" if kind == "ok" else getattr(value, "code", repr(value)) for kind, value in results
+    ]
