@@ -179,6 +179,7 @@ _MAX_POLLS: Final = 2_000  # hard cap on claim attempts (300 s / 0.5 s plus the 
 _EVENT_TYPE_RE: Final = re.compile(r"^[a-z][a-z0-9_.]{0,63}\Z")
 _ENTRY_ID_RE: Final = THREAD_ID_RE
 _STREAM_ID_RE: Final = re.compile(r"^\d{1,20}-\d{1,20}\Z")
+_LEDGER_START: Final = "0-0"  # before every row: "(0-0" reads from the start
 _INDEX_MEMBER_RE: Final = re.compile(r"^\d{20}\|[A-Za-z0-9_.\-]{1,128}\Z")
 _ENTRIES_PER_TURN: Final = 2
 # Closing rows of a turn besides the runner's: agent_started, user_message,
@@ -188,6 +189,7 @@ _TURN_EVENTS: Final = limits.THREAD_EVENTS_PER_TURN + _SERVICE_EVENTS_PER_TURN
 # Upper bound of the bytes one turn can add (reserved by run_claim): two entries and two
 # message events of at most THREAD_MESSAGE_BYTES each (+ JSON envelope), runner events.
 _ENVELOPE_BYTES: Final = 1024
+_EXPORT_ENVELOPE_BYTES: Final = 512  # export JSON around the thread and events (cursor incl.)
 _TURN_BYTES: Final = 4 * (limits.THREAD_MESSAGE_BYTES + _ENVELOPE_BYTES) + (
     limits.THREAD_EVENTS_PER_TURN * (limits.THREAD_EVENT_BYTES + 64 + _ENVELOPE_BYTES)
 )
@@ -652,15 +654,15 @@ class ThreadsCore:
 
     def _read_events(
         self, keys: ThreadKeys, position: str | None, count: int
-    ) -> Flow[tuple[list[EventRecord], bool, str | None, str, str]]:
-        """One page: (records, more, last position, newest id, newest type)."""
+    ) -> Flow[tuple[list[EventRecord], bool, str | None, bool, str]]:
+        """One page: (records, more, last position, a turn is running, newest row's type)."""
         start = "-" if position is None else "(" + position
         reply = yield ScriptOp(
-            "read_events", (keys.thread, keys.events), (MARKER, start, count + 1)
+            "read_events", (keys.thread, keys.events, keys.lease), (MARKER, start, count + 1)
         )
         if int(reply[0]) != ThreadStatus.OK:
             raise self._status_error(int(reply[0]))
-        newest_id, newest_type = _s(reply[1]), _s(reply[2])
+        running, newest_type = int(reply[1]) == 1, _s(reply[2])
         rows = reply[3:]
         total = len(rows) // 5
         more = total > count
@@ -688,7 +690,7 @@ class ThreadsCore:
                     data=payload,
                 )
             )
-        return records, more, last, newest_id, newest_type
+        return records, more, last, running, newest_type
 
     def _ledger_position(
         self, owner: Ownership, thread_id: str, cursor: str | None
@@ -735,16 +737,14 @@ class ThreadsCore:
         keys = self.thread_keys(owner, thread_id)
         n = self._page_size(limit, self.config.replay_page_rows)
         position, cursor_error = yield from self._ledger_position(owner, thread_id, cursor)
-        records, more, last, newest_id, newest_type = yield from self._read_events(
-            keys, position, n
-        )
+        records, more, last, running, newest_type = yield from self._read_events(keys, position, n)
         if cursor_error is not None:
             raise cursor_error
-        ledger_closed = newest_id == "" or newest_type in TERMINAL_EVENT_TYPES
-        terminal = not more and newest_type in TERMINAL_EVENT_TYPES
+        # More may come while rows remain or a turn still holds the lease (it is writing).
+        terminal = not more and not running and newest_type in TERMINAL_EVENT_TYPES
         next_cursor = None
-        if (more or not ledger_closed) and last is not None:
-            next_cursor = yield from self._ledger_cursor(owner, thread_id, last)
+        if more or running:
+            next_cursor = yield from self._ledger_cursor(owner, thread_id, last or _LEDGER_START)
         return ReplayPage(records=tuple(records), next_cursor=next_cursor, terminal=terminal)
 
     def export(
@@ -757,7 +757,8 @@ class ThreadsCore:
         if cursor_error is not None:
             raise cursor_error
         cap = self.config.export_bytes
-        used = len(orjson.dumps(thread.to_wire()))
+        # the thread, the envelope ({"thread":..,"events":[..],"nextCursor":..}), then pages
+        used = len(orjson.dumps(thread.to_wire())) + _EXPORT_ENVELOPE_BYTES
         events: list[EventRecord] = []
         truncated = False
         more = False

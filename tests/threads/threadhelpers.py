@@ -101,3 +101,45 @@ def codes(results: Sequence[tuple[str, Any]]) -> list[str]:
     return [
         "ok" if kind == "ok" else getattr(value, "code", repr(value)) for kind, value in results
     ]
+
+
+def process_continue(url: str | None, namespace: str, thread_id: str, request_id: str) -> str:
+    """Run in a spawned process: one continue whose runner counts its calls in Redis.
+
+    The runner blocks until the test sets ``{ns:test}:gate``; a duplicate that waits for
+    the in-flight request adds its pid to ``{ns:test}:sleepers``.
+    """
+    import os
+    import time
+
+    from memtier.config import MemtierConfig
+    from memtier.threads import create_conversation_service
+    from memtier.threads.core import SleepOp
+
+    tag = "{" + namespace + ":test}"
+    config = MemtierConfig.load(redis_url=url, namespace=namespace)
+    service = create_conversation_service(config, inflight_wait_s=240.0)
+    probe = service.client
+
+    def runner(turn: RunnerTurn) -> RunnerReply:
+        probe.incr(f"{tag}:runner-calls")
+        deadline = time.monotonic() + 240
+        while not probe.exists(f"{tag}:gate"):
+            assert time.monotonic() < deadline, "gate never opened"
+            time.sleep(0.02)
+        return RunnerReply(f"ran in {os.getpid()}")
+
+    service.runner = runner
+    original = service._execute
+
+    def execute(operation: str, op: Any) -> Any:
+        if isinstance(op, SleepOp):
+            probe.sadd(f"{tag}:sleepers", os.getpid())
+        return original(operation, op)
+
+    service._execute = execute  # type: ignore[method-assign]
+    try:
+        result = service.continue_(OWNER, thread_id, "cross-process", request_id=request_id)
+        return result.model_dump_json()
+    finally:
+        service.close()

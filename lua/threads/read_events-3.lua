@@ -1,25 +1,29 @@
 --[[
-  Read one page of a thread's ledger (replay and export), plus the newest row's type so the
-  caller can tell whether the ledger currently ends with a terminal event.  Read-only.
+  Read one page of a thread's ledger (replay and export), plus what the caller needs to tell
+  whether more may come: whether a turn holds the thread's lease (it is still writing), and
+  the type of the newest row (a terminal row ends a turn).  Read-only.
 
   Input:
     KEYS[1] thread hash    T:t:<thread_id>
     KEYS[2] events stream  T:v:<thread_id>
+    KEYS[3] lease string   T:l:<thread_id>
     ARGV[1] marker   thread marker
     ARGV[2] start    "-" for the beginning, or "(<id>" to start after a served row
-    ARGV[3] count    rows to read (page size + 1, so the caller knows whether more exist)
+    ARGV[3] count    rows to read, 1..1001 (page size + 1: the caller learns whether more exist)
 
   Output:
     { -1 }   NOT_FOUND
-    { 0, newest_id, newest_type, id, type, data, run, redacted, ... }  5 strings per row,
-             ordered by id (= by (timestamp, id)); newest_* are "" for an empty ledger;
+    { 0, running, newest_type, id, type, data, run, redacted, ... }
+             running = 1 while a turn holds the lease, else 0;
+             newest_type = type of the newest row if written through the redactor, else "";
+             then 5 strings per row, ordered by id (= by (timestamp, id));
              redacted is "1" for rows written through the service's redactor, "" otherwise.
 
   Side effects: none.
 ]]
 --- @include "thread_common"
 
-local thread_key, events_key = KEYS[1], KEYS[2]
+local thread_key, events_key, lease_key = KEYS[1], KEYS[2], KEYS[3]
 local marker, start = ARGV[1], ARGV[2]
 local count = thread_int(ARGV[3])
 if not count or count == 0 or count > 1001 then
@@ -28,8 +32,6 @@ end
 if not thread_live(thread_key, marker) then
   return { -1 }
 end
-local reply = { 0, '', '' }
-local newest = rcall('XREVRANGE', events_key, '+', '-', 'COUNT', 1)
 local function field(row, name)
   local flat = row[2]
   for i = 1, #flat, 2 do
@@ -39,8 +41,9 @@ local function field(row, name)
   end
   return ''
 end
-if newest[1] then
-  reply[2] = newest[1][1]
+local reply = { 0, rcall('EXISTS', lease_key), '' }
+local newest = rcall('XREVRANGE', events_key, '+', '-', 'COUNT', 1)
+if newest[1] and field(newest[1], 'r') == '1' then
   reply[3] = field(newest[1], 'type')
 end
 local rows = rcall('XRANGE', events_key, start, '+', 'COUNT', count)

@@ -1,0 +1,301 @@
+"""Contract tests of every lua/threads script: each ``Output`` code of its header, by hand-built
+KEYS/ARGV, on fakeredis, a real Redis and a real Redis Cluster."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from memtier.errors import ScriptError
+from memtier.keys import OwnerKeys, ThreadKeys, ThreadKeyspace
+from memtier.scripts import load_registry
+from memtier.threads.core import ThreadStatus as S
+from memtier.threads.models import MARKER
+
+SCRIPTS = load_registry("threads")
+NOW = 1_700_000_000_000
+
+
+class Harness:
+    def __init__(self, backend: Any) -> None:
+        self.client = backend.sync_client()
+        self.owner: OwnerKeys = ThreadKeyspace(backend.namespace).owner("acme", "alice")
+        self.keys: ThreadKeys = self.owner.thread("conv_1")
+
+    def run(self, name: str, keys: tuple[str, ...], *args: Any) -> list[Any]:
+        reply = SCRIPTS[name](self.client, keys, args)
+        return [x.decode() if isinstance(x, bytes) else x for x in reply]
+
+    def create(self, fingerprint: str = "fp", max_threads: int = 100, **kw: Any) -> list[Any]:
+        k = self.keys
+        title = kw.get("title")
+        return self.run(
+            "create",
+            (k.thread, self.owner.index),
+            MARKER,
+            "conv_1",
+            "acme",
+            "alice",
+            kw.get("now", NOW),
+            "0" if title is None else "1",
+            title or "",
+            "{}",
+            fingerprint,
+            f"{NOW:020d}|conv_1",
+            max_threads,
+        )
+
+    def fields(self) -> dict[str, str]:
+        raw = self.client.hgetall(self.keys.thread)
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def claim(self, request_id: str = "r1", token: str = "tok1", **kw: Any) -> list[Any]:
+        k = self.keys
+        record = json.dumps({"s": "running", "tok": token, "fp": kw.get("fp", "fp1"), "at": NOW})
+        return self.run(
+            "run_claim",
+            (k.thread, k.runs, k.lease, k.parents, k.events),
+            MARKER,
+            request_id,
+            token,
+            kw.get("fp", "fp1"),
+            kw.get("lease_ms", 30_000),
+            kw.get("leaf", ""),
+            kw.get("max_entries", 100),
+            2,
+            kw.get("max_events", 1000),
+            10,
+            kw.get("max_bytes", 10**9),
+            kw.get("turn_bytes", 1000),
+            record,
+        )
+
+    def commit(self, request_id: str = "r1", token: str = "tok1", count: int = 0) -> list[Any]:
+        k = self.keys
+        u, a = f"e{count + 1}", f"e{count + 2}"
+        parent = "" if count == 0 else f"e{count}"
+        done = json.dumps({"s": "done", "tok": token, "fp": "fp1", "res": {"status": "completed"}})
+        return self.run(
+            "run_commit",
+            (k.thread, k.entries, k.parents, k.runs, k.lease, k.events),
+            MARKER,
+            token,
+            request_id,
+            NOW,
+            count,
+            a,
+            done,
+            2,
+            1,
+            u,
+            parent,
+            json.dumps({"id": u}),
+            a,
+            u,
+            json.dumps({"id": a}),
+            "agent_finished",
+            "{}",
+        )
+
+    def turn(self, request_id: str, token: str, count: int) -> None:
+        assert self.claim(request_id, token)[0] == S.CLAIMED
+        assert self.commit(request_id, token, count) == [S.OK]
+
+
+@pytest.fixture
+def h(backend: Any) -> Harness:
+    return Harness(backend)
+
+
+def test_every_script_is_registered_with_its_key_count() -> None:
+    assert {s.name: s.num_keys for s in SCRIPTS} == {
+        "archive": 1,
+        "branch": 2,
+        "create": 2,
+        "delete": 7,
+        "events_append": 3,
+        "hold": 1,
+        "lease_renew": 2,
+        "read_events": 3,
+        "run_abort": 4,
+        "run_claim": 5,
+        "run_commit": 6,
+    }
+
+
+def test_all_keys_of_an_owner_share_one_slot() -> None:
+    for tenant, user in [("acme", "alice"), ("t", "u+x@example.com"), ("a.b-c_d", "0")]:
+        owner = ThreadKeyspace("ns").owner(tenant, user)
+        keys = [owner.index, *owner.thread("conv_1").all(), *owner.thread("other").all()]
+        assert len({key_slot(k.encode()) for k in keys}) == 1
+    assert ThreadKeyspace("ns").owner("acme", "alice").tag == "{ns:o:acme:alice}"
+
+
+def test_create(h: Harness) -> None:
+    created = h.create(title="t")
+    assert created[0] == S.OK
+    assert dict(zip(created[1::2], created[2::2], strict=True))["title"] == "t"
+    assert h.create(title="t")[0] == S.EXISTED  # same fingerprint
+    assert h.create("other") == [S.METADATA_CONFLICT]
+    assert h.client.zcard(h.owner.index) == 1
+    second = Harness.__new__(Harness)
+    second.__dict__.update(h.__dict__)
+    second.keys = h.owner.thread("conv_2")
+    assert second.create(max_threads=1) == [S.LIMIT_EXCEEDED, 1]
+    with pytest.raises(ScriptError):
+        h.run("create", (h.keys.thread, h.owner.index), MARKER, "x", "a", "u", "soon")
+
+
+def test_branch(h: Harness) -> None:
+    k = (h.keys.thread, h.keys.parents)
+    assert h.run("branch", k, MARKER, "e1", 1, 16, NOW) == [S.NOT_FOUND]
+    h.create()
+    h.turn("r1", "t1", 0)
+    assert h.run("branch", k, MARKER, "e9", 1, 16, NOW) == [S.UNKNOWN_LEAF]
+    assert h.run("branch", k, MARKER, "e2", 1, 0, NOW) == [S.BRANCH_LIMIT, 0]
+    ok = h.run("branch", k, MARKER, "e2", 1, 16, NOW)
+    assert ok[0] == S.OK and h.fields()["version"] == "2"
+    assert json.loads(h.fields()["branches"]) == [{"leafId": "e2", "createdAt": str(NOW)}]
+    assert h.run("branch", k, MARKER, "e2", 0, 16, NOW)[0] == S.EXISTED  # already a ref
+    assert h.run("branch", k, MARKER, "e1", 1, 16, NOW) == [S.METADATA_CONFLICT, 2]
+    h.client.hset(h.keys.thread, "state", "archived")
+    assert h.run("branch", k, MARKER, "e1", 2, 16, NOW) == [S.THREAD_ARCHIVED]
+    with pytest.raises(ScriptError):
+        h.run("branch", k, MARKER, "", 1, 16, NOW)
+
+
+def test_archive(h: Harness) -> None:
+    k = (h.keys.thread,)
+    assert h.run("archive", k, MARKER, 1, NOW) == [S.NOT_FOUND]
+    h.create()
+    assert h.run("archive", k, MARKER, 7, NOW) == [S.METADATA_CONFLICT, 1]
+    assert h.run("archive", k, MARKER, 1, NOW + 5)[0] == S.OK
+    assert h.fields()["state"] == "archived" and h.fields()["version"] == "2"
+    assert h.run("archive", k, MARKER, 0, NOW)[0] == S.EXISTED
+    assert h.fields()["version"] == "2"
+    with pytest.raises(ScriptError):
+        h.run("archive", k, MARKER, -1, NOW)
+
+
+def test_hold_and_delete(h: Harness) -> None:
+    k = h.keys
+    all_keys = (*k.all(), h.owner.index)
+    assert h.run("hold", (k.thread,), MARKER, "1") == [S.NOT_FOUND]
+    assert h.run("delete", all_keys, MARKER) == [S.NOT_FOUND]
+    h.create()
+    h.turn("r1", "t1", 0)
+    assert h.run("hold", (k.thread,), MARKER, "1")[0] == S.OK
+    assert h.run("delete", all_keys, MARKER) == [0, 1]  # held: nothing removed
+    assert h.client.exists(k.thread, k.entries, k.parents, k.runs, k.events) == 5
+    h.run("hold", (k.thread,), MARKER, "0")
+    assert h.run("delete", all_keys, MARKER) == [0, 0]
+    assert h.client.exists(*all_keys) == 0
+    with pytest.raises(ScriptError):
+        h.run("hold", (k.thread,), MARKER, "yes")
+
+
+def test_run_claim_outcomes(h: Harness) -> None:
+    assert h.claim() == [S.NOT_FOUND]
+    h.create()
+    h.turn("r1", "t1", 0)
+    assert h.claim("r1", "t2", fp="other") == [S.REQUEST_CONFLICT]
+    done = h.claim("r1", "t2")
+    assert done[0] == S.DONE and json.loads(done[1])["s"] == "done"
+    assert h.claim("r2", "t2", leaf="e1") == [S.UNKNOWN_LEAF]
+    assert h.claim("r2", "t2", max_entries=3) == [S.LIMIT_EXCEEDED, "entries"]
+    assert h.claim("r2", "t2", max_events=10) == [S.LIMIT_EXCEEDED, "events"]
+    assert h.claim("r2", "t2", max_bytes=10, turn_bytes=100) == [S.LIMIT_EXCEEDED, "bytes"]
+    claimed = h.claim("r2", "t2")
+    assert claimed == [S.CLAIMED, "e2", 2, "e2", "e1"]  # base, count, path base -> root
+    assert h.claim("r2", "t2") == claimed  # a replay of our own claim
+    assert h.claim("r2", "t3") == [S.REQUEST_IN_PROGRESS]  # a duplicate while it runs
+    assert h.claim("r3", "t4") == [S.THREAD_BUSY]  # another request while it runs
+    h.client.delete(h.keys.lease)  # the first attempt died: its lease expired
+    assert h.claim("r2", "t5")[0] == S.CLAIMED  # abandoned run taken over
+    h.client.hset(h.keys.thread, "state", "archived")
+    h.client.delete(h.keys.lease)
+    assert h.claim("r9", "t6") == [S.THREAD_ARCHIVED]
+    with pytest.raises(ScriptError):
+        h.claim("r9", "t6", lease_ms=0)
+
+
+def test_run_claim_lease_expires(h: Harness) -> None:
+    h.create()
+    assert h.claim("r1", "t1", lease_ms=1)[0] == S.CLAIMED
+    assert h.client.pttl(h.keys.lease) <= 1
+
+
+def test_events_append_and_lease_renew(h: Harness) -> None:
+    k = h.keys
+    ev = (k.thread, k.events, k.lease)
+    assert h.run("events_append", ev, MARKER, "t1", 1, 30000, NOW, "r1", 0) == [S.NOT_FOUND]
+    assert h.run("lease_renew", (k.thread, k.lease), MARKER, "t1", 30000) == [S.NOT_FOUND]
+    h.create()
+    h.claim("r1", "t1")
+    assert h.run("events_append", ev, MARKER, "bad", 1, 30000, NOW, "r1", 0) == [S.LEASE_LOST]
+    appended = h.run(
+        "events_append", ev, MARKER, "t1", 1, 30000, NOW, "r1", 2, "a", "{}", "b", "{}"
+    )
+    assert appended[0] == S.OK and appended[1] == f"{NOW}-1"
+    again = h.run("events_append", ev, MARKER, "t1", 1, 30000, NOW, "r1", 1, "a", "{}")
+    assert again == [S.EXISTED]  # batch seq 1 already applied
+    assert h.client.xlen(k.events) == 2
+    # a clock that went backwards still appends after the newest row
+    later = h.run("events_append", ev, MARKER, "t1", 2, 30000, NOW - 5000, "r1", 1, "c", "{}")
+    assert later[1] == f"{NOW}-2"
+    assert h.run("lease_renew", (k.thread, k.lease), MARKER, "t1", 30000) == [S.OK]
+    assert h.run("lease_renew", (k.thread, k.lease), MARKER, "zz", 30000) == [S.LEASE_LOST]
+    with pytest.raises(ScriptError):
+        h.run("events_append", ev, MARKER, "t1", 3, 30000, NOW, "r1", 2, "only-one", "{}")
+
+
+def test_run_commit_outcomes(h: Harness) -> None:
+    assert h.commit() == [S.NOT_FOUND]
+    h.create()
+    h.claim("r1", "t1")
+    assert h.commit("r1", "other") == [S.LEASE_LOST]
+    assert h.commit("r1", "t1", count=5) == [S.LEASE_LOST]  # entry ids were derived from 0
+    assert h.commit("r1", "t1") == [S.OK]
+    assert h.commit("r1", "t1") == [S.DONE]  # a replayed commit changes nothing
+    fields = h.fields()
+    assert (fields["entries"], fields["head"]) == ("2", "e2")
+    assert h.client.exists(h.keys.lease) == 0
+    assert h.client.hget(h.keys.parents, "e2") == b"e1"
+    assert h.client.xlen(h.keys.events) == 1
+
+
+def test_run_abort_outcomes(h: Harness) -> None:
+    k = h.keys
+    abort = (k.thread, k.runs, k.lease, k.events)
+    assert h.run("run_abort", abort, MARKER, "t1", "r1", NOW, "error", "{}") == [S.NOT_FOUND]
+    h.create()
+    h.claim("r1", "t1")
+    assert h.run("run_abort", abort, MARKER, "zz", "r1", NOW, "error", "{}") == [S.LEASE_LOST]
+    assert h.run("run_abort", abort, MARKER, "t1", "r1", NOW, "error", "{}") == [S.OK]
+    assert h.client.hexists(k.runs, "r1") == 0 and h.client.exists(k.lease) == 0
+    assert h.claim("r1", "t2")[0] == S.CLAIMED  # the request may run again
+
+
+def test_read_events(h: Harness) -> None:
+    k = h.keys
+    read = (k.thread, k.events, k.lease)
+    assert h.run("read_events", read, MARKER, "-", 10) == [S.NOT_FOUND]
+    h.create()
+    assert h.run("read_events", read, MARKER, "-", 10) == [S.OK, 0, ""]
+    h.turn("r1", "t1", 0)
+    assert h.run("read_events", read, MARKER, "-", 10)[:3] == [S.OK, 0, "agent_finished"]
+    h.claim("r2", "t2")
+    assert h.run("read_events", read, MARKER, "-", 10)[1] == 1  # a turn holds the lease
+    h.client.xadd(k.events, {"type": "raw", "data": "{}"})  # not written by the service
+    reply = h.run("read_events", read, MARKER, "-", 10)
+    assert reply[:3] == [S.OK, 1, ""]  # the newest row is not a redacted one
+    rows = [reply[3 + 5 * i : 8 + 5 * i] for i in range((len(reply) - 3) // 5)]
+    assert [(r[1], r[3], r[4]) for r in rows] == [("agent_finished", "r1", "1"), ("raw", "", "")]
+    after = h.run("read_events", read, MARKER, "(" + rows[0][0], 10)
+    assert after[4] == "raw" and len(after) == 8
+    assert h.run("read_events", read, MARKER, "(0-0", 1)[3] == rows[0][0]
+    with pytest.raises(ScriptError):
+        h.run("read_events", read, MARKER, "-", 0)
