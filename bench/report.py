@@ -1,0 +1,317 @@
+"""Targets of the issue, evaluated on the run's own ratios; the table; the JSON file."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.framework import Harness, Result, paired_ratio, summarize
+
+__all__ = ["Target", "evaluate_targets", "render_markdown", "render_text", "write_json"]
+
+
+@dataclass
+class Target:
+    """One target of the issue and how this run did against it."""
+
+    name: str
+    goal: str
+    value: float | None  # the ratio (or figure) compared with the threshold
+    low: float | None  # spread of the ratio over rounds
+    high: float | None
+    met: bool | None  # None = could not be measured in this run
+    detail: str
+
+
+def _ratio(cand: Result | None, base: Result | None) -> tuple[float, float, float] | None:
+    """(median, min, max) ratio of two results; paired by round when both have rounds."""
+    if cand is None or base is None or not cand.values or not base.values:
+        return None
+    if len(cand.values) == len(base.values) and cand.section == base.section:
+        s = summarize(paired_ratio(cand, base))
+    else:
+        med = cand.summary["median"] / base.summary["median"]
+        s = {"median": med, "min": math.nan, "max": math.nan}
+    return s["median"], s["min"], s["max"]
+
+
+def _fastest(h: Harness, prefix: str, op: str, size: str) -> Result | None:
+    best: Result | None = None
+    for r in h.results:
+        mine = r.key.startswith(prefix) and f".{op}." in r.key and r.key.endswith(size)
+        if mine and r.values and (best is None or r.summary["median"] > best.summary["median"]):
+            best = r
+    return best
+
+
+def _target(
+    name: str, goal: str, ratio: tuple[float, float, float] | None, ok: Any, detail: str
+) -> Target:
+    if ratio is None:
+        return Target(name, goal, None, None, None, None, detail or "not measured in this run")
+    med, lo, hi = ratio
+    return Target(name, goal, med, lo, hi, bool(ok(med)), detail)
+
+
+def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
+    g = h.get
+    out: list[Target] = []
+    for size in ("300B", "4KiB"):
+        r = _ratio(g(f"memtier.append.{size}.sync"), g(f"base.append.{size}.redispy"))
+        out.append(
+            _target(
+                f"append vs raw redis-py EVALSHA [{size}]",
+                ">= 1.0x",
+                r,
+                lambda v: v >= 1.0,
+                "memtier append (all guarantees) / minimal script via redis-py+hiredis",
+            )
+        )
+    r = _ratio(g("memtier.append.300B.sync"), g("base.append.300B.redispy"))
+    out.append(
+        _target(
+            "append stretch [300B]", ">= 1.5x", r, lambda v: v >= 1.5, "same ratio, stretch goal"
+        )
+    )
+    r = _ratio(g("memtier.append.300B.asyncio"), g("peer.openai-agents.append.300B"))
+    out.append(
+        _target(
+            "append vs OpenAI Agents RedisSession [300B]",
+            ">= 5x",
+            r,
+            lambda v: v >= 5.0,
+            "both asyncio, same round",
+        )
+    )
+    fastest = _fastest(h, "peer.", "append", "300B")
+    mine = g("memtier.append.300B.sync")
+    if fastest is not None and "openai" in fastest.key:
+        mine = g("memtier.append.300B.asyncio")
+    r = _ratio(mine, fastest)
+    out.append(
+        _target(
+            "append vs fastest peer [300B]",
+            ">= 1.0x",
+            r,
+            lambda v: v >= 1.0,
+            f"fastest peer: {fastest.label}" if fastest else "no peer ran",
+        )
+    )
+    rt = None if round_trips is None else (round_trips, round_trips, round_trips)
+    out.append(
+        _target(
+            "context in one round trip",
+            "== 1 round trip",
+            rt,
+            lambda v: abs(v - 1.0) < 1e-9,
+            "client calls to Redis per context()",
+        )
+    )
+    fastest = _fastest(h, "peer.", "read20", "300B")
+    mine = g("memtier.read20.300B.sync")
+    if fastest is not None and "openai" in fastest.key:
+        mine = g("memtier.read20.300B.asyncio")
+    r = _ratio(mine, fastest)
+    out.append(
+        _target(
+            "context vs fastest peer's read-last-20 [300B]",
+            ">= 2x",
+            r,
+            lambda v: v >= 2.0,
+            f"fastest peer: {fastest.label}" if fastest else "no peer ran",
+        )
+    )
+    for size in ("300B", "4KiB"):
+        r = _ratio(g(f"memtier.read20.{size}.sync"), g(f"base.read20.{size}.redispy"))
+        out.append(
+            _target(
+                f"context vs redis-py LRANGE 20 + orjson [{size}]",
+                ">= 0.8x",
+                r,
+                lambda v: v >= 0.8,
+                "memtier context(limit=20) / raw LRANGE+orjson",
+            )
+        )
+    levels = h.settings.scale_levels
+    for op in ("append", "context"):
+        res = g(f"scale.{op}.p50.{levels[-1]}")
+        ratio = None
+        if res is not None and res.ratio_summary:
+            rs = res.ratio_summary
+            ratio = (rs["median"], rs["min"], rs["max"])
+        out.append(
+            _target(
+                f"{op} p50 at {levels[-1]:,} vs {levels[0]:,} sessions",
+                "<= 1.2x",
+                ratio,
+                lambda v: v <= 1.2,
+                "p50 latency ratio (lower is better)",
+            )
+        )
+    for size in ("300B", "4KiB"):
+        res = g(f"memory.turn.{size}")
+        ratio = None
+        if res is not None and res.ratios:
+            ratio = (res.ratios[0], res.ratios[0], res.ratios[0])
+        out.append(
+            _target(
+                f"Redis memory per stored turn [{size}]",
+                "<= 1.5x payload",
+                ratio,
+                lambda v: v <= 1.5,
+                "MEMORY USAGE bytes per turn / payload bytes",
+            )
+        )
+    for name, goal in (
+        ("flush vs disk sequential write rate", ">= 0.5x"),
+        ("appends blocked during a 100k-session flush", "< 5 ms"),
+    ):
+        res = g("workers.flush")
+        detail = res.note if res is not None else "workers section did not run"
+        out.append(Target(name, goal, None, None, None, None, detail))
+    return out
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+def _fmt(v: float | None, unit: str = "") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if unit in ("us", "us/op"):
+        return f"{v:,.1f}"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{v:,.2f}"
+
+
+def _ratio_text(r: Result) -> str:
+    rs = r.ratio_summary
+    if not rs:
+        return ""
+    if rs["n"] > 1:
+        return f"x{rs['median']:.2f} [{rs['min']:.2f}-{rs['max']:.2f}]"
+    return f"x{rs['median']:.2f}"
+
+
+def _rows(h: Harness) -> list[tuple[str, list[str]]]:
+    out = []
+    for r in h.results:
+        if r.status != "ok" or not r.values:
+            out.append((r.section, [r.label, r.status, "", "", "", "", "", r.note]))
+            continue
+        s = r.summary
+        spread = f"{_fmt(s['min'], r.unit)}-{_fmt(s['max'], r.unit)}" if s["n"] > 1 else ""
+        base = r.baseline or ""
+        out.append(
+            (
+                r.section,
+                [
+                    r.label,
+                    _fmt(s["median"], r.unit),
+                    spread,
+                    r.unit,
+                    _ratio_text(r),
+                    base,
+                    _fmt(r.server_us_per_op, "us") if r.server_us_per_op is not None else "",
+                    (f"{_fmt(r.cmds_per_op)}" if r.cmds_per_op is not None else "")
+                    + (f"  {r.note}" if r.note else ""),
+                ],
+            )
+        )
+    return out
+
+
+HEADERS = [
+    "benchmark",
+    "median",
+    "spread (min-max)",
+    "unit",
+    "ratio [min-max]",
+    "baseline",
+    "srv us/op",
+    "cmds/op, note",
+]
+
+
+def render_text(h: Harness, targets: list[Target]) -> str:
+    rows = _rows(h)
+    widths = [max(len(HEADERS[i]), *(len(r[i]) for _, r in rows)) for i in range(7)]
+    widths[0] = min(widths[0], 64)
+    widths[5] = min(widths[5], 34)
+    lines = []
+    section = None
+    header = "  ".join(HEADERS[i].ljust(widths[i]) for i in range(7)) + "  " + HEADERS[7]
+    for sec, row in rows:
+        if sec != section:
+            section = sec
+            lines.append("")
+            lines.append(f"== {sec} ".ljust(len(header), "="))
+            lines.append(header)
+        cells = [
+            row[i][: widths[i]].ljust(widths[i])
+            if i in (0, 5)
+            else row[i].rjust(widths[i])
+            if i in (1, 2, 6)
+            else row[i].ljust(widths[i])
+            for i in range(7)
+        ]
+        lines.append("  ".join(cells) + "  " + row[7])
+    lines.append("")
+    lines.append("== targets ".ljust(len(header), "="))
+    for t in targets:
+        state = {True: "MET   ", False: "MISSED", None: "n/a   "}[t.met]
+        val = "-" if t.value is None else f"{t.value:.2f}"
+        spread = ""
+        if t.low is not None and t.high is not None and not math.isnan(t.low) and t.low != t.high:
+            spread = f" [{t.low:.2f}-{t.high:.2f}]"
+        lines.append(f"{state} {t.name:<52} goal {t.goal:<18} got {val}{spread}  ({t.detail})")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(h: Harness, targets: list[Target]) -> str:
+    lines = []
+    section = None
+    for sec, row in _rows(h):
+        if sec != section:
+            section = sec
+            lines += [
+                "",
+                f"**{sec}**",
+                "",
+                "| " + " | ".join(HEADERS) + " |",
+                "|" + "|".join(["---"] + ["---:"] * 2 + ["---"] * 3 + ["---:", "---"]) + "|",
+            ]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
+    lines += ["", "**targets**", "", "| target | goal | this run | met |", "|---|---|---|---|"]
+    for t in targets:
+        val = "-" if t.value is None else f"{t.value:.2f}"
+        if t.low is not None and t.high is not None and not math.isnan(t.low) and t.low != t.high:
+            val += f" [{t.low:.2f}-{t.high:.2f}]"
+        met = {True: "met", False: "**missed**", None: "not measured"}[t.met]
+        lines.append(f"| {t.name} | {t.goal} | {val} ({t.detail}) | {met} |")
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def write_json(path: Path, meta: dict[str, Any], h: Harness, targets: list[Target]) -> None:
+    payload = {
+        "meta": meta,
+        "results": [r.to_json() for r in h.results],
+        "targets": [asdict(t) for t in targets],
+    }
+    text = json.dumps(_clean(payload), indent=1, default=str, allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def _clean(value: Any) -> Any:
+    """NaN/inf (an empty spread) become null: the file stays strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value

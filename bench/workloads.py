@@ -1,0 +1,695 @@
+"""Payloads, key pools, the raw-Redis baselines and memtier's own measures.
+
+Every measure here is a :class:`~bench.framework.Measure`: ``run(n)`` performs
+``n`` operations on one connection, in a loop, and returns the elapsed time.
+Payloads are deterministic chat-like ASCII text (no secrets, so redaction does
+its full scan and replaces nothing), identical for memtier, the baselines and
+the peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+import redis.asyncio
+from redis.connection import Connection
+
+from bench.framework import Measure, timed
+from bench.server import HOST, BenchRedis
+from memtier import (
+    AsyncConversationStore,
+    AvatarMessage,
+    ConversationKey,
+    ConversationStore,
+    MemtierConfig,
+)
+
+__all__ = [
+    "PAYLOAD_SIZES",
+    "AsyncLoop",
+    "Baselines",
+    "KeyPool",
+    "MemtierBench",
+    "bench_config",
+    "chat_text",
+    "populate",
+]
+
+PAYLOAD_SIZES: dict[str, int] = {"300B": 300, "4KiB": 4096}
+READ_LAST = 20  # "read the last 20 turns"
+HISTORY_TURNS = 100  # turns in each session that the read benchmarks read from
+READ_POOL = 32  # sessions (lists) the read benchmarks rotate over
+APPEND_POOL = 1000  # sessions the append benchmarks rotate over
+MINIMAL_SCRIPT = Path(__file__).with_name("minimal_append-4.lua")
+
+_WORDS = [
+    "hello",
+    "there",
+    "could",
+    "you",
+    "help",
+    "me",
+    "find",
+    "the",
+    "sandbox",
+    "region",
+    "near",
+    "the",
+    "harbour",
+    "I",
+    "want",
+    "to",
+    "build",
+    "a",
+    "small",
+    "shop",
+    "with",
+    "a",
+    "vendor",
+    "script",
+    "and",
+    "some",
+    "furniture",
+    "from",
+    "my",
+    "inventory",
+    "the",
+    "teleport",
+    "to",
+    "the",
+    "welcome",
+    "area",
+    "keeps",
+    "failing",
+    "and",
+    "my",
+    "friend",
+    "says",
+    "the",
+    "group",
+    "chat",
+    "is",
+    "quiet",
+    "today",
+    "thanks",
+    "sure",
+    "okay",
+    "what",
+    "where",
+    "when",
+    "how",
+    "why",
+    "maybe",
+    "later",
+    "tomorrow",
+    "tonight",
+    "see",
+    "you",
+    "at",
+    "the",
+    "event",
+]
+
+
+def chat_text(nbytes: int, seed: int = 7) -> str:
+    """Deterministic chat-like ASCII text of exactly ``nbytes`` bytes."""
+    rnd = random.Random(seed)
+    words: list[str] = []
+    size = 0
+    while size < nbytes:
+        word = rnd.choice(_WORDS)
+        words.append(word)
+        size += len(word) + 1
+    text = " ".join(words)[:nbytes]
+    return text.ljust(nbytes, ".")
+
+
+def bench_config(namespace: str, **conversation: Any) -> MemtierConfig:
+    """Config for the benchmark namespaces: bounds at their hard ceilings unless overridden.
+
+    Bounds do not change the cost of an append (the script checks them either way);
+    ceilings keep the rotating key pools from ever hitting a session bound.
+    """
+    conv: dict[str, Any] = {
+        "max_active_sessions": 1_000_000,
+        "max_turns_per_session": 2_000,
+        "max_session_bytes": 4 * 1024 * 1024,
+        "max_aggregate_bytes": 64 * 1024**3,
+    }
+    conv.update(conversation)
+    return MemtierConfig.load(namespace=namespace, conversation=conv)
+
+
+class KeyPool:
+    """A fixed, deterministic set of conversation keys, handed out round-robin."""
+
+    def __init__(self, tag: int, size: int, channel: str = "public") -> None:
+        self.keys = [ConversationKey(uuid.UUID(int=(tag << 64) | i), channel) for i in range(size)]
+        self.i = 0
+
+    def next(self) -> ConversationKey:
+        key = self.keys[self.i % len(self.keys)]
+        self.i += 1
+        return key
+
+
+class AsyncLoop:
+    """One event loop shared by every asyncio measure of a run."""
+
+    def __init__(self) -> None:
+        self.runner = asyncio.Runner()
+        self.closers: list[Callable[[], Coroutine[Any, Any, Any]]] = []
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return self.runner.run(coro)
+
+    def close(self) -> None:
+        for closer in self.closers:
+            try:
+                self.run(closer())
+            except Exception:
+                pass
+        self.runner.close()
+
+
+def populate(
+    store: ConversationStore,
+    keys: Sequence[ConversationKey],
+    text: str,
+    turns: int = 1,
+    batch: int = 500,
+    *,
+    unique_ids: bool = False,
+) -> int:
+    """Append ``turns`` turns to each key fast: pipelined EVALSHA of memtier's own script.
+
+    The turn is prepared (redacted, bounded, encoded) once by memtier's core and
+    re-targeted per key; every append still runs the real ``append_turn`` script with
+    all its checks.  Turn ids are short (``p<turn>``) and shared across sessions (ids are
+    per session) unless ``unique_ids``: then every turn is prepared by the core with a
+    uuid4 hex id, exactly as ``append`` does (slower; used where bytes are measured).
+    Returns the number of appends that did not store (should be 0).
+    """
+    client = store.client
+    core = store.core
+    script = store.scripts["append_turn"]
+    client.script_load(script.source)
+    failures = 0
+    pipe = client.pipeline(transaction=False)
+    pending = 0
+    for t in range(turns):
+        shared = core.prepare_turn(keys[0], AvatarMessage(text=text, turn_id=f"p{t}"))
+        for key in keys:
+            if unique_ids:  # exactly what append() sends: a uuid4 hex turn id
+                prepared = core.prepare_turn(key, AvatarMessage(text=text))
+            else:
+                prepared = dataclasses.replace(shared, key=key)
+            call = core.append_call(prepared)
+            pipe.evalsha(script.sha, script.num_keys, *call.keys, *call.args)
+            pending += 1
+            if pending >= batch:
+                failures += sum(1 for r in pipe.execute() if int(r[0]) != 0)
+                pending = 0
+    if pending:
+        failures += sum(1 for r in pipe.execute() if int(r[0]) != 0)
+    return failures
+
+
+# --- raw Redis baselines ---------------------------------------------------------------------
+
+
+def _resp(*parts: str | bytes | int) -> bytes:
+    """RESP-encode one command (what a pre-encoded raw-socket client sends)."""
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        data = part if isinstance(part, bytes) else str(part).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+class Baselines:
+    """The physical limit for a Python client: the minimal script and LRANGE, four ways."""
+
+    def __init__(self, server: BenchRedis, loop: AsyncLoop) -> None:
+        self.server = server
+        self.loop = loop
+        self.client = server.client()
+        self.source = MINIMAL_SCRIPT.read_text(encoding="utf-8")
+        self.sha = str(self.client.script_load(self.source))
+        self.histories_made: set[str] = set()
+
+    # keys ------------------------------------------------------------------------------------
+    @staticmethod
+    def append_args(tag: str, i: int) -> tuple[str, str, str, str]:
+        sid = f"{i % APPEND_POOL:012d}"
+        return (f"{{{tag}}}:q:{sid}", f"{{{tag}}}:t:{sid}", f"{{{tag}}}:meta", f"{{{tag}}}:lru")
+
+    @staticmethod
+    def history_key(tag: str, i: int) -> str:
+        return f"{{{tag}}}:r:{i % READ_POOL:012d}"
+
+    def make_histories(self, tag: str, text: str) -> None:
+        """READ_POOL lists of HISTORY_TURNS JSON entries, like a chat history store keeps."""
+        if tag in self.histories_made:
+            return
+        self.histories_made.add(tag)
+        entry = orjson.dumps({"role": "user", "content": text})
+        pipe = self.client.pipeline(transaction=False)
+        for i in range(READ_POOL):
+            key = self.history_key(tag, i)
+            pipe.delete(key)
+            pipe.rpush(key, *([entry] * HISTORY_TURNS))
+        pipe.execute()
+
+    # append ----------------------------------------------------------------------------------
+    def append_measures(self, size: str, text: str) -> list[Measure]:
+        tag = f"ba{size}"
+        pool = [(*self.append_args(tag, i), text, f"m{i}") for i in range(APPEND_POOL)]
+        sha, client = self.sha, self.client
+        state = {"i": 0}
+
+        def redispy(n: int) -> None:
+            i = state["i"]
+            for j in range(i, i + n):
+                client.evalsha(sha, 4, *pool[j % APPEND_POOL])
+            state["i"] = i + n
+
+        conn = low_level_connection(self.server.port)
+
+        def lowlevel(n: int) -> None:
+            i = state["i"]
+            for j in range(i, i + n):
+                conn.send_command("EVALSHA", sha, 4, *pool[j % APPEND_POOL])
+                conn.read_response()
+            state["i"] = i + n
+
+        packed = [_resp("EVALSHA", sha, 4, *args) for args in pool]
+        raw = RawSocket(self.server.port)
+
+        def raw_socket(n: int) -> None:
+            i = state["i"]
+            for j in range(i, i + n):
+                raw.call(packed[j % APPEND_POOL])
+            state["i"] = i + n
+
+        rb_args = [
+            "EVALSHA",
+            sha,
+            "4",
+            f"{{{tag}}}:q:__rand_int__",
+            f"{{{tag}}}:t:__rand_int__",
+            f"{{{tag}}}:meta",
+            f"{{{tag}}}:lru",
+            text,
+            "m__rand_int__",
+        ]
+        return [
+            Measure(
+                f"base.append.{size}.redispy",
+                f"raw EVALSHA minimal script, redis-py+hiredis [{size}]",
+                timed(redispy),
+            ),
+            Measure(
+                f"base.append.{size}.lowlevel",
+                f"raw EVALSHA minimal script, redis-py Connection [{size}]",
+                timed(lowlevel),
+            ),
+            Measure(
+                f"base.append.{size}.socket",
+                f"raw EVALSHA minimal script, pre-encoded socket [{size}]",
+                timed(raw_socket),
+            ),
+            Measure(
+                f"base.append.{size}.redis-benchmark",
+                f"raw EVALSHA minimal script, redis-benchmark -c 1 [{size}]",
+                lambda n: redis_benchmark(self.server.port, n, rb_args, APPEND_POOL),
+                note="C client, no Python: the server's own limit for this script",
+            ),
+        ]
+
+    def append_async_measure(self, size: str, text: str) -> Measure:
+        tag = f"bx{size}"
+        pool = [(*self.append_args(tag, i), text, f"m{i}") for i in range(APPEND_POOL)]
+        sha = self.sha
+        holder: dict[str, Any] = {}
+
+        async def make() -> None:
+            holder["c"] = redis.asyncio.Redis(host=HOST, port=self.server.port)
+
+        self.loop.run(make())
+        self.loop.closers.append(lambda: holder["c"].aclose())
+        state = {"i": 0}
+
+        async def go(n: int) -> float:
+            client = holder["c"]
+            i = state["i"]
+            started = time.perf_counter()
+            for j in range(i, i + n):
+                await client.evalsha(sha, 4, *pool[j % APPEND_POOL])
+            state["i"] = i + n
+            return time.perf_counter() - started
+
+        return Measure(
+            f"base.append.{size}.asyncio",
+            f"raw EVALSHA minimal script, redis-py asyncio [{size}]",
+            lambda n: float(self.loop.run(go(n))),
+        )
+
+    # read last 20 ----------------------------------------------------------------------------
+    def read_measures(self, size: str, text: str) -> list[Measure]:
+        tag = f"br{size}"
+        self.make_histories(tag, text)
+        keys = [self.history_key(tag, i) for i in range(READ_POOL)]
+        client = self.client
+        loads = orjson.loads
+        state = {"i": 0}
+
+        def redispy(n: int) -> None:
+            i = state["i"]
+            for j in range(i, i + n):
+                items = [loads(x) for x in client.lrange(keys[j % READ_POOL], -READ_LAST, -1)]
+                assert len(items) == READ_LAST
+            state["i"] = i + n
+
+        conn = low_level_connection(self.server.port)
+
+        def lowlevel(n: int) -> None:
+            i = state["i"]
+            for j in range(i, i + n):
+                conn.send_command("LRANGE", keys[j % READ_POOL], -READ_LAST, -1)
+                items = [loads(x) for x in conn.read_response()]
+                assert len(items) == READ_LAST
+            state["i"] = i + n
+
+        rb_args = ["LRANGE", f"{{{tag}}}:r:__rand_int__", str(-READ_LAST), "-1"]
+        return [
+            Measure(
+                f"base.read20.{size}.redispy",
+                f"LRANGE last 20 + orjson, redis-py+hiredis [{size}]",
+                timed(redispy),
+            ),
+            Measure(
+                f"base.read20.{size}.lowlevel",
+                f"LRANGE last 20 + orjson, redis-py Connection [{size}]",
+                timed(lowlevel),
+            ),
+            Measure(
+                f"base.read20.{size}.redis-benchmark",
+                f"LRANGE last 20, redis-benchmark -c 1 (no decoding) [{size}]",
+                lambda n: redis_benchmark(self.server.port, n, rb_args, READ_POOL),
+                note="C client, no JSON decoding",
+            ),
+        ]
+
+    def read_async_measure(self, size: str, text: str) -> Measure:
+        tag = f"br{size}"
+        self.make_histories(tag, text)
+        keys = [self.history_key(tag, i) for i in range(READ_POOL)]
+        loads = orjson.loads
+        holder: dict[str, Any] = {}
+
+        async def make() -> None:
+            holder["c"] = redis.asyncio.Redis(host=HOST, port=self.server.port)
+
+        self.loop.run(make())
+        self.loop.closers.append(lambda: holder["c"].aclose())
+        state = {"i": 0}
+
+        async def go(n: int) -> float:
+            client = holder["c"]
+            i = state["i"]
+            started = time.perf_counter()
+            for j in range(i, i + n):
+                raw = await client.lrange(keys[j % READ_POOL], -READ_LAST, -1)
+                items = [loads(x) for x in raw]
+                assert len(items) == READ_LAST
+            state["i"] = i + n
+            return time.perf_counter() - started
+
+        return Measure(
+            f"base.read20.{size}.asyncio",
+            f"LRANGE last 20 + orjson, redis-py asyncio [{size}]",
+            lambda n: float(self.loop.run(go(n))),
+        )
+
+    # list_metadata baseline -------------------------------------------------------------------
+    def metadata_measure(self, store: ConversationStore, sessions: int, page: int) -> Measure:
+        """HSCAN of memtier's index hash + one pipelined HMGET per session: no script."""
+        part = store.core.keyspace.partition(0)
+        client = self.client
+        fields = ("id", "created", "created_wall", "last", "last_wall", "turns", "bytes")
+
+        def walk(n: int) -> None:
+            for _ in range(n):
+                cursor: Any = 0
+                seen = 0
+                for _page in range(1_000_000):  # bounded: a 10k-session walk takes ~100 pages
+                    cursor, entries = client.hscan(part.index, cursor, count=page)
+                    pipe = client.pipeline(transaction=False)
+                    for member in entries:
+                        name = member.decode() if isinstance(member, bytes) else str(member)
+                        pipe.hmget(part.session(name).session, *fields)
+                    seen += len(pipe.execute())
+                    if int(cursor) == 0:
+                        break
+                assert seen >= sessions, (seen, sessions)
+
+        return Measure(
+            f"base.metadata.page{page}",
+            f"raw HSCAN index + pipelined HMGET per session, page {page}",
+            timed(walk),
+            unit="sessions/s",
+            items_per_op=sessions,
+            fixed_ops=1,
+        )
+
+
+def low_level_connection(port: int) -> Any:
+    """redis-py's low-level :class:`~redis.connection.Connection` (hiredis parser), connected."""
+    conn: Any = Connection(host=HOST, port=port)  # type: ignore[no-untyped-call]
+    conn.connect()
+    return conn
+
+
+class RawSocket:
+    """A blocking loopback socket and a hiredis reader: nothing between us and Redis."""
+
+    def __init__(self, port: int) -> None:
+        import hiredis
+
+        self.sock = socket.create_connection((HOST, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = hiredis.Reader()
+
+    def call(self, packed: bytes) -> Any:
+        self.sock.sendall(packed)
+        while True:
+            reply = self.reader.gets()
+            if reply is not False:
+                return reply
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("redis closed the connection")
+            self.reader.feed(data)
+
+
+def redis_benchmark(port: int, n: int, args: Sequence[str], keyspace: int) -> float:
+    """Run ``redis-benchmark -c 1 -n n`` for one command; returns ``n / rps`` seconds."""
+    cmd = [
+        "redis-benchmark",
+        "-h",
+        HOST,
+        "-p",
+        str(port),
+        "-c",
+        "1",
+        "-n",
+        str(max(n, 1)),
+        "-r",
+        str(keyspace),
+        "--csv",
+        *args,
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    rps = float(lines[-1].split('","')[1].strip('"'))
+    return n / rps
+
+
+# --- memtier -------------------------------------------------------------------------------
+
+
+class MemtierBench:
+    """memtier's sync and asyncio stores on the benchmark server (namespace ``bench``)."""
+
+    def __init__(self, server: BenchRedis, loop: AsyncLoop) -> None:
+        self.server = server
+        self.loop = loop
+        self.config = bench_config("bench")
+        self.client = server.client()
+        self.store = ConversationStore(self.client, self.config)
+        holder: dict[str, Any] = {}
+
+        async def make() -> None:
+            holder["c"] = redis.asyncio.Redis(host=HOST, port=server.port)
+
+        loop.run(make())
+        self.aclient = holder["c"]
+        self.astore = AsyncConversationStore(self.aclient, self.config)
+        loop.closers.append(lambda: self.aclient.aclose())
+        self._tag = 100
+
+    def pool(self, size: int, channel: str = "public") -> KeyPool:
+        self._tag += 1
+        return KeyPool(self._tag, size, channel)
+
+    def histories(self, text: str) -> KeyPool:
+        pool = self.pool(READ_POOL)
+        failures = populate(self.store, pool.keys, text, turns=HISTORY_TURNS)
+        if failures:
+            raise RuntimeError(f"populating read histories: {failures} appends not stored")
+        return pool
+
+    def append_sync(self, size: str, text: str) -> Measure:
+        pool, store = self.pool(APPEND_POOL), self.store
+
+        def run(n: int) -> None:
+            for _ in range(n):
+                store.append(pool.next(), AvatarMessage(text=text))
+
+        return Measure(f"memtier.append.{size}.sync", f"memtier append, sync [{size}]", timed(run))
+
+    def append_lean(self, size: str, text: str) -> Measure:
+        """memtier's own core and script through redis-py's low-level Connection.
+
+        Not the public API: the same validation, redaction, bounding, script and
+        receipt, without the retry and metrics shell -- what a leaner call path reaches.
+        """
+        pool, core = self.pool(APPEND_POOL), self.store.core
+        script = self.store.scripts["append_turn"]
+        self.client.script_load(script.source)
+        conn = low_level_connection(self.server.port)
+
+        def run(n: int) -> None:
+            for _ in range(n):
+                prepared = core.prepare_turn(pool.next(), AvatarMessage(text=text))
+                call = core.append_call(prepared)
+                conn.send_command("EVALSHA", script.sha, script.num_keys, *call.keys, *call.args)
+                core.decode_append(prepared, conn.read_response())
+
+        return Measure(
+            f"memtier.append.{size}.lean",
+            f"memtier core + script via redis-py Connection, no shell [{size}]",
+            timed(run),
+            note="not the public API: the retry/metrics shell left out",
+        )
+
+    def append_batched(self, size: str, text: str, batch: int = 50) -> Measure:
+        """memtier's core and script, ``batch`` appends pipelined per round trip."""
+        pool, core = self.pool(APPEND_POOL), self.store.core
+        script = self.store.scripts["append_turn"]
+        self.client.script_load(script.source)
+        pipe = self.client.pipeline(transaction=False)
+
+        def run(n: int) -> None:
+            done = 0
+            while done < n:
+                chunk = min(batch, n - done)
+                prepared = [
+                    core.prepare_turn(pool.next(), AvatarMessage(text=text)) for _ in range(chunk)
+                ]
+                for p in prepared:
+                    call = core.append_call(p)
+                    pipe.evalsha(script.sha, script.num_keys, *call.keys, *call.args)
+                for p, reply in zip(prepared, pipe.execute(), strict=True):
+                    core.decode_append(p, reply)
+                done += chunk
+
+        return Measure(
+            f"memtier.append.{size}.batched",
+            f"memtier core + script, {batch} appends pipelined per round trip [{size}]",
+            timed(run),
+            note="not the public API: batching appends from one worker",
+        )
+
+    def append_async(self, size: str, text: str) -> Measure:
+        pool, store = self.pool(APPEND_POOL), self.astore
+
+        async def go(n: int) -> float:
+            started = time.perf_counter()
+            for _ in range(n):
+                await store.append(pool.next(), AvatarMessage(text=text))
+            return time.perf_counter() - started
+
+        return Measure(
+            f"memtier.append.{size}.asyncio",
+            f"memtier append, asyncio [{size}]",
+            lambda n: float(self.loop.run(go(n))),
+        )
+
+    def read_sync(self, size: str, pool: KeyPool) -> Measure:
+        store = self.store
+
+        def run(n: int) -> None:
+            for _ in range(n):
+                ctx = store.context(pool.next(), limit=READ_LAST)
+                assert len(ctx.messages) == READ_LAST
+
+        return Measure(
+            f"memtier.read20.{size}.sync",
+            f"memtier context (last 20 of 100), sync [{size}]",
+            timed(run),
+        )
+
+    def read_async(self, size: str, pool: KeyPool) -> Measure:
+        store = self.astore
+
+        async def go(n: int) -> float:
+            started = time.perf_counter()
+            for _ in range(n):
+                ctx = await store.context(pool.next(), limit=READ_LAST)
+                assert len(ctx.messages) == READ_LAST
+            return time.perf_counter() - started
+
+        return Measure(
+            f"memtier.read20.{size}.asyncio",
+            f"memtier context (last 20 of 100), asyncio [{size}]",
+            lambda n: float(self.loop.run(go(n))),
+        )
+
+    def metadata(self, sessions: int, text: str) -> tuple[ConversationStore, list[Measure]]:
+        """A namespace holding exactly ``sessions`` sessions, walked with list_metadata."""
+        store = ConversationStore(self.client, bench_config("benchmeta"))
+        keys = KeyPool(7, sessions).keys
+        if populate(store, keys, text):
+            raise RuntimeError("populating the metadata namespace failed")
+        measures = []
+        for page in (100, 1000):
+
+            def walk(n: int, page: int = page) -> None:
+                for _ in range(n):
+                    seen = sum(1 for _ in store.iter_metadata(page_size=page))
+                    assert seen == sessions, (seen, sessions)
+
+            measures.append(
+                Measure(
+                    f"memtier.metadata.page{page}",
+                    f"memtier list_metadata walk of {sessions:,} sessions, page {page}",
+                    timed(walk),
+                    unit="sessions/s",
+                    items_per_op=sessions,
+                    fixed_ops=1,
+                )
+            )
+        return store, measures
