@@ -160,6 +160,14 @@ class MemoryKeyspace:
         """Held by the one worker that restores a snapshot into an empty namespace."""
         return "{" + f"{self.namespace}:m:restore" + "}:lock"
 
+    @cached_property
+    def restore_state(self) -> str:
+        """HASH: the namespace was initialised from snapshots (status, generation, outcome).
+
+        Same hash tag as :attr:`restore_lock` (one script handles both).
+        """
+        return "{" + f"{self.namespace}:m:restore" + "}:state"
+
     def pattern(self) -> str:
         """SCAN pattern matching every memory key of this namespace (operators, tests)."""
         return "{" + f"{self.namespace}:m:*"

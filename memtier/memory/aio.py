@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
 from memtier.connection import connect_async
-from memtier.errors import SessionFullError
+from memtier.errors import SessionFullError, SnapshotError
 from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
 from memtier.memory.core import MemoryCore, PreparedTurn, ScriptCall
 from memtier.memory.models import (
@@ -22,7 +22,15 @@ from memtier.memory.models import (
     ReasonCode,
     Turn,
 )
+from memtier.memory.persistence import (
+    FlushResult,
+    RecoveryReport,
+    flush_plan,
+    recover_plan,
+    snapshot_dir_for,
+)
 from memtier.memory.plans import Command, Plan, drive_async
+from memtier.memory.snapshot import SnapshotDir
 from memtier.memory.store import StoreStats, _page_size
 from memtier.retry import retry_async
 from memtier.scripts import load_registry
@@ -50,6 +58,7 @@ class AsyncConversationStore:
         embedded: bool = False,
         summarizer: Summarizer | None = None,
         inline_compaction: bool = True,
+        snapshots: SnapshotDir | None = None,
     ) -> None:
         self.config = config or MemtierConfig.load()
         self.client = client
@@ -61,12 +70,42 @@ class AsyncConversationStore:
         # append compacts inline on SESSION_FULL.
         self.summarizer = summarizer
         self.inline_compaction = inline_compaction
+        # Snapshot files (memtier.memory.snapshot): None = persistence off.
+        self.snapshots = snapshots
+        self.last_recovery: RecoveryReport | None = None
+        self._recover_on_enter = False
 
     @classmethod
-    def from_config(cls, config: MemtierConfig | None = None) -> AsyncConversationStore:
+    def from_config(
+        cls, config: MemtierConfig | None = None, *, recover: bool = True, **options: Any
+    ) -> AsyncConversationStore:
+        """Connect as configured (no I/O yet).
+
+        With ``conversation.persistence_enabled`` the store keeps snapshot generations in
+        ``<storage_path>/conversations``; the restore on start (unless ``recover=False``)
+        runs when the store is entered (``async with``) or opened with :meth:`open` --
+        a constructor cannot await.  ``options`` go to the constructor.
+        """
         config = config or MemtierConfig.load()
         client, embedded = connect_async(config)
-        return cls(client, config, embedded=embedded)
+        snapshots = snapshot_dir_for(config) if config.conversation.persistence_enabled else None
+        store = cls(client, config, embedded=embedded, snapshots=snapshots, **options)
+        store._recover_on_enter = snapshots is not None and recover
+        return store
+
+    @classmethod
+    async def open(
+        cls, config: MemtierConfig | None = None, *, recover: bool = True, **options: Any
+    ) -> AsyncConversationStore:
+        """:meth:`from_config`, then the restore on start (the twin of the sync factory)."""
+        store = cls.from_config(config, recover=recover, **options)
+        await store._startup()
+        return store
+
+    async def _startup(self) -> None:
+        if self._recover_on_enter:
+            self._recover_on_enter = False
+            await self.recover()
 
     # --- plumbing ------------------------------------------------------------------------------
     async def _run(self, call: ScriptCall) -> Any:
@@ -89,6 +128,7 @@ class AsyncConversationStore:
         await self.client.aclose()
 
     async def __aenter__(self) -> AsyncConversationStore:
+        await self._startup()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -153,6 +193,34 @@ class AsyncConversationStore:
         ckey = self.core.coerce_key(key)
         reply = await self._retrying("context", self.core.context_call(ckey, limit))
         return self.core.decode_context(ckey, reply)
+
+    async def flush(self) -> FlushResult:
+        """Write every live session into a new immutable snapshot generation (durability point).
+
+        Retention then keeps only the newest generations that fit ``max_snapshot_bytes``.
+        File I/O runs in a worker thread.  Raises SnapshotError (persistence off, a full
+        disk, a flush larger than the ceiling -- older generations are intact in every
+        case), BackendError.
+        """
+        if self.snapshots is None:
+            raise SnapshotError("persistence is off (conversation.persistence_enabled = false)")
+        return await self._drive(flush_plan(self.core, self.snapshots))
+
+    async def recover(self, *, force: bool = False, wait_s: float | None = None) -> RecoveryReport:
+        """Restore the newest valid generation if the namespace is empty in Redis.
+
+        Safe to call from many workers at once: exactly one restores, the others wait
+        for it (at most ``wait_s``).  Never raises for bad files (they are quarantined)
+        and never overwrites a live key.  ``force``: restore even into a non-empty or
+        already initialised namespace (create-only all the same).
+        """
+        if self.snapshots is None:
+            raise SnapshotError("persistence is off (conversation.persistence_enabled = false)")
+        options: dict[str, Any] = {"force": force}
+        if wait_s is not None:
+            options["wait_s"] = wait_s
+        self.last_recovery = await self._drive(recover_plan(self.core, self.snapshots, **options))
+        return self.last_recovery
 
     async def compact(self, key: KeyLike, *, force: bool = False) -> CompactionOutcome:
         """Compact one session now (what a worker does for a queued job).

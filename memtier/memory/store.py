@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
 from memtier.connection import connect_sync
-from memtier.errors import SessionFullError, ValidationError
+from memtier.errors import SessionFullError, SnapshotError, ValidationError
 from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
 from memtier.memory.core import MemoryCore, PreparedTurn, ScriptCall
 from memtier.memory.models import (
@@ -20,7 +20,15 @@ from memtier.memory.models import (
     ReasonCode,
     Turn,
 )
+from memtier.memory.persistence import (
+    FlushResult,
+    RecoveryReport,
+    flush_plan,
+    recover_plan,
+    snapshot_dir_for,
+)
 from memtier.memory.plans import Command, Plan, drive_sync
+from memtier.memory.snapshot import SnapshotDir
 from memtier.retry import retry_sync
 from memtier.scripts import load_registry
 
@@ -51,6 +59,7 @@ class ConversationStore:
         embedded: bool = False,
         summarizer: Summarizer | None = None,
         inline_compaction: bool = True,
+        snapshots: SnapshotDir | None = None,
     ) -> None:
         self.config = config or MemtierConfig.load()
         self.client = client
@@ -61,12 +70,29 @@ class ConversationStore:
         # deterministic default) and whether append compacts inline on SESSION_FULL.
         self.summarizer = summarizer
         self.inline_compaction = inline_compaction
+        # Snapshot files (memtier.memory.snapshot): None = persistence off.
+        self.snapshots = snapshots
+        self.last_recovery: RecoveryReport | None = None
 
     @classmethod
-    def from_config(cls, config: MemtierConfig | None = None) -> ConversationStore:
+    def from_config(
+        cls, config: MemtierConfig | None = None, *, recover: bool = True, **options: Any
+    ) -> ConversationStore:
+        """Connect as configured.
+
+        With ``conversation.persistence_enabled`` the store keeps snapshot generations in
+        ``<storage_path>/conversations`` and (unless ``recover=False``) restores the
+        newest valid one right here when the namespace is empty in Redis: see
+        :meth:`recover`; the report is in :attr:`last_recovery`.  ``options`` go to the
+        constructor (``summarizer``, ``inline_compaction``).
+        """
         config = config or MemtierConfig.load()
         client, embedded = connect_sync(config)
-        return cls(client, config, embedded=embedded)
+        snapshots = snapshot_dir_for(config) if config.conversation.persistence_enabled else None
+        store = cls(client, config, embedded=embedded, snapshots=snapshots, **options)
+        if snapshots is not None and recover:
+            store.recover()
+        return store
 
     # --- plumbing ------------------------------------------------------------------------------
     def _run(self, call: ScriptCall) -> Any:
@@ -153,6 +179,33 @@ class ConversationStore:
         ckey = self.core.coerce_key(key)
         reply = self._retrying("context", self.core.context_call(ckey, limit))
         return self.core.decode_context(ckey, reply)
+
+    def flush(self) -> FlushResult:
+        """Write every live session into a new immutable snapshot generation (durability point).
+
+        Retention then keeps only the newest generations that fit ``max_snapshot_bytes``.
+        Raises SnapshotError (persistence off, a full disk, a flush larger than the
+        ceiling -- older generations are intact in every case), BackendError.
+        """
+        if self.snapshots is None:
+            raise SnapshotError("persistence is off (conversation.persistence_enabled = false)")
+        return self._drive(flush_plan(self.core, self.snapshots))
+
+    def recover(self, *, force: bool = False, wait_s: float | None = None) -> RecoveryReport:
+        """Restore the newest valid generation if the namespace is empty in Redis.
+
+        Safe to call from many workers at once: exactly one restores, the others wait
+        for it (at most ``wait_s``).  Never raises for bad files (they are quarantined)
+        and never overwrites a live key.  ``force``: restore even into a non-empty or
+        already initialised namespace (create-only all the same).
+        """
+        if self.snapshots is None:
+            raise SnapshotError("persistence is off (conversation.persistence_enabled = false)")
+        options: dict[str, Any] = {"force": force}
+        if wait_s is not None:
+            options["wait_s"] = wait_s
+        self.last_recovery = self._drive(recover_plan(self.core, self.snapshots, **options))
+        return self.last_recovery
 
     def compact(self, key: KeyLike, *, force: bool = False) -> CompactionOutcome:
         """Compact one session now (what a worker does for a queued job).

@@ -101,3 +101,75 @@ def assert_exact_accounting(store: Any) -> None:
 def summary_doc(store: Any, k: ConversationKey) -> dict[str, Any] | None:
     raw = session_hash(store, k).get("summary")
     return orjson.loads(raw) if raw else None
+
+
+# --------------------------------------------------------------------------- snapshot files
+
+
+def persistent_store(
+    backend: Any, tmp_path: Any, clock: Clock | None = None, **conversation: Any
+) -> ConversationStore:
+    """A sync store with persistence on, snapshots under ``tmp_path``."""
+    from memtier.memory.persistence import snapshot_dir_for
+
+    conv = {"persistence_enabled": True, "storage_path": str(tmp_path), **conversation}
+    extra = {k: conv.pop(k) for k in ("summarizer", "inline_compaction") if k in conv}
+    config = backend.config(conversation=conv)
+    return ConversationStore(
+        backend.sync_client(), config, clock=clock, snapshots=snapshot_dir_for(config), **extra
+    )
+
+
+def snaps(store: Any) -> Any:
+    """The store's SnapshotDir (persistence must be on)."""
+    assert store.snapshots is not None
+    return store.snapshots
+
+
+def resign(
+    path: Any,
+    *,
+    header: Any = None,
+    line: Any = None,
+) -> None:
+    """Rewrite a generation in place with valid checksums after mutating it (test forgery).
+
+    ``header(dict) -> None`` mutates the header; ``line(index, dict) -> dict | None`` each
+    session (None drops it).
+    """
+    import hashlib
+    from pathlib import Path
+
+    from memtier.memory import snapshot
+
+    raw = Path(path).read_bytes()
+    block, payload = raw[: snapshot.HEADER_BLOCK], raw[snapshot.HEADER_BLOCK :]
+    head = orjson.loads(block[len(snapshot.MAGIC) : -1].rstrip(b" "))
+    out = b""
+    count = 0
+    for i, text in enumerate(payload.splitlines()):
+        obj = orjson.loads(text)
+        if line is not None:
+            obj = line(i, obj)
+        if obj is not None:
+            out += orjson.dumps(obj) + b"\n"
+            count += 1
+    head.update(
+        sessions=count, payload_bytes=len(out), payload_sha256=hashlib.sha256(out).hexdigest()
+    )
+    if header is not None:
+        header(head)
+    head.pop("header_sha256", None)
+    new_block = snapshot._header_block(head)
+    Path(path).write_bytes(new_block + out)
+
+
+def populate(store: Any, n: int, *, turns: int = 3, start: int = 0) -> dict[Any, Any]:
+    """``n`` sessions on both channels with a mix of turns; returns key -> context."""
+    keys = []
+    for i in range(start, start + n):
+        k = key(i + 1, "im" if i % 2 else "public")
+        keys.append(k)
+        for j in range(turns):
+            store.append(k, turn_for(i + j).model_copy(update={"turn_id": f"k{i}-t{j}"}))
+    return {k: store.context(k) for k in keys}

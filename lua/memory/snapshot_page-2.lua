@@ -1,0 +1,48 @@
+--[[
+  Read a page of named sessions of one partition for a snapshot flush. Each session is a
+  consistent point-in-time copy (the whole page is, being one script). The caller bounds
+  the page (members and their indexed bytes), so one call never blocks the shard for long.
+  Session keys are derived from the partition prefix (same slot; see memtier/keys.py).
+
+  Input:
+    KEYS[1] index hash  T:ix   (member -> bytes)
+    KEYS[2] meta hash   T:meta (clock high-water mark)
+    ARGV[1] prefix          "T:"
+    ARGV[2] public_ttl_ms
+    ARGV[3] im_ttl_ms
+    ARGV[4] clock_override  "" = server TIME (production); ms = test clock
+    ARGV[5..] members       at most 256 "<avatar-uuid>:<channel>"
+
+  Output:
+    { clock_ms, wall_ms, n, (member, n_fields, field, value, ..., n_records, record, ...) * n }
+        only live sessions (indexed, hash present, deadline not passed); the others are
+        left for the sweeper.
+
+  Side effects: none.
+]]
+--- @include "memory_common"
+--- @include "memory_session"
+
+local index_key, meta_key = KEYS[1], KEYS[2]
+local prefix = ARGV[1]
+local public_ttl, im_ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local clock_override = ARGV[4]
+local MAX_MEMBERS = 256 -- bounds the script's run time and reply size
+if not (public_ttl and im_ttl) or prefix == '' or #ARGV - 4 > MAX_MEMBERS then
+  return redis.error_reply('memtier: snapshot_page: malformed ARGV')
+end
+
+local now, wall = memtier_clock(meta_key, clock_override, false)
+local out = { now, wall, 0 }
+local n = 0
+for i = 5, #ARGV do
+  local member = ARGV[i]
+  local s_key, t_key = memtier_session_keys(prefix, member)
+  if rcall('HEXISTS', index_key, member) == 1
+      and memtier_session_live(s_key, memtier_ttl_of(member, public_ttl, im_ttl), now) then
+    memtier_read_session(s_key, t_key, member, out)
+    n = n + 1
+  end
+end
+out[3] = n
+return out

@@ -1,0 +1,483 @@
+"""Flush and restart recovery as sans-I/O plans (driven by both stores; see plans.py).
+
+Flush
+    Every partition's index hash is scanned with bounded ``HSCAN`` pages; the live
+    sessions of a page are read by one ``snapshot_page`` script call (at most
+    :data:`PAGE_SESSIONS` sessions and about :data:`PAGE_BYTES` of content), so each
+    session is a consistent point-in-time copy and no call blocks appends for long.
+    Sessions stream into a new generation file (:mod:`memtier.memory.snapshot`); each is
+    checked with the recovery validator first, so one bad live session cannot poison
+    every future generation (it is left out and counted in ``skipped``).
+
+Recovery (``recover_plan``), on start with persistence enabled
+    1. ``restore_gate acquire``: exactly one worker gets the lock (random token, PX
+       expiry, extended while it works); the others poll until it finishes (then use
+       what it loaded) or their wait runs out (then they start without waiting longer;
+       never fail).  A finished gate (the ``{ns:m:restore}:state`` hash) means Redis kept
+       its data since the namespace was initialised: nothing to do.
+    2. The namespace must be empty in Redis (no session in any partition); otherwise the
+       live data wins and the gate is marked done.  A restorer that died midway left
+       ``status=restoring``: the next one continues (restores are create-only).
+    3. Generations newest first: verify (pass 1); a rejected one is quarantined, a
+       ``quarantined`` event published, the next older one tried.  The first valid one
+       is restored session by session with the create-only ``restore_session`` script.
+    4. None valid: start empty, log it, and say so in the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from memtier import limits
+from memtier.errors import BackendError, SnapshotError
+from memtier.keys import PartitionKeys
+from memtier.memory.core import MemoryCore, ScriptCall
+from memtier.memory.models import Channel, ConversationKey, ReasonCode
+from memtier.memory.plans import Command, Plan, Sleep
+from memtier.memory.snapshot import (
+    GenerationFile,
+    Rejection,
+    SnapshotDir,
+    SnapshotValidationError,
+    ValidatedSession,
+    iter_generation,
+    session_to_json,
+    validate_session,
+    verify_generation,
+)
+from memtier.memory.state import iter_sessions
+
+__all__ = [
+    "FlushResult",
+    "RecoveryReport",
+    "emit_event_call",
+    "flush_plan",
+    "recover_plan",
+]
+
+log = logging.getLogger("memtier.persistence")
+
+# One snapshot_page call reads at most this many sessions (the script's own cap is 256)...
+PAGE_SESSIONS: Final = 128
+# ...and stops adding sessions once their indexed bytes pass this (one big session still
+# goes alone): bounds how long one call blocks the shard.
+PAGE_BYTES: Final = 1024 * 1024
+# HSCAN pages per partition: a flush of the largest allowed partition finishes well within.
+MAX_SCAN_ROUNDS: Final = 4 * int(limits.MAX_ACTIVE_SESSIONS.ceiling) // 10 + 10_000
+# Restore gate timings.
+LOCK_MS: Final = 30_000  # the restorer extends it every EXTEND_EVERY sessions / second
+EXTEND_EVERY: Final = 200
+WAIT_S: Final = 120.0  # how long a non-restorer waits for the restorer
+POLL_S: Final = 0.2
+
+
+# --------------------------------------------------------------------------- script calls
+
+
+def emit_event_call(
+    core: MemoryCore, reason: ReasonCode, detail: str, *, partition: int = 0
+) -> ScriptCall:
+    """Publish a ``quarantined`` / ``permissions_not_verified`` event (partition 0's stream)."""
+    part = core.keyspace.partition(partition)
+    return ScriptCall(
+        "emit_event",
+        (part.meta, part.events),
+        (reason.value, "", "", detail[:512], core.conv.max_events, core.clock_arg()),
+    )
+
+
+def snapshot_page_call(core: MemoryCore, part: PartitionKeys, members: Iterable[str]) -> ScriptCall:
+    return ScriptCall(
+        "snapshot_page",
+        (part.index, part.meta),
+        (
+            part.prefix,
+            core.conv.public_ttl_ms,
+            core.conv.im_ttl_ms,
+            core.clock_arg(),
+            *members,
+        ),
+    )
+
+
+def restore_gate_call(
+    core: MemoryCore,
+    op: str,
+    token: str,
+    *,
+    generation: str = "",
+    outcome: str = "",
+    force: bool = False,
+) -> ScriptCall:
+    ks = core.keyspace
+    return ScriptCall(
+        "restore_gate",
+        (ks.restore_lock, ks.restore_state),
+        (op, token, LOCK_MS, generation, outcome, "1" if force else ""),
+    )
+
+
+def restore_session_call(core: MemoryCore, session: ValidatedSession, detail: str) -> ScriptCall:
+    key = ConversationKey.from_member(session.member)
+    part = core.partition_for(key)
+    sk = part.session(session.member)
+    other = Channel.IM if key.channel is Channel.PUBLIC else Channel.PUBLIC
+    receipts: list[str] = []
+    for turn_id, receipt in session.receipts:
+        receipts += (turn_id, receipt)
+    return ScriptCall(
+        "restore_session",
+        (
+            sk.session,
+            sk.turns,
+            sk.turn_ids,
+            part.lru(key.channel.value),
+            part.lru(other.value),
+            part.index,
+            part.meta,
+            part.events,
+        ),
+        (
+            session.member,
+            session.session_id,
+            session.created_ms,
+            session.created_wall_ms,
+            session.last_ms,
+            session.last_wall_ms,
+            session.seq,
+            session.summary or "",
+            session.summary_version,
+            session.age_ms,
+            session.read_wall_ms,
+            0,  # flush_wall_ms: filled by the caller (header value)
+            core.ttl_ms(key.channel),
+            limits.EXPIRY_GRACE_MS,
+            core.max_sessions_per_partition,
+            core.max_bytes_per_partition,
+            core.conv.max_session_bytes,
+            core.conv.max_turns_per_session,
+            core.conv.max_events,
+            core.clock_arg(),
+            detail,
+            len(session.records),
+            *(r.encode() for r in session.records),
+            *receipts,
+        ),
+    )
+
+
+def _with_flush_wall(call: ScriptCall, flush_wall_ms: int) -> ScriptCall:
+    args = list(call.args)
+    args[11] = flush_wall_ms
+    return ScriptCall(call.script, call.keys, tuple(args))
+
+
+# --------------------------------------------------------------------------- flush
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """One published generation."""
+
+    generation: int
+    path: str
+    sessions: int
+    bytes: int
+    skipped: dict[str, int]
+    removed: tuple[str, ...]
+    permissions_verified: bool
+    duration_s: float
+
+
+def _b(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def flush_plan(
+    core: MemoryCore,
+    directory: SnapshotDir,
+    *,
+    page_sessions: int = PAGE_SESSIONS,
+    page_bytes: int = PAGE_BYTES,
+) -> Plan[FlushResult]:
+    """Write every live session of the namespace into a new generation; apply retention."""
+    started = time.monotonic()
+    page_sessions = max(1, min(page_sessions, 256))
+    verified = directory.ensure()
+    if not verified:
+        yield emit_event_call(core, ReasonCode.PERMISSIONS_NOT_VERIFIED, str(directory.path))
+    directory.cleanup_temps()
+    conv = core.conv
+    walls: list[int] = []
+    clocks: list[int] = []
+    writer = directory.begin()
+    try:
+        first = yield snapshot_page_call(core, core.keyspace.partition(0), ())
+        clocks.append(int(first[0]))
+        walls.append(int(first[1]))
+        for part in core.keyspace.all_partitions():
+            seen: set[str] = set()
+            cursor: Any = 0
+            for _ in range(MAX_SCAN_ROUNDS):
+                cursor, entries = yield Command(
+                    "hscan", (part.index,), {"cursor": cursor, "count": page_sessions}
+                )
+                batch: list[str] = []
+                batch_bytes = 0
+                pages: list[list[str]] = []
+                for raw_member, raw_bytes in entries.items():
+                    member = _b(raw_member)
+                    if member in seen:
+                        continue  # HSCAN may return an entry twice
+                    seen.add(member)
+                    nbytes = int(raw_bytes)
+                    if batch and (len(batch) >= page_sessions or batch_bytes + nbytes > page_bytes):
+                        pages.append(batch)
+                        batch, batch_bytes = [], 0
+                    batch.append(member)
+                    batch_bytes += nbytes
+                if batch:
+                    pages.append(batch)
+                for members in pages:
+                    reply = yield snapshot_page_call(core, part, members)
+                    clocks.append(int(reply[0]))
+                    walls.append(int(reply[1]))
+                    for state in iter_sessions(reply):
+                        line = session_to_json(state)
+                        try:
+                            validate_session(line, conv)
+                        except SnapshotValidationError as exc:
+                            # Left out, never written: it would reject the whole generation.
+                            log.warning(
+                                "snapshot: session left out of the flush (%s: %s)",
+                                exc.reason,
+                                exc.detail,
+                            )
+                            writer.skip(exc.reason)
+                            continue
+                        writer.add(line)
+                if int(cursor) == 0:
+                    break
+            else:
+                raise SnapshotError(f"scanning partition {part.partition} did not finish")
+        last = yield snapshot_page_call(core, core.keyspace.partition(0), ())
+        clocks.append(int(last[0]))
+        walls.append(int(last[1]))
+        published = writer.commit(
+            {
+                "partitions": core.config.partitions,
+                "flush_started_wall_ms": min(walls),
+                "flush_clock_ms": max(clocks),
+                "flush_wall_ms": max(walls),
+            }
+        )
+    except BaseException:
+        writer.abort()
+        raise
+    removed = directory.retain(keep=published.generation)
+    return FlushResult(
+        generation=published.generation,
+        path=str(published.path),
+        sessions=writer.sessions,
+        bytes=published.size,
+        skipped=dict(writer.skipped),
+        removed=tuple(str(p) for p in removed),
+        permissions_verified=verified,
+        duration_s=time.monotonic() - started,
+    )
+
+
+# --------------------------------------------------------------------------- recovery
+
+
+@dataclass
+class RecoveryReport:
+    """What a recovery attempt did.
+
+    ``outcome`` is a stable word: ``restored``, ``empty`` (no valid generation: started
+    empty), ``live`` (Redis had data: nothing restored), ``done_already`` (initialised
+    before), ``waited`` (another worker restored while this one waited), ``timeout``,
+    ``lost_lock``, ``error``.
+    """
+
+    outcome: str = "skipped"
+    restorer: bool = False  # this process held the gate and did the work
+    generation: int | None = None
+    restored: int = 0
+    existing: int = 0  # live in Redis already: not overwritten
+    expired: int = 0  # past their TTL on recovery
+    no_room: int = 0
+    quarantined: list[tuple[str, str]] = field(default_factory=list)  # (file, reason)
+    permissions_verified: bool = True
+    message: str = ""
+
+    @property
+    def started_empty(self) -> bool:
+        return self.outcome == "empty"
+
+
+def _namespace_empty_plan(core: MemoryCore) -> Plan[bool]:
+    for part in core.keyspace.all_partitions():
+        reply = yield core.stats_call(part)
+        if int(reply[0]) or int(reply[1]) or int(reply[2]):
+            return False
+    return True
+
+
+def recover_plan(
+    core: MemoryCore,
+    directory: SnapshotDir,
+    *,
+    force: bool = False,
+    wait_s: float = WAIT_S,
+    poll_s: float = POLL_S,
+    token: str | None = None,
+) -> Plan[RecoveryReport]:
+    """Restore the newest valid generation into an empty namespace (see module docstring).
+
+    ``force``: an operator restore -- ignore a finished gate and a non-empty namespace
+    (still create-only: live keys are never overwritten).
+    """
+    report = RecoveryReport()
+    token = token or secrets.token_hex(16)
+    deadline = time.monotonic() + max(0.0, wait_s)
+    # 1. The gate.
+    while True:
+        reply = yield restore_gate_call(core, "acquire", token, force=force)
+        code = int(reply[0])
+        if code == 2:
+            if report.outcome == "skipped":  # someone else finished before we ever waited
+                report.outcome = "done_already"
+            else:
+                report.outcome = "waited"
+            report.message = f"namespace already initialised ({_b(reply[2])})"
+            return report
+        if code == 1:
+            resuming = _b(reply[1]) == "restoring"
+            break
+        report.outcome = "waiting"
+        if time.monotonic() >= deadline:
+            report.outcome = "timeout"
+            report.message = "another worker is still restoring; starting without waiting longer"
+            log.warning("snapshot recovery: %s", report.message)
+            return report
+        yield Sleep(poll_s)
+    report.restorer = True
+    report.outcome = "skipped"
+    try:
+        # 2. Only into an empty namespace (or to finish a restore that died midway).
+        if not force and not resuming:
+            empty = yield from _namespace_empty_plan(core)
+            if not empty:
+                yield restore_gate_call(core, "finish", token, outcome="live")
+                report.outcome = "live"
+                report.message = "live data present in Redis; nothing restored"
+                return report
+        verified = directory.ensure()
+        report.permissions_verified = verified
+        if not verified:
+            yield emit_event_call(core, ReasonCode.PERMISSIONS_NOT_VERIFIED, str(directory.path))
+        # 3. Newest valid generation.
+        for gen in directory.generations():
+            result = verify_generation(gen, directory.namespace, core.conv, directory.max_bytes)
+            if isinstance(result, Rejection):
+                yield from _quarantine(core, directory, gen, result, report)
+                continue
+            gate = yield restore_gate_call(core, "begin", token, generation=str(gen.generation))
+            if int(gate[0]) != 1:
+                report.outcome = "lost_lock"
+                return report
+            report.generation = gen.generation
+            detail = f"generation={gen.generation}"
+            flush_wall = int(result.header["flush_wall_ms"])
+            done = 0
+            last_extend = time.monotonic()
+            try:
+                for session in iter_generation(result, core.conv):
+                    call = _with_flush_wall(restore_session_call(core, session, detail), flush_wall)
+                    out = yield call
+                    status = int(out[0])
+                    if status == 0:
+                        report.restored += 1
+                    elif status == 1:
+                        report.existing += 1
+                    elif status == 2:
+                        report.expired += 1
+                    else:
+                        report.no_room += 1
+                    done += 1
+                    if done % EXTEND_EVERY == 0 or time.monotonic() - last_extend > 1.0:
+                        last_extend = time.monotonic()
+                        ext = yield restore_gate_call(core, "extend", token)
+                        if int(ext[0]) != 1:
+                            report.outcome = "lost_lock"
+                            report.message = "the restore lock expired; another worker continues"
+                            return report
+            except SnapshotValidationError as exc:
+                # Changed on disk between the two passes: keep what is restored (create-only,
+                # validated), quarantine the file and try no older one over it.
+                yield from _quarantine(
+                    core, directory, gen, Rejection(exc.reason, exc.detail), report
+                )
+                report.outcome = "error"
+                report.message = f"generation {gen.generation} changed while restoring"
+                yield restore_gate_call(
+                    core, "finish", token, generation=str(gen.generation), outcome="partial"
+                )
+                return report
+            yield restore_gate_call(
+                core, "finish", token, generation=str(gen.generation), outcome="restored"
+            )
+            report.outcome = "restored"
+            report.message = (
+                f"restored generation {gen.generation}: {report.restored} sessions"
+                f" ({report.expired} expired on recovery, {report.existing} already live,"
+                f" {report.no_room} without room)"
+            )
+            log.info("snapshot recovery: %s", report.message)
+            return report
+        # 4. Nothing valid.
+        yield restore_gate_call(core, "finish", token, outcome="empty")
+        report.outcome = "empty"
+        report.message = "no valid snapshot generation: starting empty"
+        log.warning("snapshot recovery: %s (%s)", report.message, directory.path)
+        return report
+    except (BackendError, SnapshotError) as exc:
+        # Never fail startup: the gate lock expires and the next start tries again.
+        report.outcome = "error"
+        report.message = f"recovery did not complete: {exc}"
+        log.error("snapshot recovery: %s", report.message)
+        return report
+
+
+def _quarantine(
+    core: MemoryCore,
+    directory: SnapshotDir,
+    gen: GenerationFile,
+    rejection: Rejection,
+    report: RecoveryReport,
+) -> Plan[None]:
+    target = directory.quarantine(gen, rejection.reason)
+    name = gen.path.name
+    report.quarantined.append((name, rejection.reason))
+    log.warning(
+        "snapshot recovery: generation %s quarantined (%s: %s) -> %s",
+        name,
+        rejection.reason,
+        rejection.detail,
+        target,
+    )
+    yield emit_event_call(core, ReasonCode.QUARANTINED, f"{name}: {rejection.reason}")
+
+
+def snapshot_dir_for(config: Any) -> SnapshotDir:
+    """``<storage_path>/conversations`` of a :class:`~memtier.config.MemtierConfig`."""
+    conv = config.conversation
+    return SnapshotDir(
+        conv.storage_path / "conversations", config.namespace, max_bytes=conv.max_snapshot_bytes
+    )
