@@ -779,7 +779,7 @@ def test_adversarial_input_finishes(text: str, has_secret: bool) -> None:
 
 # --- the README table --------------------------------------------------------------------------
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "redaction-patterns.md"
+DOC = Path(__file__).resolve().parent.parent / "README.md"
 _ROW = re.compile(r"^\| `(?P<kind>[a-z_]+)` \|.*\| `(?P<example>[^`]+)` \| `(?P<output>[^`]*)` \|$")
 
 
