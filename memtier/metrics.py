@@ -23,12 +23,14 @@ from prometheus_client import (
 __all__ = [
     "ACTIVE_SESSIONS",
     "APPENDS",
+    "COMPACTIONS",
     "CONTENT_TYPE_LATEST",
     "EVENTS",
     "EVICTIONS",
     "EXPIRIES",
     "RETRIES",
     "SCRIPT_DURATION",
+    "SNAPSHOT_FLUSHES",
     "STORED_BYTES",
     "THREAD_OPERATIONS",
     "THREAD_RUNNER_DURATION",
@@ -55,6 +57,14 @@ EXPIRIES = Counter(
     "memtier_expiries_total", "Sessions expired or rotated after inactivity, by reason.", ["reason"]
 )
 EVENTS = Counter("memtier_events_total", "Reason-code events observed, by reason.", ["reason"])
+COMPACTIONS = Counter(
+    "memtier_compactions_total",
+    "Session compactions (inline and by workers), by outcome.",
+    ["outcome"],
+)
+SNAPSHOT_FLUSHES = Counter(
+    "memtier_snapshot_flushes_total", "Snapshot generation flushes, by outcome.", ["outcome"]
+)
 RETRIES = Counter(
     "memtier_retries_total",
     "Operations retried after a transient Redis error.",

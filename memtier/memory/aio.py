@@ -164,7 +164,7 @@ class AsyncConversationStore:
                 if not self.inline_compaction:
                     raise
                 # Compact inline, then retry the same call (same turn id) once.
-                await self._drive(
+                outcome = await self._drive(
                     compaction_plan(
                         self.core,
                         prepared.key,
@@ -174,6 +174,7 @@ class AsyncConversationStore:
                         incoming_tool=prepared.turn.kind == "tool",
                     )
                 )
+                metrics.COMPACTIONS.labels(outcome.status.value).inc()
                 reply = await self._retrying("append", call)
                 receipt = self.core.decode_append(prepared, reply)
         except Exception as exc:
@@ -204,7 +205,13 @@ class AsyncConversationStore:
         """
         if self.snapshots is None:
             raise SnapshotError("persistence is off (conversation.persistence_enabled = false)")
-        return await self._drive(flush_plan(self.core, self.snapshots))
+        try:
+            result = await self._drive(flush_plan(self.core, self.snapshots))
+        except Exception:
+            metrics.SNAPSHOT_FLUSHES.labels("error").inc()
+            raise
+        metrics.SNAPSHOT_FLUSHES.labels("ok").inc()
+        return result
 
     async def recover(self, *, force: bool = False, wait_s: float | None = None) -> RecoveryReport:
         """Restore the newest valid generation if the namespace is empty in Redis.

@@ -150,7 +150,7 @@ class ConversationStore:
                 if not self.inline_compaction:
                     raise
                 # Compact inline, then retry the same call (same turn id) once.
-                self._drive(
+                outcome = self._drive(
                     compaction_plan(
                         self.core,
                         prepared.key,
@@ -160,6 +160,7 @@ class ConversationStore:
                         incoming_tool=prepared.turn.kind == "tool",
                     )
                 )
+                metrics.COMPACTIONS.labels(outcome.status.value).inc()
                 reply = self._retrying("append", call)
                 receipt = self.core.decode_append(prepared, reply)
         except Exception as exc:
@@ -189,7 +190,13 @@ class ConversationStore:
         """
         if self.snapshots is None:
             raise SnapshotError("persistence is off (conversation.persistence_enabled = false)")
-        return self._drive(flush_plan(self.core, self.snapshots))
+        try:
+            result = self._drive(flush_plan(self.core, self.snapshots))
+        except Exception:
+            metrics.SNAPSHOT_FLUSHES.labels("error").inc()
+            raise
+        metrics.SNAPSHOT_FLUSHES.labels("ok").inc()
+        return result
 
     def recover(self, *, force: bool = False, wait_s: float | None = None) -> RecoveryReport:
         """Restore the newest valid generation if the namespace is empty in Redis.
