@@ -107,3 +107,108 @@ def api_server(
         yield server
     finally:
         server.stop()
+
+
+# --- `memtier serve` in a subprocess --------------------------------------------------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+class ServeProcess:
+    """``python -m memtier serve ...`` on a free loopback port; its output goes to a log file."""
+
+    def __init__(self, args: list[str], workdir: Any, env: dict[str, str] | None = None) -> None:
+        import os
+        import subprocess
+        import sys
+
+        (self.port,) = free_ports(1)
+        self.url = f"http://{HOST}:{self.port}"
+        self.log_path = workdir / f"serve-{self.port}.log"
+        full_env = dict(os.environ)
+        full_env.pop("MEMTIER_REDIS_URL", None)
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT), str(workdir), full_env.get("PYTHONPATH", "")]
+        )
+        full_env.update(env or {})
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "memtier",
+                "serve",
+                "--host",
+                HOST,
+                "--port",
+                str(self.port),
+                *args,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env=full_env,
+            start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_healthy(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                raise AssertionError(f"memtier serve exited ({code}):\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"memtier serve never healthy:\n{self.log()}"
+            time.sleep(0.05)
+
+    def wait_status(self, path: str, status: int) -> Any:
+        import httpx
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            response = httpx.get(self.url + path, timeout=10)
+            if response.status_code == status:
+                return response
+            assert time.monotonic() < deadline, f"{path} never {status}:\n{self.log()}"
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        import signal
+        import subprocess
+
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(30)
+            return self.proc.returncode
+        finally:
+            self._log.close()
+
+
+@contextlib.contextmanager
+def serve_process(args: list[str], workdir: Any, **kw: Any) -> Iterator[ServeProcess]:
+    process = ServeProcess(args, workdir, **kw)
+    try:
+        process.wait_healthy()
+        yield process
+    finally:
+        import signal
+
+        code = process.stop()
+        # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal (exit -15)
+        assert code in (0, -signal.SIGTERM), f"memtier serve exited {code}:\n{process.log()}"
+        assert "Application shutdown complete" in process.log(), process.log()

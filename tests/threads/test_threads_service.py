@@ -454,3 +454,32 @@ async def test_async_service_runs_sync_runners_in_a_thread(
     assert result.entries[1].content == "reply to hi" and runner.calls == 1
     page = await service.replay(OWNER, thread.id)
     assert "sync.step" in [r.type for r in page.records]
+
+
+async def test_async_concurrent_duplicates_run_the_runner_once(
+    make_async_service: Callable[..., Any],
+) -> None:
+    import asyncio
+
+    gate, entered = asyncio.Event(), asyncio.Event()
+    calls = 0
+
+    async def runner(turn: Any) -> str:
+        nonlocal calls
+        calls += 1
+        entered.set()
+        await gate.wait()
+        return "once"
+
+    services = [make_async_service(runner=runner, inflight_wait_s=120.0) for _ in range(4)]
+    thread = await services[0].create(OWNER)
+    tasks = [
+        asyncio.create_task(s.continue_(OWNER, thread.id, "same", request_id="dup"))
+        for s in services
+    ]
+    await asyncio.wait_for(entered.wait(), 60)
+    await asyncio.sleep(0.2)  # let the duplicates meet the request in flight (not asserted)
+    gate.set()
+    results = await asyncio.gather(*tasks)
+    assert calls == 1
+    assert len({r.model_dump_json() for r in results}) == 1

@@ -1,0 +1,49 @@
+"""docs/threads.md is checked against the code, so it cannot drift."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+from memtier.config import ThreadsConfig
+from memtier.errors import ConversationErrorCode, http_status_for
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "threads.md").read_text(encoding="utf-8")
+
+
+def test_status_table_lists_every_code_with_its_status() -> None:
+    section = DOC.split("Every code and its one status:", 1)[1].split("## Limits", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| (\d{3}) \|", section, flags=re.MULTILINE))
+    assert set(rows) == {code.value for code in ConversationErrorCode}
+    for code, status in rows.items():
+        assert http_status_for(code) == int(status), code
+
+
+def test_limits_table_matches_defaults_and_hard_caps() -> None:
+    rows = {
+        name: (int(default), int(cap))
+        for name, default, cap in re.findall(
+            r"^\| `(\w+)` \| (\d+) \| (\d+) \|", DOC, flags=re.MULTILINE
+        )
+    }
+    assert set(rows) == set(ThreadsConfig.BOUNDS)
+    for name, bound in ThreadsConfig.BOUNDS.items():
+        assert rows[name] == (bound.default, bound.ceiling), name
+
+
+def test_the_api_keys_example_digest_is_a_real_sha256() -> None:
+    (digest,) = re.findall(r'^sha256 = "([0-9a-f]{64})"$', DOC, flags=re.MULTILINE)
+    assert digest == hashlib.sha256(b"test").hexdigest()  # the example token is "test"
+
+
+def test_the_python_example_runs(monkeypatch: Any, capsys: Any) -> None:
+    """The first example, as written, on the embedded Redis."""
+    monkeypatch.delenv("MEMTIER_REDIS_URL", raising=False)
+    monkeypatch.setenv("MEMTIER_NAMESPACE", "docs" + uuid.uuid4().hex[:8])
+    (code,) = re.findall(r"```python\n(.*?)```", DOC, flags=re.DOTALL)[:1]
+    exec(compile(code, "docs/threads.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "deleted=True held=False" in out and "agent_finished" in out
