@@ -10,8 +10,12 @@ flush, the append latency without a flush for the blocked-append figure).
 from __future__ import annotations
 
 import importlib.util
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
 
-from bench.framework import Harness, Measure, timed
+from bench.framework import Harness, Measure, Result, timed
 from bench.server import BenchRedis
 
 __all__ = ["run_threads", "run_workers"]
@@ -44,8 +48,23 @@ def _missing(*modules: str) -> list[str]:
     return out
 
 
-def run_workers(h: Harness) -> None:
-    missing = _missing("memtier.workers")
+# (flush sessions, flush rounds, disk-rate bytes, compaction sessions, writer baseline s)
+_WORKER_SIZES = {
+    "tiny": (300, 1, 16 * 2**20, 10, 0.5),
+    "quick": (10_000, 1, 64 * 2**20, 100, 2.0),
+    "full": (100_000, 3, 256 * 2**20, 1_000, 3.0),
+}
+
+
+def run_workers(h: Harness, server: BenchRedis) -> None:
+    """Compaction, flush against the disk's own write rate, appends blocked, recovery.
+
+    Uses ``memtier.workers.benchsupport`` (written with the workers): each flush round
+    first measures the disk's sequential write + fsync rate into the same directory,
+    then flushes N sessions while two other processes append (and, before it, append
+    without a flush for the baseline latency).
+    """
+    missing = _missing("memtier.workers", "memtier.workers.benchsupport")
     if missing:
         for key, label in WORKER_FIGURES:
             h.unavailable(
@@ -55,14 +74,144 @@ def run_workers(h: Harness) -> None:
                 f"not yet available: {', '.join(missing)} is not in this checkout",
             )
         return
-    for key, label in WORKER_FIGURES:  # the package exists but no benchmark is wired yet
-        h.unavailable(
-            "workers",
-            key,
-            label,
-            "not yet benchmarked: memtier.workers exists but"
-            " its benchmark is not wired into bench/later.py yet",
+    from memtier.workers import benchsupport as bs
+
+    sessions, rounds, disk_bytes, compact_n, baseline_s = _WORKER_SIZES[h.settings.profile]
+    mib = 2**20
+    disk: list[float] = []
+    flush: list[float] = []
+    blocked_ms: list[float] = []
+    during_max_ms: list[float] = []
+    base_max_ms: list[float] = []
+    page_ms: list[float] = []
+    extras: list[dict[str, Any]] = []
+    recovery: dict[str, Any] | None = None
+    with tempfile.TemporaryDirectory(prefix="memtier-bench-flush-") as tmp:
+        for r in range(rounds):
+            store_dir = Path(tmp) / f"round{r}"
+            store_dir.mkdir()
+            rate = bs.sequential_write_rate(store_dir, disk_bytes)
+            res = bs.bench_flush_blocking(
+                server.url,
+                sessions=sessions,
+                storage_path=store_dir,
+                namespace=f"bflush{r}",
+                writers=2,
+                baseline_s=baseline_s,
+            )
+            disk.append(rate["bytes_per_s"] / mib)
+            flush.append(res["flush_bytes_per_s"] / mib)
+            during_max_ms.append(res["during_flush"]["max_s"] * 1000)
+            base_max_ms.append(res["baseline"]["max_s"] * 1000)
+            blocked_ms.append(max(0.0, res["blocked_extra_max_s"] * 1000))
+            page_ms.append(res["longest_page_call_s"] * 1000)
+            extras.append(
+                {k: v for k, v in res.items() if not isinstance(v, dict)}
+                | {"baseline": res["baseline"], "during_flush": res["during_flush"]}
+            )
+            h.log(
+                f"  flush round {r}: {res['sessions']:,} sessions, "
+                f"{flush[-1]:,.1f} MiB/s vs disk {disk[-1]:,.1f} MiB/s; longest append "
+                f"{during_max_ms[-1]:.1f} ms during, {base_max_ms[-1]:.1f} ms without; "
+                f"longest page call {page_ms[-1]:.1f} ms"
+            )
+            if r == rounds - 1:
+                files = sorted(
+                    (p for p in store_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+                )
+                if files:
+                    recovery = bs.bench_recovery_validation(files[-1], f"bflush{r}")
+    sec = "workers"
+    h.add(
+        Result(
+            "workers.disk",
+            sec,
+            "disk sequential write + fsync (same directory)",
+            "MiB/s",
+            values=disk,
         )
+    )
+    h.add(
+        Result(
+            "workers.flush",
+            sec,
+            f"flush of {sessions:,} sessions to a new generation",
+            "MiB/s",
+            values=flush,
+            baseline="workers.disk",
+            ratios=[f / d for f, d in zip(flush, disk, strict=True) if d > 0],
+            extra={"rounds": extras},
+        )
+    )
+    h.add(
+        Result(
+            "workers.append_max_noflush",
+            sec,
+            "longest append (2 other processes), no flush",
+            "ms",
+            values=base_max_ms,
+            higher_is_better=False,
+        )
+    )
+    h.add(
+        Result(
+            "workers.append_max_flush",
+            sec,
+            "longest append (2 other processes) during the flush",
+            "ms",
+            values=during_max_ms,
+            higher_is_better=False,
+            baseline="workers.append_max_noflush",
+            ratios=[a / b for a, b in zip(during_max_ms, base_max_ms, strict=True) if b > 0],
+        )
+    )
+    h.add(
+        Result(
+            "workers.flush_blocked",
+            sec,
+            "appends blocked by the flush: longest during minus longest without",
+            "ms",
+            values=blocked_ms,
+            higher_is_better=False,
+            note="target < 5 ms; noisy: one scheduler hiccup on 2 shared cores moves it",
+        )
+    )
+    h.add(
+        Result(
+            "workers.flush_page_call",
+            sec,
+            "longest single snapshot_page script call (shard held)",
+            "ms",
+            values=page_ms,
+            higher_is_better=False,
+        )
+    )
+    if recovery is not None:
+        h.add(
+            Result(
+                "workers.recovery",
+                sec,
+                "recovery validation (pass 1) of the generation",
+                "MiB/s",
+                values=[recovery["bytes_per_s"] / mib],
+                baseline="workers.disk",
+                ratios=[recovery["bytes_per_s"] / mib / statistics.median(disk)],
+                note=f"{recovery['sessions_per_s']:,.0f} sessions/s",
+                extra=recovery,
+            )
+        )
+    comp = bs.bench_compaction(server.url, sessions=compact_n, namespace="bcompact")
+    h.add(
+        Result(
+            "workers.compaction",
+            sec,
+            f"compaction by one worker ({compact_n:,} sessions)",
+            "sessions/s",
+            values=[comp["sessions_per_s"]],
+            extra=comp,
+            note="sessions of 40 turns, one job each",
+        )
+    )
 
 
 def run_threads(h: Harness, server: BenchRedis, baseline: Measure) -> None:

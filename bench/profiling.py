@@ -43,6 +43,56 @@ def _server_us(client: Any, command: str, fn: Callable[[], Any], n: int) -> floa
     return (after[1] - before[1]) / calls if calls else float("nan")
 
 
+def _per_command(client: Any, fn: Callable[[], Any], n: int) -> dict[str, tuple[float, float]]:
+    """``{command: (calls per op, server us per op)}`` over ``n`` calls of ``fn``.
+
+    Commands run inside a script are counted by Redis under their own names too, so
+    this splits a script call's server time by the commands it ran; the rest of
+    ``evalsha``'s time is the Lua interpreter itself (argument and reply conversion).
+    """
+    before = command_stats(client)
+    for _ in range(n):
+        fn()
+    after = command_stats(client)
+    out = {}
+    for cmd, (calls, usec) in after.items():
+        c0, u0 = before.get(cmd, (0, 0))
+        if calls - c0 > 0:
+            out[cmd] = ((calls - c0) / n, (usec - u0) / n)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
+
+
+def _command_rows(h: Harness, what: str, per: dict[str, tuple[float, float]]) -> None:
+    script = per.get("evalsha", (0.0, 0.0))[1]
+    inner = sum(us for cmd, (_, us) in per.items() if cmd != "evalsha")
+    for cmd, (calls, us) in per.items():
+        h.add(
+            Result(
+                f"breakdown.commands.{what}.{cmd}",
+                "breakdown: Redis server time per operation, by command",
+                f"{what}: {cmd.upper()} ({calls:.2f} calls/op)",
+                "us/op",
+                values=[us],
+                higher_is_better=False,
+                baseline="evalsha total" if cmd != "evalsha" else None,
+                ratios=[us / script] if cmd != "evalsha" and script else None,
+            )
+        )
+    if script:
+        h.add(
+            Result(
+                f"breakdown.commands.{what}.lua",
+                "breakdown: Redis server time per operation, by command",
+                f"{what}: Lua itself (EVALSHA minus the commands it ran)",
+                "us/op",
+                values=[script - inner],
+                higher_is_better=False,
+                baseline="evalsha total",
+                ratios=[(script - inner) / script],
+            )
+        )
+
+
 def _stages(
     client: Any, store: ConversationStore, sha: str, nbytes: int, n: int
 ) -> list[tuple[str, str, float]]:
@@ -126,6 +176,22 @@ def run_breakdown(h: Harness, server: BenchRedis) -> None:
     client = server.client()
     store = ConversationStore(client, bench_config("bprof"))
     sha = client.script_load(MINIMAL_SCRIPT.read_text(encoding="utf-8"))
+    text = chat_text(300)
+    pool = KeyPool(45, 1000)
+    reads = KeyPool(46, 32)
+    populate(store, reads.keys, text, turns=100, unique_ids=True)
+    for key in pool.keys[:100]:
+        store.append(key, AvatarMessage(text=text))
+    _command_rows(
+        h,
+        "append 300B",
+        _per_command(client, lambda: store.append(pool.next(), AvatarMessage(text=text)), n),
+    )
+    _command_rows(
+        h,
+        "context last 20 of 100",
+        _per_command(client, lambda: store.context(reads.next(), limit=20), n),
+    )
     for size, nbytes in (("300B", 300), ("4KiB", 4096)):
         stages = _stages(client, store, sha, nbytes, n)
         total = next(v for k, _, v in stages if k == "total")

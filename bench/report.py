@@ -165,14 +165,42 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
                 "MEMORY USAGE bytes per turn / payload bytes",
             )
         )
-    for name, goal in (
-        ("flush vs disk sequential write rate", ">= 0.5x"),
-        ("appends blocked during a 100k-session flush", "< 5 ms"),
-    ):
-        res = g("workers.flush")
-        detail = res.note if res is not None else "workers section did not run"
-        out.append(Target(name, goal, None, None, None, None, detail))
+    flush = g("workers.flush")
+    r = None
+    if flush is not None and flush.ratio_summary:
+        fr = flush.ratio_summary
+        r = (fr["median"], fr["min"], fr["max"])
+    out.append(
+        _target(
+            "flush vs disk sequential write rate",
+            ">= 0.5x",
+            r,
+            lambda v: v >= 0.5,
+            flush.label if flush else _workers_note(h),
+        )
+    )
+    blocked = g("workers.flush_blocked")
+    r = None
+    if blocked is not None and blocked.values:
+        bsum = blocked.summary
+        r = (bsum["median"], bsum["min"], bsum["max"])
+    out.append(
+        _target(
+            "appends blocked during the flush (ms)",
+            "< 5 ms",
+            r,
+            lambda v: v < 5.0,
+            "longest append during the flush minus longest without, ms"
+            if blocked
+            else _workers_note(h),
+        )
+    )
     return out
+
+
+def _workers_note(h: Harness) -> str:
+    res = h.get("workers.flush") or h.get("workers.compaction") or h.get("error.workers")
+    return res.note if res is not None and res.note else "workers section did not run"
 
 
 # --- rendering -----------------------------------------------------------------------------------

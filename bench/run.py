@@ -314,7 +314,7 @@ def _run_sections(
             with server.client() as admin2:
                 admin2.flushall()  # our own server: the growth curve starts from empty
         section("scale", lambda: scale.run_scale(h, server))
-        section("workers", lambda: later.run_workers(h))
+        section("workers", lambda: later.run_workers(h, server))
         section(
             "threads",
             lambda: later.run_threads(
