@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from workhelpers import (
     Clock,
     key,
@@ -38,6 +40,7 @@ from memtier.memory.snapshot import (
     VerifiedGeneration,
     verify_generation,
 )
+from memtier.redaction import contains_secret
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -504,3 +507,70 @@ def test_snapshot_dir_unit_retention_and_listing(tmp_path: Path) -> None:
     assert [p.name for p in removed] == [directory.name_of(1)]
     assert [g.generation for g in directory.generations()] == [3, 2]
     assert (tmp_path / "other.00000000000000000009.snapshot").exists()
+
+
+# --------------------------------------------------------------------------- secret prefilter
+
+
+def _redaction_corpus() -> list[str]:
+    """The positive examples of tests/test_redaction.py (one per secret kind and more)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "redaction_corpus", REPO / "tests" / "test_redaction.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    secrets = list(module.SECRETS)
+    assert len(secrets) >= 30
+    return secrets
+
+
+SECRETS = _redaction_corpus()
+_pieces = st.one_of(
+    st.sampled_from(SECRETS),
+    st.text(max_size=40),
+    st.builds(
+        lambda a, s, b: a + s + b,
+        st.text(max_size=12),
+        st.sampled_from(SECRETS),
+        st.text(max_size=12),
+    ),
+    st.builds(lambda s: s[: len(s) // 2], st.sampled_from(SECRETS)),
+    st.builds(lambda s: s[len(s) // 2 :], st.sampled_from(SECRETS)),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fields=st.lists(_pieces, min_size=1, max_size=6))
+def test_secret_prefilter_never_misses_a_field(fields: list[str]) -> None:
+    """The validator checks a session's texts joined by a blank line first: that is only
+    exact if no pattern can be hidden by joining (a secret in one field must still be
+    found in the joined text)."""
+    if any(contains_secret(f) for f in fields):
+        assert contains_secret(snapshot._SEPARATOR.join(fields))
+
+
+def test_secret_prefilter_on_every_corpus_secret_between_neighbours() -> None:
+    neighbours = [
+        "",
+        "token",
+        "password=",
+        "Authorization: Bearer",
+        "https://",
+        "-----BEGIN",
+        "x" * 30,
+        "eyJ",
+        "AKIA",
+        "é",
+        "a\\",
+        '"',
+        "'",
+    ]
+    for secret in SECRETS:
+        assert contains_secret(secret), secret
+        for before in neighbours:
+            for after in neighbours:
+                joined = snapshot._SEPARATOR.join([before, secret, after])
+                assert contains_secret(joined), (before, secret, after)

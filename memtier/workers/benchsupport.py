@@ -1,0 +1,306 @@
+"""Measurements of the workers for ``bench/`` (import-light; nothing here runs on import).
+
+* :func:`bench_flush_blocking` -- how long appends from *other processes* are blocked
+  while a flush of N sessions (100k by default) runs, next to the same appends without
+  a flush (same run, same server); plus the flush's own write rate and the longest
+  single ``snapshot_page`` call (the longest the flush holds the shard).
+* :func:`bench_compaction` -- sessions compacted per second by one worker.
+* :func:`bench_recovery_validation` -- records validated per second (pass 1 of recovery).
+* :func:`sequential_write_rate` -- the disk's own sequential write + fsync rate, the
+  baseline for the flush figure.
+
+Writers run in separate processes so that the latency measured is Redis blocking, not
+the flushing process's GIL.  Every function returns a plain ``dict`` of numbers (seconds,
+bytes, counts); none asserts anything about speed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "bench_compaction",
+    "bench_flush_blocking",
+    "bench_recovery_validation",
+    "populate_sessions",
+    "sequential_write_rate",
+]
+
+TEXT = "The quick brown fox jumps over the lazy dog while the avatar waits for a reply. "
+
+
+def _config(redis_url: str, namespace: str, storage: Path | None, **conversation: Any) -> Any:
+    from memtier.config import MemtierConfig
+
+    conv: dict[str, Any] = {
+        "max_active_sessions": 1_000_000,
+        "max_aggregate_bytes": 64 * 1024**3,
+        **conversation,
+    }
+    if storage is not None:
+        conv.update(persistence_enabled=True, storage_path=str(storage))
+    return MemtierConfig.load(redis_url=redis_url, namespace=namespace, conversation=conv)
+
+
+def _text(nbytes: int) -> str:
+    return (TEXT * (nbytes // len(TEXT) + 1))[:nbytes]
+
+
+def populate_sessions(
+    store: Any, sessions: int, *, turns: int = 2, text_bytes: int = 300, batch: int = 1000
+) -> None:
+    """``sessions`` sessions of ``turns`` turns; pipelined on standalone Redis."""
+    from memtier.memory.models import AgentResponse, AvatarMessage, ConversationKey
+
+    core = store.core
+    pipelined = hasattr(store.client, "pipeline") and not hasattr(store.client, "get_nodes")
+    script = store.scripts["append_turn"]
+    if pipelined:
+        store.client.script_load(script.source)
+    text = _text(text_bytes)
+    pending = 0
+    pipe = store.client.pipeline(transaction=False) if pipelined else None
+    for i in range(sessions):
+        key = ConversationKey(uuid.UUID(int=i + 1), "im" if i % 2 else "public")
+        for t in range(turns):
+            turn = AvatarMessage(text=text) if t % 2 == 0 else AgentResponse(text=text)
+            prepared = core.prepare_turn(key, turn)
+            call = core.append_call(prepared)
+            if pipe is None:
+                store._retrying("append", call)
+                continue
+            pipe.evalsha(script.sha, script.num_keys, *call.keys, *call.args)
+            pending += 1
+            if pending >= batch:
+                pipe.execute()
+                pending = 0
+    if pipe is not None and pending:
+        pipe.execute()
+
+
+def _writer(redis_url: str, namespace: str, start: float, stop_at: Any, out: Any, n: int) -> None:
+    """A writer process: append to its own sessions until ``stop_at`` is set."""
+    from memtier.memory.models import AvatarMessage, ConversationKey
+    from memtier.memory.store import ConversationStore
+
+    store = ConversationStore.from_config(_config(redis_url, namespace, None), recover=False)
+    text = _text(300)
+    samples: list[tuple[float, float]] = []
+    i = 0
+    while time.time() < start:
+        time.sleep(0.001)
+    while not stop_at.is_set():
+        key = ConversationKey(uuid.UUID(int=10**12 + n * 10**6 + i % 1000), "public")
+        t0 = time.perf_counter()
+        store.append(key, AvatarMessage(text=text))
+        samples.append((time.time(), time.perf_counter() - t0))
+        i += 1
+    out.put(samples)
+    store.close()
+
+
+def _summary(latencies: list[float]) -> dict[str, float]:
+    if not latencies:
+        return {"n": 0, "p50_s": float("nan"), "p99_s": float("nan"), "max_s": float("nan")}
+    ordered = sorted(latencies)
+    return {
+        "n": len(ordered),
+        "p50_s": statistics.median(ordered),
+        "p99_s": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        "max_s": ordered[-1],
+    }
+
+
+def _run_writers(
+    redis_url: str, namespace: str, writers: int, seconds: float | None, during: Any = None
+) -> list[float]:
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    out = ctx.Queue()
+    start = time.time() + 2.0  # every writer imported and connected
+    procs = [
+        ctx.Process(target=_writer, args=(redis_url, namespace, start, stop, out, n))
+        for n in range(writers)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        while time.time() < start:
+            time.sleep(0.005)
+        if during is not None:
+            during()
+        else:
+            time.sleep(seconds or 0)
+    finally:
+        stop.set()
+    latencies: list[float] = []
+    for _ in procs:
+        latencies += [lat for _, lat in out.get(timeout=120)]
+    for p in procs:
+        p.join(timeout=60)
+    return latencies
+
+
+def bench_flush_blocking(
+    redis_url: str,
+    *,
+    sessions: int = 100_000,
+    turns: int = 2,
+    text_bytes: int = 300,
+    writers: int = 2,
+    baseline_s: float = 3.0,
+    storage_path: str | Path | None = None,
+    namespace: str | None = None,
+) -> dict[str, Any]:
+    """Append latency from other processes while a flush of ``sessions`` sessions runs.
+
+    Returns ``flush_s``, ``flush_bytes``, ``flush_bytes_per_s``, ``sessions``,
+    ``longest_page_call_s`` (the longest one ``snapshot_page`` script call: the longest
+    the flush holds the shard), ``baseline`` and ``during_flush`` latency summaries
+    (``n``, ``p50_s``, ``p99_s``, ``max_s``) and ``blocked_extra_max_s`` (max during the
+    flush minus max without).  The namespace's keys are deleted at the end.
+    """
+    from memtier.memory.persistence import flush_plan
+    from memtier.memory.plans import drive_sync
+    from memtier.memory.store import ConversationStore
+
+    namespace = namespace or "benchflush" + os.urandom(3).hex()
+    owned_dir = None
+    if storage_path is None:
+        owned_dir = tempfile.TemporaryDirectory(prefix="memtier-bench-flush-")
+        storage_path = owned_dir.name
+    config = _config(redis_url, namespace, Path(storage_path))
+    store = ConversationStore.from_config(config, recover=False)
+    try:
+        populate_sessions(store, sessions, turns=turns, text_bytes=text_bytes)
+        baseline = _run_writers(redis_url, namespace, writers, baseline_s)
+        page_times: list[float] = []
+        result: dict[str, Any] = {}
+
+        def execute(request: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return store._execute(request)
+            finally:
+                if getattr(request, "script", "") == "snapshot_page":
+                    page_times.append(time.perf_counter() - t0)
+
+        def flush() -> None:
+            assert store.snapshots is not None
+            t0 = time.perf_counter()
+            res = drive_sync(flush_plan(store.core, store.snapshots), execute)
+            result["flush_s"] = time.perf_counter() - t0
+            result["flush_bytes"] = res.bytes
+            result["sessions"] = res.sessions
+
+        during = _run_writers(redis_url, namespace, writers, None, during=flush)
+        base, under = _summary(baseline), _summary(during)
+        return {
+            **result,
+            "flush_bytes_per_s": result["flush_bytes"] / result["flush_s"],
+            "longest_page_call_s": max(page_times, default=0.0),
+            "page_calls": len(page_times),
+            "baseline": base,
+            "during_flush": under,
+            "blocked_extra_max_s": under["max_s"] - base["max_s"],
+        }
+    finally:
+        _delete_namespace(store, namespace)
+        store.close()
+        if owned_dir is not None:
+            owned_dir.cleanup()
+
+
+def _delete_namespace(store: Any, namespace: str) -> None:
+    client = store.client
+    batch: list[Any] = []
+    for key in client.scan_iter(match=f"*{namespace}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            client.delete(*batch)
+            batch.clear()
+    if batch:
+        client.delete(*batch)
+
+
+def bench_compaction(
+    redis_url: str, *, sessions: int = 2000, namespace: str | None = None
+) -> dict[str, Any]:
+    """One worker compacting ``sessions`` queued jobs: sessions/s (and summary sizes)."""
+    from memtier.memory.models import AgentResponse, AvatarMessage, ConversationKey
+    from memtier.memory.store import ConversationStore
+    from memtier.workers.worker import Worker, WorkerOptions
+
+    namespace = namespace or "benchcompact" + os.urandom(3).hex()
+    config = _config(redis_url, namespace, None, max_turns_per_session=50)
+    store = ConversationStore.from_config(config, recover=False, inline_compaction=False)
+    try:
+        text = _text(300)
+        for i in range(sessions):
+            key = ConversationKey(uuid.UUID(int=i + 1), "public")
+            for t in range(40):  # 80 % of 50 turns: one job each
+                store.append(key, AvatarMessage(text=text) if t % 2 else AgentResponse(text=text))
+        worker = Worker(store, WorkerOptions(block_ms=10, flush_interval_s=None))
+        t0 = time.perf_counter()
+        stats = worker.run(drain=True, deadline_s=3600)
+        elapsed = time.perf_counter() - t0
+        return {
+            "sessions": sessions,
+            "compacted": stats.outcomes.get("applied", 0),
+            "seconds": elapsed,
+            "sessions_per_s": stats.outcomes.get("applied", 0) / elapsed,
+        }
+    finally:
+        _delete_namespace(store, namespace)
+        store.close()
+
+
+def bench_recovery_validation(generation_path: str | Path, namespace: str) -> dict[str, Any]:
+    """Pass 1 of recovery over one generation file: records and bytes validated per second."""
+    from memtier.config import ConversationConfig
+    from memtier.memory.snapshot import GenerationFile, Rejection, verify_generation
+
+    path = Path(generation_path)
+    number = int(path.name.rsplit(".", 2)[-2])
+    gen = GenerationFile(number, path, path.stat().st_size)
+    conv = ConversationConfig(max_snapshot_bytes=64 * 1024**3)
+    t0 = time.perf_counter()
+    result = verify_generation(gen, namespace, conv, 64 * 1024**3)
+    elapsed = time.perf_counter() - t0
+    if isinstance(result, Rejection):
+        raise ValueError(f"generation rejected: {result.reason}: {result.detail}")
+    return {
+        "sessions": result.header["sessions"],
+        "bytes": gen.size,
+        "seconds": elapsed,
+        "bytes_per_s": gen.size / elapsed,
+        "sessions_per_s": result.header["sessions"] / elapsed,
+    }
+
+
+def sequential_write_rate(
+    directory: str | Path, nbytes: int = 256 * 1024 * 1024
+) -> dict[str, float]:
+    """Write ``nbytes`` in 1 MiB blocks, fsync, delete: the disk's bytes per second."""
+    path = Path(directory) / f".memtier-write-rate-{os.getpid()}"
+    block = os.urandom(1024 * 1024)
+    t0 = time.perf_counter()
+    try:
+        with open(path, "wb") as fh:
+            written = 0
+            while written < nbytes:
+                fh.write(block)
+                written += len(block)
+            fh.flush()
+            os.fsync(fh.fileno())
+        elapsed = time.perf_counter() - t0
+    finally:
+        path.unlink(missing_ok=True)
+    return {"bytes": float(written), "seconds": elapsed, "bytes_per_s": written / elapsed}
