@@ -42,6 +42,7 @@ A thread of another owner and a missing thread give byte-identical 404s.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeAlias, cast
 
@@ -57,6 +58,7 @@ from starlette.types import Message, Receive
 
 from memtier.config import ThreadsConfig
 from memtier.errors import (
+    ConfigurationError,
     ConversationError,
     ConversationErrorCode,
     MemtierError,
@@ -229,6 +231,17 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
+_BASE_PATH_RE = re.compile(r"^(/[A-Za-z0-9_.~-]+)+\Z")
+
+
+def _base(base_path: str) -> str:
+    """``/a/b`` (no trailing slash); anything else is a configuration error."""
+    base = base_path.rstrip("/")
+    if not _BASE_PATH_RE.match(base):
+        raise ConfigurationError(f"base path {base_path!r} must look like /memtier/conversations")
+    return base
+
+
 def create_conversation_router(
     service: Service,
     authorize: Authorize,
@@ -242,7 +255,7 @@ def create_conversation_router(
     :class:`ConversationService` (its calls then run in Starlette's threadpool).
     ``limits`` may lower the service's ``request_body_bytes``, never raise it.
     """
-    base = "/" + base_path.strip("/") if base_path.strip("/") else ""
+    base = _base(base_path)
     cap = service.limits.request_body_bytes
     if limits is not None:
         cap = min(cap, limits.request_body_bytes)
@@ -435,7 +448,7 @@ def create_conversation_app(
     routes, or include :func:`create_conversation_router` in a FastAPI host.
     The OpenAPI document is served at ``{base_path}/openapi.json``.
     """
-    base = "/" + base_path.strip("/") if base_path.strip("/") else ""
+    base = _base(base_path)
     app = FastAPI(
         title="memtier conversation threads",
         version="1",

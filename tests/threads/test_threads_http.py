@@ -431,3 +431,39 @@ def test_openapi_document_is_served_valid_and_matches_responses(api: Any) -> Non
         check(c.get(api.url, headers=ALICE).json(), "ThreadPage")
         check(c.post(f"{api.url}/{tid}/export", headers=ALICE).json(), "ExportResult")
         check(c.get(f"{api.url}/nope", headers=ALICE).json(), "ErrorBody")
+
+
+# --- in-process (ASGI transport): a sync service, and configuration errors -----------------------
+
+
+async def test_a_sync_service_behind_the_app(make_service: Any) -> None:
+    from httphelpers import authorize
+
+    from memtier.threads.http import create_conversation_app
+
+    service = make_service()  # sync: its calls run in Starlette's threadpool
+    app = create_conversation_app(service, authorize, base_path="/threads/")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as c:
+        created = await c.post("/threads", json={"title": "sync"}, headers=ALICE)
+        assert created.status_code == 201
+        tid = created.json()["id"]
+        turn = await c.post(f"/threads/{tid}/continue", json={"message": "x"}, headers=ALICE)
+        assert turn.json()["status"] == "completed"
+        assert (await c.get(f"/threads/{tid}", headers=MALLORY)).status_code == 404
+        assert (await c.get("/threads/openapi.json")).status_code == 200
+
+
+@pytest.mark.parametrize("base_path", ["", "/", "relative", "/a b", "/a//b", "/{x}"])
+def test_bad_base_paths_are_refused(base_path: str) -> None:
+    import fakeredis
+    from httphelpers import authorize
+
+    from memtier.config import MemtierConfig
+    from memtier.errors import ConfigurationError
+    from memtier.threads import ConversationService
+    from memtier.threads.http import create_conversation_app
+
+    service = ConversationService(fakeredis.FakeRedis(), MemtierConfig.load())
+    with pytest.raises(ConfigurationError):
+        create_conversation_app(service, authorize, base_path=base_path)
