@@ -13,7 +13,8 @@ Around each measured round the harness reads ``INFO commandstats`` (outside the
 timed region) to attribute server time and commands to the measure: ``srv
 us/op`` is the Redis CPU time per operation (for scripts it includes every
 command the script ran) and ``cmds/op`` the commands executed per operation,
-counting those run inside scripts.
+counting those run inside scripts.  Both are per item when an operation covers
+several (per session of a metadata walk, per append of a multi-process round).
 """
 
 from __future__ import annotations
@@ -266,7 +267,7 @@ class Harness:
             for m in measures
         }
         ops = {m.key: m.fixed_ops or s.min_ops for m in measures}
-        server = {m.key: [0, 0, 0] for m in measures}  # calls, usec, ops
+        server: dict[str, list[float]] = {m.key: [0, 0, 0] for m in measures}  # calls, usec, items
         failed: dict[str, str] = {}
         order = list(measures)
         for rnd in range(s.warmup_rounds + s.rounds):
@@ -293,7 +294,7 @@ class Harness:
                     acc = server[m.key]
                     acc[0] += calls
                     acc[1] += usec
-                    acc[2] += n
+                    acc[2] += n * m.items_per_op  # per item: per session, per append
         for m in measures:
             res = results[m.key]
             if m.key in failed:
