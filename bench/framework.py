@@ -300,10 +300,10 @@ class Harness:
             if m.key in failed:
                 res.status, res.note = "error", failed[m.key]
                 res.values = []
-            calls, usec, nops = server[m.key]
-            if nops:
-                res.server_us_per_op = usec / nops
-                res.cmds_per_op = calls / nops
+            total_calls, total_usec, items = server[m.key]
+            if items:
+                res.server_us_per_op = total_usec / items
+                res.cmds_per_op = total_calls / items
             res.extra["ops_per_round"] = ops[m.key]
         for cand, base in ratios.items():
             rc, rb = results.get(cand), results.get(base)
