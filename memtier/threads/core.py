@@ -909,7 +909,9 @@ class ThreadsCore:
 
     @staticmethod
     def _message_event(entry_id: str, text: str, truncated: bool) -> dict[str, Any]:
-        event: dict[str, Any] = {"entryId": entry_id, "content": text}
+        """A message on the ledger: already redacted; local paths become ``[PATH]`` here
+        (the entry itself keeps the text the agent works with)."""
+        event: dict[str, Any] = {"entryId": entry_id, "content": scrub_paths(text)}
         if truncated:
             event["truncated"] = True
         return event

@@ -169,6 +169,15 @@ def test_continue_redacts_messages_events_and_replies(make_service: MakeService)
     assert all(r.redacted for r in page.records)
 
 
+def test_ledger_messages_carry_no_local_paths(service: ConversationService) -> None:
+    thread = service.create(OWNER)
+    text = "please read /home/alice/notes.txt and C:\\Users\\alice\\plan.docx"
+    result = service.continue_(OWNER, thread.id, text)
+    assert result.entries[0].content == text  # the entry keeps what the agent works with
+    ledger = repr(service.export(OWNER, thread.id).to_wire())
+    assert "/home/alice" not in ledger and "Users" not in ledger and "[PATH]" in ledger
+
+
 def test_continue_on_archived_thread_fails_closed(service: ConversationService) -> None:
     thread = service.create(OWNER)
     service.archive(OWNER, thread.id)
