@@ -793,6 +793,35 @@ def test_create_cluster_script_starts_and_stops_a_cluster(tmp_path: Path) -> Non
             sock.connect((HOST, port))
 
 
+def test_worker_runs_with_the_compose_environment(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """`memtier worker` as docker-compose.yml starts it (env, persistence on) on a real Redis."""
+    (compose,) = load_yaml_docs(DEPLOY / "docker-compose.yml")
+    service = compose["services"]["memtier-worker"]
+    storage = tmp_path / "snapshots"
+    storage.mkdir(mode=0o700)
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in service["environment"].items()})
+    assert env["MEMTIER_CONVERSATION__PERSISTENCE_ENABLED"] == "true"
+    # This machine's Redis, a private namespace, and tmp_path for the container's volumes.
+    env.update(
+        MEMTIER_REDIS_URL=redis_server.url,
+        MEMTIER_NAMESPACE="deploy" + secrets.token_hex(4),
+        MEMTIER_CONVERSATION__STORAGE_PATH=str(storage),
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path),
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    cmd = [sys.executable, "-m", "memtier", *service["command"], "--drain", "--deadline", "60"]
+    result = run(cmd, timeout=180, env=env)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    stats = json.loads(result.stdout.strip().splitlines()[-1])
+    assert stats["failed"] == 0 and stats["flush_errors"] == 0, stats
+    snapshots = storage / "conversations"
+    assert snapshots.is_dir(), "persistence on: the worker owns <storage_path>/conversations"
+    assert snapshots.stat().st_mode & 0o777 == 0o700
+
+
 # ----------------------------------------------------------------------------- the real thing
 
 
