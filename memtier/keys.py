@@ -22,7 +22,13 @@ Memory layout of one partition (``T`` = the partition's hash tag)::
     T:ix             HASH   member -> session bytes (exact accounting, metadata paging)
     T:meta           HASH   bytes (aggregate), clock (non-decreasing ms high-water mark)
     T:events         STREAM reason-code events, MAXLEN-bounded, never content
-    T:compact        STREAM compaction jobs for ``memtier worker``
+    T:compact        STREAM compaction jobs for ``memtier worker`` (consumer group
+                            ``memtier-compactors``; a session's ``cq`` names its queued job)
+
+Snapshot restore of a namespace (its own hash tag, one script handles both)::
+
+    {<ns>:m:restore}:lock    STRING the one restorer's token, PX expiry
+    {<ns>:m:restore}:state   HASH   status (restoring / done), generation, outcome
 
 ``<member>`` is ``<avatar-uuid>:<channel>``: lowercase hyphenated UUID, so the
 lexicographic order Redis uses for equal scores is UUID order, then channel

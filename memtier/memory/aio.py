@@ -11,7 +11,12 @@ from memtier import limits, metrics
 from memtier.config import MemtierConfig
 from memtier.connection import connect_async
 from memtier.errors import SessionFullError, SnapshotError
-from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
+from memtier.memory.compaction import (
+    CompactionOutcome,
+    Summarizer,
+    compaction_plan,
+    with_fallback,
+)
 from memtier.memory.core import MemoryCore, PreparedTurn, ScriptCall
 from memtier.memory.models import (
     AppendReceipt,
@@ -168,7 +173,7 @@ class AsyncConversationStore:
                     compaction_plan(
                         self.core,
                         prepared.key,
-                        summarizer=self.summarizer,
+                        summarizer=with_fallback(self.summarizer),
                         force=True,
                         incoming_bytes=prepared.turn_bytes,
                         incoming_tool=prepared.turn.kind == "tool",

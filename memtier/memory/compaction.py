@@ -60,6 +60,7 @@ untrusted flag, redaction and the byte bound are still applied here.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -95,7 +96,10 @@ __all__ = [
     "needs_compaction",
     "plan_compaction",
     "read_session_call",
+    "with_fallback",
 ]
+
+log = logging.getLogger("memtier.compaction")
 
 SUMMARY_VERSION: Final = 1
 # After a compaction the kept turns use at most this share of each bound, so a session is
@@ -273,6 +277,23 @@ class SummaryRequest:
 
 
 Summarizer = Callable[[SummaryRequest], str]
+
+
+def with_fallback(summarizer: Summarizer | None) -> Summarizer | None:
+    """``summarizer``, falling back to the deterministic one if it raises (inline use:
+    an append must not fail because a summarizer service is down)."""
+    if summarizer is None:
+        return None
+    hook = summarizer
+
+    def guarded(request: SummaryRequest) -> str:
+        try:
+            return hook(request)
+        except Exception as exc:
+            log.warning("summarizer hook failed (%s); using the deterministic summary", exc)
+            return deterministic_summary(request)
+
+    return guarded
 
 
 # --------------------------------------------------------------------------- rendering

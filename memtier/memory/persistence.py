@@ -48,7 +48,7 @@ from memtier.memory.snapshot import (
     iter_generation,
     session_to_json,
     validate_session,
-    verify_generation,
+    verify_steps,
 )
 from memtier.memory.state import iter_sessions
 
@@ -384,7 +384,21 @@ def recover_plan(
             yield emit_event_call(core, ReasonCode.PERMISSIONS_NOT_VERIFIED, str(directory.path))
         # 3. Newest valid generation.
         for gen in directory.generations():
-            result = verify_generation(gen, directory.namespace, core.conv, directory.max_bytes)
+            steps = verify_steps(gen, directory.namespace, core.conv, directory.max_bytes)
+            last_extend = time.monotonic()
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as stop:
+                    result = stop.value
+                    break
+                if time.monotonic() - last_extend > 1.0:  # a large file: keep the gate
+                    last_extend = time.monotonic()
+                    ext = yield restore_gate_call(core, "extend", token)
+                    if int(ext[0]) != 1:
+                        report.outcome = "lost_lock"
+                        report.message = "the restore lock expired while verifying"
+                        return report
             if isinstance(result, Rejection):
                 yield from _quarantine(core, directory, gen, result, report)
                 continue

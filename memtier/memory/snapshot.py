@@ -63,7 +63,7 @@ import hashlib
 import os
 import re
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -94,6 +94,7 @@ __all__ = [
     "session_to_json",
     "validate_session",
     "verify_generation",
+    "verify_steps",
 ]
 
 MAGIC: Final = b"MEMTIER-SNAPSHOT\n"
@@ -873,10 +874,27 @@ def _lines(fh: BinaryIO, payload_bytes: int, sha: Any) -> Iterator[bytes]:
         yield line
 
 
+# verify_steps yields after this many session lines (the restorer extends its lock).
+VERIFY_STEP_LINES: Final = 256
+
+
 def verify_generation(
     gen: GenerationFile, namespace: str, conv: ConversationConfig, max_bytes: int
 ) -> VerifiedGeneration | Rejection:
     """Pass 1: every check of the module docstring, reading the file once."""
+    steps = verify_steps(gen, namespace, conv, max_bytes)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+
+def verify_steps(
+    gen: GenerationFile, namespace: str, conv: ConversationConfig, max_bytes: int
+) -> Generator[int, None, VerifiedGeneration | Rejection]:
+    """:func:`verify_generation` as a generator: yields the lines read so far every
+    :data:`VERIFY_STEP_LINES` lines, returns the verdict."""
     try:
         size = gen.path.stat().st_size
         if size > max_bytes:
@@ -898,6 +916,8 @@ def verify_generation(
             problem: SnapshotValidationError | None = None
             for line in _lines(fh, header["payload_bytes"], sha):
                 count += 1
+                if count % VERIFY_STEP_LINES == 0:
+                    yield count
                 if problem is not None:
                     continue  # keep hashing: a checksum mismatch names corruption best
                 try:
@@ -914,12 +934,7 @@ def verify_generation(
             if sha.hexdigest() != header["payload_sha256"]:
                 return Rejection("checksum", "payload checksum mismatch")
             if problem is not None:
-                return Rejection(
-                    problem.reason,
-                    f"session line {count}: {problem.detail}"
-                    if problem.reason == "corrupt"
-                    else problem.detail,
-                )
+                return Rejection(problem.reason, problem.detail)
             if count != header["sessions"]:
                 return Rejection("corrupt", "session count does not match the header")
             return VerifiedGeneration(gen, header)

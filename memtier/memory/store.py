@@ -9,7 +9,12 @@ from memtier import limits, metrics
 from memtier.config import MemtierConfig
 from memtier.connection import connect_sync
 from memtier.errors import SessionFullError, SnapshotError, ValidationError
-from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
+from memtier.memory.compaction import (
+    CompactionOutcome,
+    Summarizer,
+    compaction_plan,
+    with_fallback,
+)
 from memtier.memory.core import MemoryCore, PreparedTurn, ScriptCall
 from memtier.memory.models import (
     AppendReceipt,
@@ -154,7 +159,7 @@ class ConversationStore:
                     compaction_plan(
                         self.core,
                         prepared.key,
-                        summarizer=self.summarizer,
+                        summarizer=with_fallback(self.summarizer),
                         force=True,
                         incoming_bytes=prepared.turn_bytes,
                         incoming_tool=prepared.turn.kind == "tool",

@@ -505,3 +505,25 @@ def test_summary_never_grows_a_session_past_its_bound(backend: Any) -> None:
     h = session_hash(store, k)
     assert int(h["bytes"]) <= 1024 and int(h["turns"]) <= 40
     assert_exact_accounting(store)
+
+
+def test_inline_compaction_falls_back_when_the_summarizer_hook_fails(backend: Any) -> None:
+    calls: list[int] = []
+
+    def broken(request: SummaryRequest) -> str:
+        calls.append(1)
+        raise RuntimeError("the summarizer service is down")
+
+    store = sync_store(backend, Clock(), conversation=SMALL, summarizer=broken)
+    k = key(4)
+    for i in range(12):
+        assert store.append(k, turn_for(i)).seq == i + 1  # never fails because of the hook
+    doc = summary_doc(store, k)
+    assert calls and doc is not None and doc["text"].startswith("Earlier conversation")
+    # The hook is still used when it works.
+    store.summarizer = lambda request: "custom summary"
+    for i in range(12, 20):
+        store.append(k, turn_for(i))
+    doc = summary_doc(store, k)
+    assert doc is not None and doc["text"] == "custom summary" and doc["untrusted"] is True
+    assert_exact_accounting(store)

@@ -513,3 +513,30 @@ def _all_events(store: ConversationStore) -> list[Any]:
         events += page
         after = page[-1].cursor
     raise AssertionError("too many events")
+
+
+async def test_async_open_and_async_with_recover_on_start(
+    redis_server: Any, tmp_path: Path
+) -> None:
+    namespace = "aopen" + os.urandom(4).hex()
+    config = MemtierConfig.load(
+        redis_url=redis_server.url,
+        namespace=namespace,
+        conversation={"persistence_enabled": True, "storage_path": str(tmp_path)},
+    )
+    store = await AsyncConversationStore.open(config)
+    try:
+        assert store.last_recovery is not None and store.last_recovery.outcome == "empty"
+        await store.append(key(1), AvatarMessage(text="kept across the restart"))
+        before = await store.context(key(1))
+        await store.flush()
+        await store.client.delete(*await store.client.keys("*" + namespace + "*"))
+    finally:
+        await store.close()
+    async with AsyncConversationStore.from_config(config) as again:
+        try:
+            assert again.last_recovery is not None
+            assert again.last_recovery.outcome == "restored"
+            assert (await again.context(key(1))).messages == before.messages
+        finally:
+            await again.client.delete(*await again.client.keys("*" + namespace + "*"))
