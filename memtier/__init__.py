@@ -3,7 +3,7 @@
 Two capabilities over one Redis (or one Redis Cluster): bounded, expiring
 conversation memory per (avatar UUID, channel) -- :class:`ConversationStore`
 and :class:`AsyncConversationStore` -- and durable conversation threads
-(:mod:`memtier.threads`).
+(:func:`create_conversation_service`, :mod:`memtier.threads`).
 """
 
 from memtier._version import __version__
@@ -46,11 +46,30 @@ from memtier.memory.models import (
     parse_turn,
 )
 from memtier.memory.store import ConversationStore
+from memtier.threads import (
+    AgentDenied,
+    AsyncConversationRunner,
+    AsyncConversationService,
+    ConversationRunner,
+    ConversationService,
+    ConversationThread,
+    DeleteResult,
+    EchoRunner,
+    ExportResult,
+    Ownership,
+    ReplayPage,
+    ThreadPage,
+    create_async_conversation_service,
+    create_conversation_service,
+)
 
 __all__ = [
     "ActionResult",
+    "AgentDenied",
     "AgentResponse",
     "AppendReceipt",
+    "AsyncConversationRunner",
+    "AsyncConversationService",
     "AsyncConversationStore",
     "AvatarMessage",
     "BackendError",
@@ -63,19 +82,28 @@ __all__ = [
     "ConversationError",
     "ConversationErrorCode",
     "ConversationKey",
+    "ConversationRunner",
+    "ConversationService",
     "ConversationStore",
+    "ConversationThread",
+    "DeleteResult",
+    "EchoRunner",
     "ErrorCode",
     "Event",
+    "ExportResult",
     "InvalidCursorError",
     "MemtierConfig",
     "MemtierError",
     "MetadataPage",
+    "Ownership",
     "ReasonCode",
+    "ReplayPage",
     "Role",
     "ScriptError",
     "SessionFullError",
     "SessionMetadata",
     "SnapshotError",
+    "ThreadPage",
     "ThreadsConfig",
     "ToolSummary",
     "TransientBackendError",
@@ -85,5 +113,7 @@ __all__ = [
     "UnsupportedChannelError",
     "ValidationError",
     "__version__",
+    "create_async_conversation_service",
+    "create_conversation_service",
     "parse_turn",
 ]
