@@ -65,8 +65,8 @@ log = logging.getLogger("memtier.persistence")
 # One snapshot_page call reads at most this many sessions (the script's own cap is 256)...
 PAGE_SESSIONS: Final = 64
 # ...and stops adding sessions once their indexed bytes pass this (one big session still
-# goes alone): bounds how long one call blocks the shard (about a millisecond per 256 KiB).
-PAGE_BYTES: Final = 256 * 1024
+# goes alone): bounds how long one call blocks the shard (about a millisecond per 128 KiB).
+PAGE_BYTES: Final = 128 * 1024
 # HSCAN pages per partition: a flush of the largest allowed partition finishes well within.
 MAX_SCAN_ROUNDS: Final = 4 * int(limits.MAX_ACTIVE_SESSIONS.ceiling) // 10 + 10_000
 # Restore gate timings.

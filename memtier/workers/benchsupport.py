@@ -162,8 +162,10 @@ def bench_flush_blocking(
     """Append latency from other processes while a flush of ``sessions`` sessions runs.
 
     Returns ``flush_s``, ``flush_bytes``, ``flush_bytes_per_s``, ``sessions``,
-    ``longest_page_call_s`` (the longest one ``snapshot_page`` script call: the longest
-    the flush holds the shard), ``baseline`` and ``during_flush`` latency summaries
+    ``longest_page_call_s`` (the longest ``snapshot_page`` round trip seen by the
+    flusher), ``server_max_page_us`` (the longest one ran inside Redis, from SLOWLOG: the
+    longest the flush blocked other clients), ``server_max_other_us``, ``baseline`` and
+    ``during_flush`` latency summaries
     (``n``, ``p50_s``, ``p99_s``, ``max_s``) and ``blocked_extra_max_s`` (max during the
     flush minus max without).  The namespace's keys are deleted at the end.
     """
@@ -200,10 +202,13 @@ def bench_flush_blocking(
             result["flush_bytes"] = res.bytes
             result["sessions"] = res.sessions
 
+        slowlog = _SlowLog(store.client)
         during = _run_writers(redis_url, namespace, writers, None, during=flush)
+        server = slowlog.collect(store.scripts["snapshot_page"].sha)
         base, under = _summary(baseline), _summary(during)
         return {
             **result,
+            **server,
             "flush_bytes_per_s": result["flush_bytes"] / result["flush_s"],
             "longest_page_call_s": max(page_times, default=0.0),
             "page_calls": len(page_times),
@@ -216,6 +221,50 @@ def bench_flush_blocking(
         store.close()
         if owned_dir is not None:
             owned_dir.cleanup()
+
+
+class _SlowLog:
+    """Server-side durations from SLOWLOG (threshold 1 ms while the flush runs; restored).
+
+    ``server_max_page_us``: the longest one ``snapshot_page`` call ran inside Redis --
+    how long the flush blocked every other client at most; ``server_max_other_us``: the
+    longest other command (appends) above 1 ms.  None where CONFIG is not allowed.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.saved: dict[str, Any] | None = None
+        try:
+            cfg = client.config_get("slowlog-*")
+            self.saved = {
+                "slowlog-log-slower-than": cfg["slowlog-log-slower-than"],
+                "slowlog-max-len": cfg["slowlog-max-len"],
+            }
+            client.config_set("slowlog-log-slower-than", 1000)
+            client.config_set("slowlog-max-len", 100_000)
+            client.slowlog_reset()
+        except Exception:  # managed Redis without CONFIG: no server-side figure
+            self.saved = None
+
+    def collect(self, page_sha: str) -> dict[str, Any]:
+        if self.saved is None:
+            return {"server_max_page_us": None, "server_max_other_us": None}
+        try:
+            entries = self.client.slowlog_get(100_000)
+        finally:
+            for name, value in self.saved.items():
+                self.client.config_set(name, value)
+        page = other = 0
+        for entry in entries:
+            command = entry.get("command", b"")
+            text = (
+                command.decode("utf-8", "replace") if isinstance(command, bytes) else str(command)
+            )
+            if page_sha in text:
+                page = max(page, int(entry["duration"]))
+            else:
+                other = max(other, int(entry["duration"]))
+        return {"server_max_page_us": page, "server_max_other_us": other}
 
 
 def _delete_namespace(store: Any, namespace: str) -> None:

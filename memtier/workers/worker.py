@@ -128,6 +128,7 @@ class Worker:
             else None
         )
         self._next_gc = 0.0
+        self._next_reclaim = 0.0
 
     # --- plumbing ------------------------------------------------------------------------------
     @property
@@ -260,11 +261,15 @@ class Worker:
             self.ensure_groups()
         parts = self.partitions()
         handled = 0
-        for part in parts:
-            for entry_id, fields, deliveries in self._reclaim(part):
-                self.stats.reclaimed += 1
-                self.process(part, entry_id, fields, deliveries)
-                handled += 1
+        now = time.monotonic()
+        if now >= self._next_reclaim:
+            # A claim can only go stale after claim_idle_ms: look twice per that period.
+            self._next_reclaim = now + max(0.05, self.options.claim_idle_ms / 2000)
+            for part in parts:
+                for entry_id, fields, deliveries in self._reclaim(part):
+                    self.stats.reclaimed += 1
+                    self.process(part, entry_id, fields, deliveries)
+                    handled += 1
         for part in parts:
             block_ms = (
                 self.options.block_ms if (block and len(parts) == 1 and not handled) else None
@@ -363,7 +368,7 @@ class Worker:
             if drain and not handled and self.pending() == 0:
                 break
             if not handled and (drain or len(self.partitions()) > 1):
-                stop.wait(min(self.options.block_ms, self.options.claim_idle_ms) / 1000)
+                stop.wait(max(0.01, min(self.options.block_ms, self.options.claim_idle_ms) / 1000))
         if self.options.flush_on_stop and stop.is_set():
             self.flush()
         return self.stats
