@@ -54,6 +54,9 @@ MAX_EVICTIONS_PER_CALL: Final = 64
 # Expired sessions swept opportunistically by each write script, and per sweep call.
 SWEEP_PER_WRITE: Final = 8
 SWEEP_PER_CALL: Final = 256
+# store.sweep() calls per partition (each of SWEEP_PER_CALL sessions): a backlog clears in
+# one sweep() without an unbounded loop.
+SWEEP_ROUNDS: Final = 64
 # Receipts kept per session for idempotent retries: retries come seconds after the
 # first attempt, so the newest 1024 turn ids of a session are far more than enough.
 IDEMPOTENCY_WINDOW: Final = 1024

@@ -37,9 +37,12 @@
     ARGV[21] grace_ms          Redis key TTL = ttl_ms + grace_ms
 
   Output (array):
-    { 0, sid, seq, clock_ms, wall_ms, turn_bytes, rotated, session_bytes, turns, evicted }  stored
-    { 1, sid, seq, clock_ms, wall_ms, turn_bytes, rotated, session_bytes, turns, 0 }        duplicate:
-        the first receipt for this turn_id; nothing stored
+    { 0, sid, seq, clock_ms, wall_ms, turn_bytes, rotated, session_bytes, turns, evicted,
+      evicted_for_sessions, swept }  stored; evicted = all victims, evicted_for_sessions =
+        those evicted for session-count pressure (the rest for aggregate bytes), swept =
+        other expired sessions removed on the way
+    { 1, sid, seq, clock_ms, wall_ms, turn_bytes, rotated, session_bytes, turns, 0, 0, 0 }
+        duplicate: the first receipt for this turn_id; nothing stored
     { -1, which, current, limit }  SESSION_FULL: the turn would pass a session bound
         (which = "turns" | "bytes" | "tools"); nothing stored
     { -2, needed, freeable }       AGGREGATE_FULL: eviction of max_evictions sessions cannot
@@ -109,15 +112,15 @@ if rotated == 0 and rcall('ZSCORE', i_key, turn_id) then
     for part in string.gmatch(r, '[^|]+') do f[#f + 1] = part end
     return { 1, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
       tonumber(f[6]), tonumber(rcall('HGET', s_key, 'bytes') or '0'),
-      tonumber(rcall('HGET', s_key, 'turns') or '0'), 0 }
+      tonumber(rcall('HGET', s_key, 'turns') or '0'), 0, 0, 0 }
   end
 end
 
 -- 3. Opportunistic, bounded sweep of other expired sessions in this partition.
-memtier_sweep_channel(prefix, lru_key, ttl_ms, index_key, meta_key, events_key, max_events,
-  now, wall, sweep_n, member)
-memtier_sweep_channel(prefix, other_lru_key, other_ttl_ms, index_key, meta_key, events_key,
+local swept = memtier_sweep_channel(prefix, lru_key, ttl_ms, index_key, meta_key, events_key,
   max_events, now, wall, sweep_n, member)
+swept = swept + memtier_sweep_channel(prefix, other_lru_key, other_ttl_ms, index_key, meta_key,
+  events_key, max_events, now, wall, sweep_n, member)
 
 -- 4. Session bounds.
 if turn_bytes > max_session_bytes then
@@ -146,6 +149,7 @@ end
 local aggregate = tonumber(rcall('HGET', meta_key, 'bytes') or '0')
 local excess_bytes = aggregate + turn_bytes - max_aggregate
 local victims = {}
+local evicted_for_sessions = 0
 if excess_sessions > 0 or excess_bytes > 0 then
   -- Merge the heads of both LRU zsets by (last activity, member): the member string
   -- "<uuid>:<channel>" makes Redis's own tie order the UUID-then-channel tie-break.
@@ -180,6 +184,7 @@ if excess_sessions > 0 or excess_bytes > 0 then
     -- a victim beyond the session-count excess was taken for bytes
     local why = reason
     if excess_sessions > 0 and idx > excess_sessions then why = 'evicted_aggregate_pressure' end
+    if why == 'evicted_session_pressure' then evicted_for_sessions = evicted_for_sessions + 1 end
     memtier_drop(prefix, v[1], v[2], index_key, meta_key, events_key, max_events, why, now, wall)
   end
 end
@@ -231,4 +236,5 @@ if (turns * 100 >= max_turns * compact_percent
   rcall('HSET', s_key, 'cq', job_id)
 end
 
-return { 0, sid, seq, now, wall, turn_bytes, rotated, bytes, turns, #victims }
+return { 0, sid, seq, now, wall, turn_bytes, rotated, bytes, turns, #victims,
+  evicted_for_sessions, swept }

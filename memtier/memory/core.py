@@ -247,6 +247,8 @@ class MemoryCore:
                 redactions=prepared.redactions,
                 duplicate=status == AppendStatus.DUPLICATE,
                 evicted=int(reply[9]),
+                evicted_for_sessions=int(reply[10]),
+                swept=int(reply[11]),
             )
         if status == AppendStatus.SESSION_FULL:
             which, current, limit = _b(reply[1]), int(reply[2]), int(reply[3])

@@ -246,7 +246,11 @@ class AppendReceipt(_Strict):
     truncated: bool = False
     redactions: tuple[str, ...] = ()
     duplicate: bool = Field(default=False, description="a retry: the first receipt, nothing stored")
-    evicted: int = 0
+    evicted: int = Field(default=0, description="other sessions evicted to make room")
+    evicted_for_sessions: int = Field(
+        default=0, description="of those, evicted for session-count (not byte) pressure"
+    )
+    swept: int = Field(default=0, description="other expired sessions removed on the way")
 
 
 class TurnRecord(_Strict):

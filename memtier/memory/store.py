@@ -1,83 +1,45 @@
-"""The synchronous conversation-memory store: a thin I/O shell over :class:`MemoryCore`."""
+"""The synchronous conversation-memory store: a thin I/O shell over :class:`StoreBase`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
 from memtier.connection import connect_sync
-from memtier.errors import SessionFullError, SnapshotError, ValidationError
-from memtier.memory.compaction import (
-    CompactionOutcome,
-    Summarizer,
-    compaction_plan,
-    with_fallback,
-)
-from memtier.memory.core import MemoryCore, PreparedTurn, ScriptCall
+from memtier.errors import SessionFullError
+from memtier.memory.base import KeyLike, StoreBase, StoreStats
+from memtier.memory.compaction import CompactionOutcome, compaction_plan
+from memtier.memory.core import ScriptCall
 from memtier.memory.models import (
     AppendReceipt,
     Context,
-    ConversationKey,
     Event,
     MetadataPage,
     ReasonCode,
+    SessionMetadata,
     Turn,
 )
-from memtier.memory.persistence import (
-    FlushResult,
-    RecoveryReport,
-    flush_plan,
-    recover_plan,
-    snapshot_dir_for,
-)
+from memtier.memory.persistence import FlushResult, RecoveryReport, flush_plan, snapshot_dir_for
 from memtier.memory.plans import Command, Plan, drive_sync
-from memtier.memory.snapshot import SnapshotDir
 from memtier.retry import retry_sync
-from memtier.scripts import load_registry
 
 __all__ = ["ConversationStore", "StoreStats"]
 
-KeyLike = ConversationKey | tuple[Any, Any]
 T = TypeVar("T")
 
 
-class StoreStats(dict[str, int]):
-    """``{"sessions": n, "bytes": n}`` summed over partitions."""
-
-
-class ConversationStore:
+class ConversationStore(StoreBase):
     """Bounded, expiring conversation memory per (avatar UUID, channel), on Redis.
 
     Build it with :meth:`from_config` (URL from the config or ``MEMTIER_REDIS_URL``;
     the embedded in-process Redis when none) or from an existing redis-py client
-    (standalone or :class:`redis.cluster.RedisCluster`).
+    (standalone or :class:`redis.cluster.RedisCluster`):
+    ``ConversationStore(client, config)``.  :class:`~memtier.AsyncConversationStore`
+    is the asyncio twin with the same methods.
     """
-
-    def __init__(
-        self,
-        client: Any,
-        config: MemtierConfig | None = None,
-        *,
-        clock: Callable[[], int] | None = None,
-        embedded: bool = False,
-        summarizer: Summarizer | None = None,
-        inline_compaction: bool = True,
-        snapshots: SnapshotDir | None = None,
-    ) -> None:
-        self.config = config or MemtierConfig.load()
-        self.client = client
-        self.embedded = embedded
-        self.core = MemoryCore(self.config, clock=clock)
-        self.scripts = load_registry("memory")
-        # Compaction (memtier.memory.compaction): the summarizer hook (None = the
-        # deterministic default) and whether append compacts inline on SESSION_FULL.
-        self.summarizer = summarizer
-        self.inline_compaction = inline_compaction
-        # Snapshot files (memtier.memory.snapshot): None = persistence off.
-        self.snapshots = snapshots
-        self.last_recovery: RecoveryReport | None = None
 
     @classmethod
     def from_config(
@@ -99,7 +61,7 @@ class ConversationStore:
             store.recover()
         return store
 
-    # --- plumbing ------------------------------------------------------------------------------
+    # --- plumbing: the only I/O ----------------------------------------------------------------
     def _run(self, call: ScriptCall) -> Any:
         return self.scripts[call.script](self.client, call.keys, call.args)
 
@@ -141,50 +103,96 @@ class ConversationStore:
         Raises: ValidationError, SessionFullError (session at its bounds and not
         compacted), CapacityError, TurnTooLargeError, BackendError.
         """
-        ckey = self.core.coerce_key(key)
-        prepared = self.core.prepare_turn(ckey, turn)
-        return self._append_prepared(prepared)
-
-    def _append_prepared(self, prepared: PreparedTurn) -> AppendReceipt:
+        prepared = self._prepare(key, turn)
         call = self.core.append_call(prepared)
         try:
-            reply = self._retrying("append", call)
             try:
-                receipt = self.core.decode_append(prepared, reply)
+                receipt = self.core.decode_append(prepared, self._retrying("append", call))
             except SessionFullError:
                 if not self.inline_compaction:
                     raise
                 # Compact inline, then retry the same call (same turn id) once.
-                outcome = self._drive(
-                    compaction_plan(
-                        self.core,
-                        prepared.key,
-                        summarizer=with_fallback(self.summarizer),
-                        force=True,
-                        incoming_bytes=prepared.turn_bytes,
-                        incoming_tool=prepared.turn.kind == "tool",
-                    )
-                )
+                outcome = self._drive(self._inline_compaction(prepared))
                 metrics.COMPACTIONS.labels(outcome.status.value).inc()
-                reply = self._retrying("append", call)
-                receipt = self.core.decode_append(prepared, reply)
+                receipt = self.core.decode_append(prepared, self._retrying("append", call))
         except Exception as exc:
-            metrics.APPENDS.labels(prepared.turn.role.value, getattr(exc, "code", "error")).inc()
+            self._count_append_error(prepared, exc)
             raise
-        metrics.APPENDS.labels(
-            prepared.turn.role.value, "duplicate" if receipt.duplicate else "stored"
-        ).inc()
-        if receipt.rotated and not receipt.duplicate:
-            metrics.EXPIRIES.labels(ReasonCode.ROTATED.value).inc()
-        if receipt.evicted:
-            metrics.EVICTIONS.labels("pressure").inc(receipt.evicted)
-        return receipt
+        return self._count_append(prepared, receipt)
 
     def context(self, key: KeyLike, *, limit: int = 0) -> Context:
         """The LLM-facing projection of exactly this key (empty if none or expired)."""
         ckey = self.core.coerce_key(key)
         reply = self._retrying("context", self.core.context_call(ckey, limit))
         return self.core.decode_context(ckey, reply)
+
+    def list_metadata(self, cursor: str | None = None, *, limit: int | None = None) -> MetadataPage:
+        """One page of session metadata (never content); pass ``page.cursor`` for the next."""
+        partition, call = self._metadata_call(cursor, limit)
+        return self._metadata_page(partition, self._retrying("list_metadata", call))
+
+    def iter_metadata(self, *, page_size: int | None = None) -> Iterator[SessionMetadata]:
+        """Iterate every live session's metadata, page by page (bounded pages)."""
+        cursor: str | None = None
+        while True:
+            page = self.list_metadata(cursor, limit=page_size)
+            yield from page.sessions
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    def delete(self, key: KeyLike) -> bool:
+        """Operator delete of one exact key; publishes ``operator_deleted``. False if absent."""
+        call = self._drop_call(key, ReasonCode.OPERATOR_DELETED)
+        return int(self._retrying("delete", call)[0]) == 1
+
+    def expire(self, key: KeyLike) -> bool:
+        """Operator expiry of one exact key; publishes ``operator_expired``. False if absent."""
+        call = self._drop_call(key, ReasonCode.OPERATOR_EXPIRED)
+        return int(self._retrying("expire", call)[0]) == 1
+
+    def sweep(self, *, max_per_partition: int = limits.SWEEP_PER_CALL) -> int:
+        """Remove expired sessions now (publishing ``expired`` events); returns how many.
+
+        Each partition is swept until it reports no expired session left, at most
+        :data:`~memtier.limits.SWEEP_ROUNDS` calls of ``max_per_partition`` each.
+        """
+        total = 0
+        for part in self.core.keyspace.all_partitions():
+            for _ in range(limits.SWEEP_ROUNDS):
+                call = self.core.sweep_call(part, max_per_partition)
+                swept, more = self._retrying("sweep", call)
+                total += int(swept)
+                if not int(more):
+                    break
+        return self._count_swept(total)
+
+    def stats(self) -> StoreStats:
+        """Live sessions and stored bytes over all partitions (also updates the gauges)."""
+        return self._stats_result([self._retrying("stats", c) for c in self._stats_calls()])
+
+    def events(self, *, after: str | None = None, limit: int | None = None) -> list[Event]:
+        """Read the bounded event queue in time order, from the start or after a cursor.
+
+        Each :class:`Event` carries ``cursor``: pass the last one back as ``after``.
+        """
+        start, count, ranges = self._event_ranges(after, limit)
+        pages = [
+            retry_sync("events", partial(self.client.xrange, k, lo, "+", count)) for k, lo in ranges
+        ]
+        return self._events_result(pages, start, count)
+
+    # --- compaction and snapshots --------------------------------------------------------------
+    def compact(self, key: KeyLike, *, force: bool = False) -> CompactionOutcome:
+        """Compact one session now (what a worker does for a queued job).
+
+        Without ``force`` nothing happens below the compaction trigger
+        (:data:`memtier.limits.COMPACTION_TRIGGER_PERCENT` of a bound).
+        """
+        ckey = self.core.coerce_key(key)
+        return self._drive(
+            compaction_plan(self.core, ckey, summarizer=self.summarizer, force=force)
+        )
 
     def flush(self) -> FlushResult:
         """Write every live session into a new immutable snapshot generation (durability point).
@@ -193,10 +201,9 @@ class ConversationStore:
         Raises SnapshotError (persistence off, a full disk, a flush larger than the
         ceiling -- older generations are intact in every case), BackendError.
         """
-        if self.snapshots is None:
-            raise SnapshotError("persistence is off (conversation.persistence_enabled = false)")
+        snapshots = self._require_snapshots()
         try:
-            result = self._drive(flush_plan(self.core, self.snapshots))
+            result = self._drive(flush_plan(self.core, snapshots))
         except Exception:
             metrics.SNAPSHOT_FLUSHES.labels("error").inc()
             raise
@@ -211,112 +218,5 @@ class ConversationStore:
         and never overwrites a live key.  ``force``: restore even into a non-empty or
         already initialised namespace (create-only all the same).
         """
-        if self.snapshots is None:
-            raise SnapshotError("persistence is off (conversation.persistence_enabled = false)")
-        options: dict[str, Any] = {"force": force}
-        if wait_s is not None:
-            options["wait_s"] = wait_s
-        self.last_recovery = self._drive(recover_plan(self.core, self.snapshots, **options))
+        self.last_recovery = self._drive(self._recover_plan(force, wait_s))
         return self.last_recovery
-
-    def compact(self, key: KeyLike, *, force: bool = False) -> CompactionOutcome:
-        """Compact one session now (what a worker does for a queued job).
-
-        Without ``force`` nothing happens below the compaction trigger
-        (:data:`memtier.limits.COMPACTION_TRIGGER_PERCENT` of a bound).
-        """
-        ckey = self.core.coerce_key(key)
-        return self._drive(
-            compaction_plan(self.core, ckey, summarizer=self.summarizer, force=force)
-        )
-
-    def list_metadata(self, cursor: str | None = None, *, limit: int | None = None) -> MetadataPage:
-        """One page of session metadata (never content); pass ``page.cursor`` for the next."""
-        count = _page_size(limit, limits.METADATA_PAGE)
-        partition, scan = self.core.decode_cursor(cursor)
-        part = self.core.keyspace.partition(partition)
-        reply = self._retrying("list_metadata", self.core.metadata_call(part, scan, count))
-        next_scan, sessions = self.core.decode_metadata(reply)
-        return MetadataPage(
-            sessions=tuple(sessions), cursor=self._next_cursor(partition, next_scan)
-        )
-
-    def iter_metadata(self, *, page_size: int | None = None) -> Any:
-        """Iterate every live session's metadata, page by page (bounded pages)."""
-        cursor: str | None = None
-        while True:
-            page = self.list_metadata(cursor, limit=page_size)
-            yield from page.sessions
-            if page.cursor is None:
-                return
-            cursor = page.cursor
-
-    def _next_cursor(self, partition: int, next_scan: str) -> str | None:
-        if next_scan != "0":
-            return self.core.encode_cursor(partition, next_scan)
-        if partition + 1 < self.config.partitions:
-            return self.core.encode_cursor(partition + 1, "0")
-        return None
-
-    def delete(self, key: KeyLike) -> bool:
-        """Operator delete of one exact key; publishes ``operator_deleted``. False if absent."""
-        return self._drop(key, ReasonCode.OPERATOR_DELETED)
-
-    def expire(self, key: KeyLike) -> bool:
-        """Operator expiry of one exact key; publishes ``operator_expired``. False if absent."""
-        return self._drop(key, ReasonCode.OPERATOR_EXPIRED)
-
-    def _drop(self, key: KeyLike, reason: ReasonCode) -> bool:
-        ckey = self.core.coerce_key(key)
-        reply = self._retrying(reason.value, self.core.drop_call(ckey, reason))
-        return int(reply[0]) == 1
-
-    def sweep(self, *, max_per_partition: int = limits.SWEEP_PER_CALL) -> int:
-        """Remove expired sessions now (publishing ``expired`` events); returns how many."""
-        total = 0
-        for part in self.core.keyspace.all_partitions():
-            reply = self._retrying("sweep", self.core.sweep_call(part, max_per_partition))
-            swept = int(reply[0])
-            total += swept
-        if total:
-            metrics.EXPIRIES.labels(ReasonCode.EXPIRED.value).inc(total)
-        return total
-
-    def stats(self) -> StoreStats:
-        """Live sessions and stored bytes over all partitions (also updates the gauges)."""
-        sessions = nbytes = 0
-        for part in self.core.keyspace.all_partitions():
-            reply = self._retrying("stats", self.core.stats_call(part))
-            sessions += int(reply[0])
-            nbytes += int(reply[1])
-        metrics.ACTIVE_SESSIONS.set(sessions)
-        metrics.STORED_BYTES.set(nbytes)
-        return StoreStats(sessions=sessions, bytes=nbytes)
-
-    def events(self, *, after: str | None = None, limit: int | None = None) -> list[Event]:
-        """Read the bounded event queue in time order, from the start or after a cursor.
-
-        Each :class:`Event` carries ``cursor``: pass the last one back as ``after``.
-        """
-        count = _page_size(limit, limits.EVENTS_PAGE)
-        start = self.core.decode_events_cursor(after)
-        pages = []
-        for part, position in zip(self.core.keyspace.all_partitions(), start, strict=True):
-            key = part.events
-            pages.append(
-                retry_sync(
-                    "events",
-                    lambda key=key, position=position: self.client.xrange(  # type: ignore[misc]
-                        key, min="(" + position, max="+", count=count
-                    ),
-                )
-            )
-        return self.core.merge_events(pages, start, count)
-
-
-def _page_size(limit: int | None, bound: limits.Bound) -> int:
-    if limit is None:
-        return int(bound.default)
-    if not 1 <= limit <= bound.ceiling:
-        raise ValidationError(f"limit must be between 1 and {bound.ceiling:g}", field="limit")
-    return int(limit)

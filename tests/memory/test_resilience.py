@@ -184,3 +184,22 @@ def test_every_lua_script_keeps_its_keys_in_one_slot(backend: Any) -> None:
             assert prefix_slot in slots
     # partitions spread over slots
     assert len({key_slot(p.meta.encode()) for p in core.keyspace.all_partitions()}) == 7
+
+
+def test_eviction_and_expiry_metrics_carry_reason_codes(backend: Any) -> None:
+    clock = Clock()
+    conv = {"max_active_sessions": 2, "public_ttl_seconds": 5, "im_ttl_seconds": 3600}
+    store = sync_store(backend, clock, conversation=conv)
+    sess = "memtier_evictions_total{reason=evicted_session_pressure}"
+    expired = "memtier_expiries_total{reason=expired}"
+    before = scrape()
+    store.append(key(1, "im"), AvatarMessage(text="a"))
+    store.append(key(2, "im"), AvatarMessage(text="b"))
+    store.append(key(3, "im"), AvatarMessage(text="c"))  # evicts key 1 for session pressure
+    store.append(key(4), AvatarMessage(text="d"))  # evicts key 2
+    clock.advance(5_000)
+    store.append(key(5, "im"), AvatarMessage(text="e"))  # sweeps the expired public key 4
+    after = scrape()
+    assert after[sess] - before.get(sess, 0.0) == 2
+    assert after[expired] - before.get(expired, 0.0) == 1
+    assert store.stats()["sessions"] == 2
