@@ -242,11 +242,13 @@ def run_threads(h: Harness, server: BenchRedis, baseline: Measure) -> None:
     history = service.create(owner, title="history").id
     for _ in range(HISTORY_TURNS):
         service.continue_(owner, history, text)
-    state = {"c": 0}
+    state = {"c": 0, "n": 0}
 
     def create(n: int) -> None:
-        for _ in range(n):
-            service.create(owner)
+        i = state["n"]
+        for j in range(i, i + n):  # a fresh owner per 1,000 creates: under THREADS_PER_OWNER
+            service.create(Ownership("bench", f"c{j // 1000}"))
+        state["n"] = i + n
 
     def continue_(n: int) -> None:
         i = state["c"]
