@@ -10,6 +10,7 @@ aggregates them (see :func:`memtier.metrics.render`).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -35,6 +36,7 @@ __all__ = [
     "THREAD_OPERATIONS",
     "THREAD_RUNNER_DURATION",
     "render",
+    "serve",
 ]
 
 APPENDS = Counter(
@@ -90,12 +92,30 @@ THREAD_RUNNER_DURATION = Histogram(
 )
 
 
-def render() -> bytes:
-    """The exposition text: every process's collectors when multiprocess mode is on."""
+def _registry() -> CollectorRegistry:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return generate_latest(registry)
-    return generate_latest()
+        return registry
+    from prometheus_client import REGISTRY
+
+    return REGISTRY
+
+
+def serve(port: int, host: str = "127.0.0.1") -> Any:
+    """Serve ``/metrics`` from a background thread (``memtier worker --metrics-port``).
+
+    Returns the server; ``server.shutdown()`` stops it.  Port 0 picks a free port
+    (``server.server_port``).
+    """
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=host, registry=_registry())
+    return server
+
+
+def render() -> bytes:
+    """The exposition text: every process's collectors when multiprocess mode is on."""
+    return generate_latest(_registry())

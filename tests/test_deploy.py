@@ -454,7 +454,8 @@ def test_compose_file_runs_redis_serve_worker_prometheus_grafana() -> None:
     assert "./redis.conf:/usr/local/etc/redis/redis.conf:ro" in services["redis"]["volumes"]
     assert services["redis"]["command"][:2] == ["redis-server", "/usr/local/etc/redis/redis.conf"]
     assert services["memtier-serve"]["command"][0] == "serve"
-    assert services["memtier-worker"]["command"] == ["worker"]
+    worker_command = services["memtier-worker"]["command"]
+    assert worker_command[0] == "worker" and "--metrics-port" in worker_command
     assert "./prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
     # The API-keys secret is the user's copy of the example (hashes only).
     assert compose["secrets"]["memtier-api-keys"]["file"] == "./api-keys.toml"
@@ -618,8 +619,13 @@ def test_kubernetes_serve_probes_metrics_and_api_keys() -> None:
     assert_api_keys_toml(secrets_by_name[secret_name]["stringData"][keys_path.name])
     # The DNS-SD Service of prometheus-kubernetes.yml exists and selects these pods.
     (cfg,) = load_yaml_docs(PROM_DIR / "prometheus-kubernetes.yml")
-    (sd,) = cfg["scrape_configs"][0]["dns_sd_configs"]
-    service_name = sd["names"][0].split(".")[0]
+    sd_by_service = {
+        entry["names"][0].split(".")[0]: entry
+        for entry in cfg["scrape_configs"][0]["dns_sd_configs"]
+    }
+    assert set(sd_by_service) == {"memtier-serve-metrics", "memtier-worker-metrics"}
+    sd = sd_by_service["memtier-serve-metrics"]
+    service_name = "memtier-serve-metrics"
     services = {doc["metadata"]["name"]: doc for _, doc in k8s_docs() if doc["kind"] == "Service"}
     assert services[service_name]["spec"]["clusterIP"] == "None"
     assert sd["port"] == port
@@ -629,7 +635,16 @@ def test_kubernetes_serve_probes_metrics_and_api_keys() -> None:
 
 def test_kubernetes_worker_and_redis_wiring() -> None:
     worker = _container("memtier-worker")
-    assert worker["args"] == ["worker"]
+    assert worker["args"][0] == "worker"
+    port = int(worker["args"][worker["args"].index("--metrics-port") + 1])
+    assert {p["containerPort"] for p in worker["ports"]} == {port}
+    (cfg,) = load_yaml_docs(PROM_DIR / "prometheus-kubernetes.yml")
+    ports = {
+        e["names"][0].split(".")[0]: e["port"] for e in cfg["scrape_configs"][0]["dns_sd_configs"]
+    }
+    assert ports["memtier-worker-metrics"] == port
+    services = {doc["metadata"]["name"]: doc for _, doc in k8s_docs() if doc["kind"] == "Service"}
+    assert services["memtier-worker-metrics"]["spec"]["clusterIP"] == "None"
     for name in ("memtier-serve", "memtier-worker"):
         env = _env(_container(name))
         assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "memtier-redis-auth"

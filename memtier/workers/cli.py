@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from memtier import metrics
 from memtier.config import MemtierConfig
 from memtier.errors import ConfigurationError, MemtierError
 from memtier.memory.models import ConversationKey
@@ -120,8 +121,17 @@ def worker_main(argv: Sequence[str]) -> int:
         "--drain", action="store_true", help="exit once no job is queued or claimed"
     )
     parser.add_argument("--deadline", type=float, help="stop after this many seconds")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port (compactions, flushes, sweeps, retries)",
+    )
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
     args = parser.parse_args(list(argv))
     _setup_logging(args.log_level if args.log_level != "WARNING" else "INFO")
+    if args.metrics_port is not None:
+        server = metrics.serve(args.metrics_port, args.metrics_host)
+        log.info("metrics on http://%s:%d/metrics", args.metrics_host, server.server_port)
     opened = _open("worker", args, recover=True)
     if isinstance(opened, int):
         return opened
