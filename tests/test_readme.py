@@ -35,3 +35,28 @@ def test_error_table_matches_http_mapping() -> None:
 def test_every_reason_code_is_documented() -> None:
     for reason in ReasonCode:
         assert f"`{reason.value}`" in README, reason
+
+
+def _python_block_after(heading: str) -> str:
+    start = README.index(heading)
+    match = re.search(r"```python\n(.*?)```", README[start:], flags=re.DOTALL)
+    assert match is not None, heading
+    return match.group(1)
+
+
+def test_memory_example_runs_on_a_real_server(redis_server: object) -> None:
+    code = _python_block_after("## Conversation memory")
+    code = code.replace("redis://127.0.0.1:6379/0", redis_server.url)  # type: ignore[attr-defined]
+    code = code.replace(
+        "MemtierConfig.load(redis_url=", 'MemtierConfig.load(namespace="readme", redis_url='
+    )
+    scope: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["receipt"].seq == 1  # type: ignore[attr-defined]
+    assert scope["messages"][0]["role"] == "user"  # type: ignore[index]
+
+
+def test_threads_example_runs() -> None:
+    scope: dict[str, object] = {}
+    exec(compile(_python_block_after("## Conversation threads"), "README.md", "exec"), scope)
+    assert scope["page"].records  # type: ignore[attr-defined]
