@@ -26,6 +26,7 @@ from memtier.errors import (
     ValidationError,
 )
 from memtier.memory.aio import AsyncConversationStore
+from memtier.memory.compaction import CompactionOutcome, Summarizer, SummaryRequest
 from memtier.memory.models import (
     ActionResult,
     AgentResponse,
@@ -45,6 +46,7 @@ from memtier.memory.models import (
     TurnRecord,
     parse_turn,
 )
+from memtier.memory.persistence import FlushResult, RecoveryReport
 from memtier.memory.store import ConversationStore
 from memtier.threads import (
     AgentDenied,
@@ -75,6 +77,7 @@ __all__ = [
     "BackendError",
     "CapacityError",
     "Channel",
+    "CompactionOutcome",
     "ConfigurationError",
     "Context",
     "ContextMessage",
@@ -91,18 +94,22 @@ __all__ = [
     "ErrorCode",
     "Event",
     "ExportResult",
+    "FlushResult",
     "InvalidCursorError",
     "MemtierConfig",
     "MemtierError",
     "MetadataPage",
     "Ownership",
     "ReasonCode",
+    "RecoveryReport",
     "ReplayPage",
     "Role",
     "ScriptError",
     "SessionFullError",
     "SessionMetadata",
     "SnapshotError",
+    "Summarizer",
+    "SummaryRequest",
     "ThreadPage",
     "ThreadsConfig",
     "ToolSummary",
