@@ -162,10 +162,22 @@ _Replace = Callable[[re.Match[str]], "tuple[str, tuple[SecretKind, ...]] | None"
 class _Detector:
     pattern: re.Pattern[str]
     replace: _Replace
-    # Lower-case literals: the regex runs only if one occurs in the lower-cased text (empty =
-    # always run).  Worth it only for patterns that start with a character class: a regex
-    # that starts with a literal is already as fast as an `in` scan.
+    # Pre-filters, each a NECESSARY condition for a match (a detector whose filter fails
+    # cannot match, so skipping it changes nothing); empty = always run.  They are checked on
+    # the current text before every run, so a replacement made by an earlier detector is
+    # seen.  The patterns start with one literal character followed by a lookbehind, so the
+    # regex engine stops at every occurrence of that (often common) character; a substring
+    # search for a longer literal is 3-10x cheaper than running the pattern.
+    # hints: lower-case literals, one of which occurs in the lower-cased text
+    # (case-insensitive patterns).
     hints: tuple[str, ...] = ()
+    # chars: characters that ALL occur in every match, checked first: a one-character
+    # search is a memchr (~0.1 us for 4 KiB), a longer literal a skip search (~2.5 us).
+    chars: str = ""
+    # needles: literals, one of which occurs in the text as it is (case-sensitive patterns).
+    needles: tuple[str, ...] = ()
+    # gate: a regex that must find something in the text (a structure no literal captures).
+    gate: re.Pattern[str] | None = None
 
 
 def _splice(m: re.Match[str], group: str | int, new: str) -> str:
@@ -427,66 +439,158 @@ class _TokenSpec:
     kind: SecretKind
     regex: str
     valid: Callable[[str], bool] | None = None
+    # Pre-filters, each necessary for a match (see _Detector).
+    chars: str = ""
+    needles: tuple[str, ...] = ()
+    gate: re.Pattern[str] | None = None
 
 
 _HEX: Final = "[0-9a-fA-F]"
+# The middle of a Discord bot token (".<6 token characters>."): rare in prose, unlike its
+# first letter, so the three token patterns run only when the text has one.
+_DISCORD_GATE_RE: Final = re.compile(r"\.[A-Za-z0-9_\-]{6}\.")
 _TOKEN_SPECS: Final = (
     _TokenSpec(
         SecretKind.AWS_ACCESS_KEY,
         rf"{_start('A')}(?:KIA|SIA|BIA|CCA|3T[A-Z0-9])[A-Z0-9]{{16}}(?![A-Za-z0-9])",
+        chars="A",
+        needles=("AKIA", "ASIA", "ABIA", "ACCA", "A3T"),
     ),
     _TokenSpec(
         SecretKind.GITHUB_TOKEN,
         rf"{_start('g')}(?:h[pousr]_[A-Za-z0-9]{{36,255}}+|ithub_pat_[A-Za-z0-9_]{{22,255}}+)",
+        chars="_",
+        needles=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
     ),
     _TokenSpec(
         SecretKind.GITLAB_TOKEN,
         rf"{_start('g')}l(?:pat|dt|rt|ptt|ft|imt|soat|cbt|oas|agent)-[A-Za-z0-9_\-]{{20,255}}+",
+        chars="-",
+        needles=tuple(
+            f"gl{p}-"
+            for p in ("pat", "dt", "rt", "ptt", "ft", "imt", "soat", "cbt", "oas", "agent")
+        ),
     ),
     _TokenSpec(
         SecretKind.SLACK_TOKEN,
         rf"{_start('x')}(?:ox[abposre](?:\.xox[abposre])?|app)-[A-Za-z0-9\-]{{10,255}}+",
         _has_digit,
-    ),
-    _TokenSpec(SecretKind.STRIPE_KEY, rf"{_start('s')}k_(?:live|test)_[A-Za-z0-9]{{16,255}}+"),
-    _TokenSpec(SecretKind.STRIPE_KEY, rf"{_start('r')}k_(?:live|test)_[A-Za-z0-9]{{16,255}}+"),
-    _TokenSpec(SecretKind.STRIPE_KEY, rf"{_start('w')}hsec_[A-Za-z0-9+/=]{{24,255}}+"),
-    _TokenSpec(SecretKind.ANTHROPIC_KEY, rf"{_start('s')}k-ant-[A-Za-z0-9_\-]{{20,255}}+"),
-    _TokenSpec(SecretKind.OPENAI_KEY, rf"{_start('s')}k-[A-Za-z0-9_\-]{{20,255}}+", _has_digit),
-    _TokenSpec(SecretKind.GOOGLE_API_KEY, rf"{_start('A')}Iza[0-9A-Za-z_\-]{{35,64}}+"),
-    _TokenSpec(SecretKind.GOOGLE_OAUTH, rf"{_start('y')}a29\.[0-9A-Za-z_\-]{{20,2048}}+"),
-    _TokenSpec(SecretKind.GOOGLE_OAUTH, rf"{_start('G')}OCSPX-[0-9A-Za-z_\-]{{20,64}}+"),
-    _TokenSpec(SecretKind.NPM_TOKEN, rf"{_start('n')}pm_[A-Za-z0-9]{{36,64}}+"),
-    _TokenSpec(SecretKind.PYPI_TOKEN, rf"{_start('p')}ypi-AgE[A-Za-z0-9_\-]{{50,2048}}+"),
-    _TokenSpec(SecretKind.HUGGINGFACE_TOKEN, rf"{_start('h')}f_[A-Za-z0-9]{{30,64}}+"),
-    _TokenSpec(
-        SecretKind.TWILIO_API_KEY, rf"{_start('S')}K{_HEX}{{32}}(?![A-Za-z0-9])", _has_digit
+        chars="-",
+        needles=("xox", "xapp-"),
     ),
     _TokenSpec(
-        SecretKind.SENDGRID_KEY, rf"{_start('S')}G\.[A-Za-z0-9_\-]{{22}}\.[A-Za-z0-9_\-]{{43,64}}+"
+        SecretKind.STRIPE_KEY,
+        rf"{_start('s')}k_(?:live|test)_[A-Za-z0-9]{{16,255}}+",
+        chars="_",
+        needles=("sk_live_", "sk_test_"),
+    ),
+    _TokenSpec(
+        SecretKind.STRIPE_KEY,
+        rf"{_start('r')}k_(?:live|test)_[A-Za-z0-9]{{16,255}}+",
+        chars="_",
+        needles=("rk_live_", "rk_test_"),
+    ),
+    _TokenSpec(
+        SecretKind.STRIPE_KEY,
+        rf"{_start('w')}hsec_[A-Za-z0-9+/=]{{24,255}}+",
+        chars="_",
+        needles=("whsec_",),
+    ),
+    _TokenSpec(
+        SecretKind.ANTHROPIC_KEY,
+        rf"{_start('s')}k-ant-[A-Za-z0-9_\-]{{20,255}}+",
+        chars="-",
+        needles=("sk-ant-",),
+    ),
+    _TokenSpec(
+        SecretKind.OPENAI_KEY,
+        rf"{_start('s')}k-[A-Za-z0-9_\-]{{20,255}}+",
+        _has_digit,
+        chars="-",
+        needles=("sk-",),
+    ),
+    _TokenSpec(
+        SecretKind.GOOGLE_API_KEY,
+        rf"{_start('A')}Iza[0-9A-Za-z_\-]{{35,64}}+",
+        chars="z",
+        needles=("AIza",),
+    ),
+    _TokenSpec(
+        SecretKind.GOOGLE_OAUTH,
+        rf"{_start('y')}a29\.[0-9A-Za-z_\-]{{20,2048}}+",
+        chars="9",
+        needles=("ya29.",),
+    ),
+    _TokenSpec(
+        SecretKind.GOOGLE_OAUTH,
+        rf"{_start('G')}OCSPX-[0-9A-Za-z_\-]{{20,64}}+",
+        chars="X-",
+        needles=("GOCSPX-",),
+    ),
+    _TokenSpec(
+        SecretKind.NPM_TOKEN,
+        rf"{_start('n')}pm_[A-Za-z0-9]{{36,64}}+",
+        chars="_",
+        needles=("npm_",),
+    ),
+    _TokenSpec(
+        SecretKind.PYPI_TOKEN,
+        rf"{_start('p')}ypi-AgE[A-Za-z0-9_\-]{{50,2048}}+",
+        chars="E-",
+        needles=("pypi-AgE",),
+    ),
+    _TokenSpec(
+        SecretKind.HUGGINGFACE_TOKEN,
+        rf"{_start('h')}f_[A-Za-z0-9]{{30,64}}+",
+        chars="_",
+        needles=("hf_",),
+    ),
+    _TokenSpec(
+        SecretKind.TWILIO_API_KEY,
+        rf"{_start('S')}K{_HEX}{{32}}(?![A-Za-z0-9])",
+        _has_digit,
+        chars="K",
+        needles=("SK",),
+    ),
+    _TokenSpec(
+        SecretKind.SENDGRID_KEY,
+        rf"{_start('S')}G\.[A-Za-z0-9_\-]{{22}}\.[A-Za-z0-9_\-]{{43,64}}+",
+        chars="G",
+        needles=("SG.",),
     ),
     *(
         _TokenSpec(
             SecretKind.DISCORD_BOT_TOKEN,
             _start(c) + r"[A-Za-z0-9_\-]{23,27}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,64}+",
             _discord_bot_valid,
+            needles=(c,),
+            gate=_DISCORD_GATE_RE,
         )
         for c in "MNO"  # base64 of a numeric user id starts with M, N or O
     ),
     _TokenSpec(
-        SecretKind.SHOPIFY_TOKEN, rf"{_start('s')}hp(?:at|ca|pa|ss)_{_HEX}{{32}}(?![A-Za-z0-9])"
+        SecretKind.SHOPIFY_TOKEN,
+        rf"{_start('s')}hp(?:at|ca|pa|ss)_{_HEX}{{32}}(?![A-Za-z0-9])",
+        chars="_",
+        needles=("shpat_", "shpca_", "shppa_", "shpss_"),
     ),
     _TokenSpec(
-        SecretKind.DIGITALOCEAN_TOKEN, rf"{_start('d')}o[opr]_v1_[a-f0-9]{{64}}(?![A-Za-z0-9])"
+        SecretKind.DIGITALOCEAN_TOKEN,
+        rf"{_start('d')}o[opr]_v1_[a-f0-9]{{64}}(?![A-Za-z0-9])",
+        chars="_",
+        needles=("_v1_",),
     ),
     _TokenSpec(
         SecretKind.DATABRICKS_TOKEN,
         rf"{_start('d')}api[a-f0-9]{{32}}(?:-[0-9])?(?![A-Za-z0-9])",
         _has_digit,
+        needles=("dapi",),
     ),
     _TokenSpec(
         SecretKind.AGE_SECRET_KEY,
         rf"{_start('A')}GE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{{58}}(?![A-Za-z0-9])",
+        chars="-",
+        needles=("AGE-SECRET-KEY-1",),
     ),
 )
 
@@ -656,29 +760,59 @@ def _apply_assignments(text: str, counts: dict[SecretKind, int]) -> str:
 
 
 def _token_detector(spec: _TokenSpec) -> _Detector:
-    return _Detector(re.compile(spec.regex), _whole(spec.kind, spec.valid))
+    return _Detector(
+        re.compile(spec.regex),
+        _whole(spec.kind, spec.valid),
+        chars=spec.chars,
+        needles=spec.needles,
+        gate=spec.gate,
+    )
 
 
 # Order matters: whole structures (key blocks, URLs, headers) before the tokens inside
 # them, specific vendor formats before the generic name=value rule.
 _DETECTORS: Final = (
-    _Detector(_PEM_RE, _whole(SecretKind.PRIVATE_KEY)),
-    _Detector(_URL_RE, _replace_url),
+    _Detector(_PEM_RE, _whole(SecretKind.PRIVATE_KEY), chars="-", needles=("-----BEGIN ",)),
+    _Detector(_URL_RE, _replace_url, chars=":", needles=("://",)),
     *(_Detector(r, _replace_auth_header, ("authorization",)) for r in _AUTH_HEADER_RES),
     *(_Detector(r, _replace_bearer, ("bearer",)) for r in _BEARER_RES),
     *(_Detector(r, _replace_basic, ("basic",)) for r in _BASIC_RES),
-    _Detector(_JWT_RE, _whole(SecretKind.JWT)),
+    _Detector(_JWT_RE, _whole(SecretKind.JWT), chars="J", needles=("eyJ",)),
     *(_token_detector(spec) for spec in _TOKEN_SPECS),
-    _Detector(_TELEGRAM_RE, _replace_telegram),
+    _Detector(_TELEGRAM_RE, _replace_telegram, chars=":", needles=(":AA",)),
 )
 
 
 def _redact_once(text: str) -> tuple[str, dict[SecretKind, int]]:
     """One pass of every detector, in order; returns the text and counts per kind."""
     counts: dict[SecretKind, int] = {}
-    lowered = text.lower()
+    lowered: str | None = None  # computed when a detector with hints first needs it
     for detector in _DETECTORS:
-        if detector.hints and not any(h in lowered for h in detector.hints):
+        # Pre-filters (plain loops: a generator per detector per call costs more than the
+        # substring searches themselves).
+        if detector.chars:
+            missing = False
+            for char in detector.chars:
+                if char not in text:
+                    missing = True
+                    break
+            if missing:
+                continue
+        if detector.needles:
+            for needle in detector.needles:
+                if needle in text:
+                    break
+            else:
+                continue
+        if detector.hints:
+            if lowered is None:
+                lowered = text.lower()
+            for hint in detector.hints:
+                if hint in lowered:
+                    break
+            else:
+                continue
+        if detector.gate is not None and detector.gate.search(text) is None:
             continue
         before = len(counts), sum(counts.values())
 
@@ -693,7 +827,7 @@ def _redact_once(text: str) -> tuple[str, dict[SecretKind, int]]:
 
         text = detector.pattern.sub(sub, text)
         if (len(counts), sum(counts.values())) != before:
-            lowered = text.lower()
+            lowered = None  # the text changed
     # Last: specific formats first (GITHUB_TOKEN=ghp_... reports github_token).
     text = _apply_assignments(text, counts)
     return text, counts
@@ -860,6 +994,8 @@ def bound_utf8(text: str, max_bytes: int) -> tuple[str, bool]:
     """
     if max_bytes < 0:
         raise ValidationError("max_bytes must be >= 0", max_bytes=max_bytes)
+    if len(text) <= max_bytes and text.isascii():  # fast path: ASCII is one byte a character
+        return text, False
     data = _encode(text)
     if len(data) <= max_bytes:
         return text, False
@@ -906,7 +1042,8 @@ def sanitize(text: str, max_bytes: int) -> SanitizedText:
     """
     if max_bytes < 0:
         raise ValidationError("max_bytes must be >= 0", max_bytes=max_bytes)
-    _encode(text)  # refuse lone surrogates before doing any work
+    if not text.isascii():
+        _encode(text)  # refuse lone surrogates before doing any work (ASCII has none)
     result = redact(text)
     kinds = set(result.kinds)
     out, truncated = bound_utf8(result.text, max_bytes)
@@ -923,4 +1060,5 @@ def sanitize(text: str, max_bytes: int) -> SanitizedText:
         out, cut = bound_utf8(again.text, max_bytes)
         truncated = truncated or cut
         rounds += 1
-    return SanitizedText(out, len(out.encode("utf-8")), _sorted_kinds(list(kinds)), truncated)
+    nbytes = len(out) if out.isascii() else len(out.encode("utf-8"))
+    return SanitizedText(out, nbytes, _sorted_kinds(list(kinds)), truncated)

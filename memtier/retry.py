@@ -12,8 +12,9 @@ Defaults: exponential backoff 50 ms -> 2 s with up to 100 ms jitter, at most
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 from redis import exceptions as rexc
 from tenacity import (
@@ -22,8 +23,6 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_attempt,
-    stop_after_delay,
-    stop_any,
     wait_exponential_jitter,
     wait_none,
 )
@@ -81,12 +80,34 @@ def translate(exc: BaseException) -> BaseException:
     return exc
 
 
-def _stop() -> Any:
-    return stop_any(stop_after_attempt(MAX_ATTEMPTS), stop_after_delay(MAX_DELAY_S))
+# Built once: both are stateless (tenacity keeps per-call state in RetryCallState).
+_STOP_ATTEMPTS: Final = stop_after_attempt(MAX_ATTEMPTS)
+
+
+def _backoff() -> wait_exponential_jitter:
+    """50 ms * 2**n, at most 2 s, plus up to 100 ms jitter."""
+    try:
+        return wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.1)
+    except TypeError:  # tenacity < 9.2 has no `multiplier` (and no deprecation of `initial`)
+        return wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.1)
+
+
+_WAIT_BACKOFF: Final = _backoff()
+_WAIT_NONE: Final = wait_none()
+_RETRY_TRANSIENT: Final = retry_if_exception(is_transient)
+
+
+def _stop(started: float) -> Callable[[RetryCallState], bool]:
+    """At most MAX_ATTEMPTS attempts and MAX_DELAY_S seconds, counted from the first call."""
+
+    def stop(state: RetryCallState) -> bool:
+        return bool(_STOP_ATTEMPTS(state)) or time.monotonic() - started >= MAX_DELAY_S
+
+    return stop
 
 
 def _wait() -> Any:
-    return wait_none() if _testing else wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.1)
+    return _WAIT_NONE if _testing else _WAIT_BACKOFF
 
 
 def _count(operation: str) -> Callable[[RetryCallState], None]:
@@ -97,41 +118,80 @@ def _count(operation: str) -> Callable[[RetryCallState], None]:
     return before_sleep
 
 
+def _raise_mapped(exc: BaseException) -> NoReturn:
+    mapped = translate(exc)
+    if mapped is exc:
+        raise exc
+    raise mapped from exc
+
+
+def _replay_first(first: BaseException, fn: Callable[[], T]) -> Callable[[], T]:
+    """``fn``, except that its first call raises ``first`` (the failure already seen).
+
+    The fast path made attempt 1 itself; the tenacity loop starts from that outcome, so
+    attempts, waits and retry metrics are exactly those of a loop that made every call.
+    """
+    pending = [first]
+
+    def attempt() -> T:
+        if pending:
+            raise pending.pop()
+        return fn()
+
+    return attempt
+
+
 def retry_sync(operation: str, fn: Callable[[], T]) -> T:
-    """Call ``fn`` with bounded retries on transient errors; raise memtier errors only."""
+    """Call ``fn`` with bounded retries on transient errors; raise memtier errors only.
+
+    Fast path: the first attempt is a plain call; the tenacity machinery is built only
+    after a transient failure (which counts as attempt 1 of :data:`MAX_ATTEMPTS`).
+    """
+    started = time.monotonic()
+    try:
+        return fn()
+    except BaseException as exc:
+        if not is_transient(exc):
+            _raise_mapped(exc)
+        first = exc
+    call = _replay_first(first, fn)
+    del first
     try:
         for attempt in Retrying(
-            retry=retry_if_exception(is_transient),
-            stop=_stop(),
+            retry=_RETRY_TRANSIENT,
+            stop=_stop(started),
             wait=_wait(),
             before_sleep=_count(operation),
             reraise=True,
         ):
             with attempt:
-                return fn()
+                return call()
     except BaseException as exc:
-        mapped = translate(exc)
-        if mapped is exc:
-            raise
-        raise mapped from exc
+        _raise_mapped(exc)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def retry_async(operation: str, fn: Callable[[], Awaitable[T]]) -> T:
-    """Asyncio twin of :func:`retry_sync`."""
+    """Asyncio twin of :func:`retry_sync` (same fast path)."""
+    started = time.monotonic()
+    try:
+        return await fn()
+    except BaseException as exc:
+        if not is_transient(exc):
+            _raise_mapped(exc)
+        first = exc
+    call = _replay_first(first, fn)
+    del first
     try:
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception(is_transient),
-            stop=_stop(),
+            retry=_RETRY_TRANSIENT,
+            stop=_stop(started),
             wait=_wait(),
             before_sleep=_count(operation),
             reraise=True,
         ):
             with attempt:
-                return await fn()
+                return await call()
     except BaseException as exc:
-        mapped = translate(exc)
-        if mapped is exc:
-            raise
-        raise mapped from exc
+        _raise_mapped(exc)
     raise AssertionError("unreachable")  # pragma: no cover

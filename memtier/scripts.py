@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,11 @@ class LuaScript:
         sha = hashlib.sha1(source.encode("utf-8"), usedforsecurity=False).hexdigest()
         return cls(match.group("name"), int(match.group("keys")), source, sha)
 
+    @cached_property
+    def _duration(self) -> Any:
+        """This script's ``SCRIPT_DURATION`` child, looked up once (not per call)."""
+        return metrics.SCRIPT_DURATION.labels(self.name)
+
     def _args(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
         if len(keys) != self.num_keys:
             raise ScriptError(f"{self.name} takes {self.num_keys} keys, got {len(keys)}")
@@ -120,7 +126,7 @@ class LuaScript:
             _raise_script_error(self.name, exc)
             raise
         finally:
-            metrics.SCRIPT_DURATION.labels(self.name).observe(time.perf_counter() - started)
+            self._duration.observe(time.perf_counter() - started)
 
     async def call_async(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run on an asyncio redis-py client (standalone or cluster)."""
@@ -136,7 +142,7 @@ class LuaScript:
             _raise_script_error(self.name, exc)
             raise
         finally:
-            metrics.SCRIPT_DURATION.labels(self.name).observe(time.perf_counter() - started)
+            self._duration.observe(time.perf_counter() - started)
 
 
 def _raise_script_error(name: str, exc: RedisResponseError) -> None:

@@ -22,6 +22,7 @@ from memtier.memory.models import (
     Event,
     MetadataPage,
     ReasonCode,
+    Role,
     Turn,
 )
 from memtier.memory.persistence import RecoveryReport, recover_plan
@@ -32,6 +33,10 @@ from memtier.scripts import load_registry
 __all__ = ["KeyLike", "StoreBase", "StoreStats", "page_size"]
 
 KeyLike = ConversationKey | tuple[Any, Any]
+
+
+# APPENDS children by (role, duplicate): a small fixed set (4 roles x 2 outcomes).
+_APPEND_COUNTERS: dict[tuple[Role, bool], Any] = {}
 
 
 class StoreStats(dict[str, int]):
@@ -93,8 +98,12 @@ class StoreBase:
 
     @staticmethod
     def _count_append(prepared: PreparedTurn, receipt: AppendReceipt) -> AppendReceipt:
-        role = prepared.turn.role.value
-        metrics.APPENDS.labels(role, "duplicate" if receipt.duplicate else "stored").inc()
+        outcome = (prepared.turn.role, receipt.duplicate)
+        child = _APPEND_COUNTERS.get(outcome)
+        if child is None:  # one lookup per (role, outcome) per process, not per append
+            label = "duplicate" if receipt.duplicate else "stored"
+            child = _APPEND_COUNTERS[outcome] = metrics.APPENDS.labels(outcome[0].value, label)
+        child.inc()
         if receipt.rotated and not receipt.duplicate:
             metrics.EXPIRIES.labels(ReasonCode.ROTATED.value).inc()
         if receipt.swept:

@@ -1,0 +1,125 @@
+"""The detector pre-filters (chars, needles, hints, gates) never skip a detector that could match.
+
+Each filter must be a necessary condition for its pattern: every match contains all of the
+detector's chars, one of its needles (as is), one of its hints (lower-cased) and something
+its gate finds.  Checked on every example of ``test_redaction`` and on generated text; and
+``redact`` with the chars, needles and gates stripped gives the same result as with them.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_redaction import FILLER, NEGATIVE, SECRETS, fake
+
+from memtier import redaction
+
+DETECTORS = redaction._DETECTORS
+
+
+def _discord(user_id: bytes) -> str:
+    first = base64.b64encode(user_id).decode().rstrip("=")
+    return f"bot {first}.GaBc12.{fake(38)}"
+
+
+# Detectors the shared examples do not reach: restricted Stripe keys, and Discord ids whose
+# base64 starts with N or O.
+EXTRA = [
+    "rk_" + "live_" + fake(24),
+    _discord(b"423456789012345678"),
+    _discord(b"823456789012345678"),
+]
+EXAMPLES = SECRETS + EXTRA
+
+
+def _filters_pass(detector: redaction._Detector, text: str) -> bool:
+    if not all(c in text for c in detector.chars):
+        return False
+    if detector.needles and not any(n in text for n in detector.needles):
+        return False
+    if detector.hints and not any(h in text.lower() for h in detector.hints):
+        return False
+    return detector.gate is None or detector.gate.search(text) is not None
+
+
+def _assert_matches_pass_filters(text: str) -> None:
+    for index, detector in enumerate(DETECTORS):
+        for m in detector.pattern.finditer(text):
+            assert _filters_pass(detector, m.group(0)), (index, detector.pattern.pattern, m)
+
+
+def test_most_detectors_have_a_pre_filter() -> None:
+    unfiltered = [
+        d.pattern.pattern for d in DETECTORS if not (d.needles or d.hints or d.gate is not None)
+    ]
+    assert unfiltered == []
+
+
+@pytest.mark.parametrize("text", EXAMPLES + [t for _, t in NEGATIVE])
+def test_every_match_in_the_examples_passes_its_filters(text: str) -> None:
+    _assert_matches_pass_filters(text)
+
+
+def test_every_positive_example_matches_a_filtered_detector() -> None:
+    """The check above is not vacuous: the examples do match detectors with filters."""
+    matched = {
+        index
+        for text in EXAMPLES
+        for index, d in enumerate(DETECTORS)
+        if (d.needles or d.gate is not None) and d.pattern.search(text)
+    }
+    filtered = {i for i, d in enumerate(DETECTORS) if d.needles or d.gate is not None}
+    assert matched == filtered
+
+
+def _mutate(text: str, flips: list[int]) -> str:
+    chars = list(text)
+    for i in flips:
+        if chars:
+            j = i % len(chars)
+            chars[j] = chars[j].swapcase()
+    return "".join(chars)
+
+
+TEXTS = st.builds(
+    lambda a, secret, flips, b: a + _mutate(secret, flips) + b,
+    FILLER,
+    st.sampled_from(EXAMPLES),
+    st.lists(st.integers(0, 400), max_size=3),
+    FILLER,
+) | st.text(st.sampled_from(list("AKISGMNOeyJghpxo_-.:/ 0123456789abcdefkl")), max_size=120)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(TEXTS)
+def test_generated_matches_pass_their_filters(text: str) -> None:
+    _assert_matches_pass_filters(text)
+
+
+UNFILTERED = tuple(dataclasses.replace(d, chars="", needles=(), gate=None) for d in DETECTORS)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(TEXTS, min_size=1, max_size=4))
+def test_redact_is_the_same_without_chars_needles_and_gates(parts: list[str]) -> None:
+    text = " ".join(parts)
+    filtered = redaction.redact(text)
+    saved = redaction._DETECTORS
+    try:
+        redaction._DETECTORS = UNFILTERED  # type: ignore[misc]
+        unfiltered = redaction.redact(text)
+    finally:
+        redaction._DETECTORS = saved  # type: ignore[misc]
+    assert filtered == unfiltered
+
+
+def test_discord_gate_is_the_token_middle() -> None:
+    gate = redaction._DISCORD_GATE_RE
+    assert isinstance(gate, re.Pattern)
+    assert gate.search("MTIzNDU2Nzg5MDEyMzQ1Njc4.GaBcDe.xyz")
+    assert gate.search("nothing. here.") is None
