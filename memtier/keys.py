@@ -14,13 +14,16 @@ Hash tags put every key one script touches into one Redis Cluster slot:
 Memory layout of one partition (``T`` = the partition's hash tag)::
 
     T:s:<member>     HASH   one session: id, timestamps, counters, summary, receipts
+                            ``r:<turn_id>``, ``cq`` (queued compaction job), ``xp``
+                            (server ms of the last PEXPIRE of its keys)
     T:t:<member>     LIST   its turns, oldest first:
                             "<seq>|<clock_ms>|<wall_ms>|<bytes>|<is_tool 0/1>|<json>"
     T:i:<member>     ZSET   its turn ids (score = seq) for idempotent retries
     T:lru:public     ZSET   member -> last activity (ms) of public sessions
     T:lru:im         ZSET   member -> last activity (ms) of IM sessions
     T:ix             HASH   member -> session bytes (exact accounting, metadata paging)
-    T:meta           HASH   bytes (aggregate), clock (non-decreasing ms high-water mark)
+    T:meta           HASH   bytes (aggregate), clock (non-decreasing ms high-water mark),
+                            sw (clock ms when an append next sweeps expired sessions)
     T:events         STREAM reason-code events, MAXLEN-bounded, never content
     T:compact        STREAM compaction jobs for ``memtier worker`` (consumer group
                             ``memtier-compactors``; a session's ``cq`` names its queued job)

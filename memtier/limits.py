@@ -53,6 +53,8 @@ MAX_RAW_INPUT_FACTOR: Final = 16
 MAX_EVICTIONS_PER_CALL: Final = 64
 # Expired sessions swept opportunistically by each write script, and per sweep call.
 SWEEP_PER_WRITE: Final = 8
+# ... at most this often per partition (clock ms), and always before evicting anything.
+SWEEP_INTERVAL_MS: Final = 1_000
 SWEEP_PER_CALL: Final = 256
 # store.sweep() calls per partition (each of SWEEP_PER_CALL sessions): a backlog clears in
 # one sweep() without an unbounded loop.
@@ -63,6 +65,9 @@ IDEMPOTENCY_WINDOW: Final = 1024
 # Redis key TTL = channel TTL + grace: the sweeper publishes the expiry event within the
 # grace; if no sweeper runs, Redis still drops the content at most this late.
 EXPIRY_GRACE_MS: Final = 5_000
+# An append re-sets its keys' TTLs only when this much server time passed since the last
+# PEXPIRE (must stay below the grace: keys then live ttl + grace - this .. ttl + grace).
+TTL_REFRESH_MS: Final = 1_000
 # Paging: list_metadata and events pages.
 METADATA_PAGE: Final = Bound(100, 1_000, 1, "sessions per page")
 EVENTS_PAGE: Final = Bound(100, 1_000, 1, "events per page")

@@ -35,6 +35,12 @@
     ARGV[19] max_evictions     victims one call may evict
     ARGV[20] sweep_n           expired sessions swept per call, per channel
     ARGV[21] grace_ms          Redis key TTL = ttl_ms + grace_ms
+    ARGV[22] sweep_interval_ms the opportunistic sweep runs at most this often per partition
+                               (clock ms; T:meta `sw` = the clock of the next one), and
+                               always before evicting anything
+    ARGV[23] ttl_refresh_ms    key TTLs are re-set when this much server time (ms) passed
+                               since the last PEXPIRE (session field `xp`); must be below
+                               grace_ms, so keys still outlive the deadline, by at most grace
 
   Output (array):
     { 0, sid, seq, clock_ms, wall_ms, turn_bytes, rotated, session_bytes, turns, evicted,
@@ -50,8 +56,18 @@
     { -3, turn_bytes, limit }      TURN_TOO_LARGE: larger than any session may hold
 
   Side effects: events (expired, rotated, evicted_*), PEXPIRE of the session's keys to
-  ttl + grace, clock high-water mark, a compaction job when a bound passes compact_percent
-  (its stream id kept in the session's `cq` field until a compaction clears it).
+  ttl + grace (lazily: when a key is new or ttl_refresh_ms passed since the last one, so a
+  key lives between ttl + grace - ttl_refresh_ms and ttl + grace after the last activity),
+  clock high-water mark and next-sweep time in T:meta, a compaction job when a bound passes
+  compact_percent (its stream id kept in the session's `cq` field until a compaction
+  clears it).
+
+  Cost notes: one HMGET of the session hash answers existence, expiry, counters, the queued
+  job and the idempotency receipt (`r:<turn_id>` exists exactly while the turn id is in
+  the id zset: both are written and trimmed together); one HSET writes it back.  The
+  sweep of expired sessions runs every sweep_interval_ms (and immediately again while it
+  finds a full batch), and always when the partition is under pressure, before eviction:
+  expired sessions go before live ones, so ceilings and accounting stay exact.
 ]]
 --- @include "memory_common"
 
@@ -80,76 +96,120 @@ local id_window = tonumber(ARGV[18])
 local max_evictions = tonumber(ARGV[19])
 local sweep_n = tonumber(ARGV[20])
 local grace_ms = tonumber(ARGV[21])
+local sweep_interval_ms = tonumber(ARGV[22])
+local ttl_refresh_ms = tonumber(ARGV[23])
 
 if not (turn_bytes and ttl_ms and other_ttl_ms and max_sessions and max_turns
         and max_session_bytes and max_aggregate and max_tools and max_events
         and compact_percent and id_window and max_evictions and sweep_n and grace_ms
-        and is_tool) or turn_id == '' or new_sid == '' or turn_bytes < 0 then
+        and is_tool and sweep_interval_ms and ttl_refresh_ms)
+    or turn_id == '' or new_sid == '' or turn_bytes < 0 or ttl_refresh_ms >= grace_ms then
   return redis.error_reply('memtier: append_turn: malformed ARGV')
 end
 
-local now, wall = memtier_clock(meta_key, clock_override, true)
+-- 0. Clocks: `now` (non-decreasing per partition, TTL arithmetic), `wall` (for people) and
+-- `real` (server TIME, for Redis key TTLs, which run on the server's clock).
+local real
+local t = rcall('TIME')
+real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local wall = real
+if clock_override ~= '' then wall = tonumber(clock_override) end
+local m = rcall('HMGET', meta_key, 'clock', 'bytes', 'sw')
+local hwm = tonumber(m[1] or '0')
+local now = wall
+if now < hwm then now = hwm end
+local aggregate = tonumber(m[2] or '0')
+local next_sweep = tonumber(m[3] or '0')
+local dropped_any = false
+
+local function save_clock()
+  if now > hwm then rcall('HSET', meta_key, 'clock', now) end
+end
 
 -- 1. Expiry of this member's own session (a turn at or after the deadline rotates).
+local h = rcall('HMGET', s_key, 'id', 'last', 'seq', 'turns', 'bytes', 'tools', 'cq', 'xp',
+  'r:' .. turn_id)
 local rotated = 0
-local last = rcall('HGET', s_key, 'last')
-if last and now >= tonumber(last) + ttl_ms then
+local last = h[2]
+if (last and now >= tonumber(last) + ttl_ms)
+    or (not last and rcall('HEXISTS', index_key, member) == 1) then
+  -- (no `last`: Redis dropped the keys by their TTL before any sweep; account for it now)
   memtier_drop(prefix, member, lru_key, index_key, meta_key, events_key, max_events,
     'expired', now, wall)
   rotated = 1
-elseif not last and rcall('HEXISTS', index_key, member) == 1 then
-  -- Redis dropped the keys by their TTL before any sweep: account for it now.
-  memtier_drop(prefix, member, lru_key, index_key, meta_key, events_key, max_events,
-    'expired', now, wall)
-  rotated = 1
+  dropped_any = true
+  h = {}
 end
+local exists = h[1] and true or false
+local turns = tonumber(h[4] or '0')
+local bytes = tonumber(h[5] or '0')
+local tools = tonumber(h[6] or '0')
 
 -- 2. Idempotent retry: the first receipt, nothing stored twice.
-if rotated == 0 and rcall('ZSCORE', i_key, turn_id) then
-  local r = rcall('HGET', s_key, 'r:' .. turn_id)
-  if r then
-    local f = {}
-    for part in string.gmatch(r, '[^|]+') do f[#f + 1] = part end
-    return { 1, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
-      tonumber(f[6]), tonumber(rcall('HGET', s_key, 'bytes') or '0'),
-      tonumber(rcall('HGET', s_key, 'turns') or '0'), 0, 0, 0 }
-  end
+if exists and h[9] then
+  local f = {}
+  for part in string.gmatch(h[9], '[^|]+') do f[#f + 1] = part end
+  save_clock()
+  return { 1, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
+    tonumber(f[6]), bytes, turns, 0, 0, 0 }
 end
 
--- 3. Opportunistic, bounded sweep of other expired sessions in this partition.
-local swept = memtier_sweep_channel(prefix, lru_key, ttl_ms, index_key, meta_key, events_key,
-  max_events, now, wall, sweep_n, member)
-swept = swept + memtier_sweep_channel(prefix, other_lru_key, other_ttl_ms, index_key, meta_key,
-  events_key, max_events, now, wall, sweep_n, member)
+-- 3. Opportunistic, bounded sweep of other expired sessions in this partition; runs when
+-- due (every sweep_interval_ms, or at once again while it finds full batches) or below,
+-- under pressure, before any live session is evicted.
+local swept, sweep_done = 0, false
+local function sweep()
+  local a = memtier_sweep_channel(prefix, lru_key, ttl_ms, index_key, meta_key, events_key,
+    max_events, now, wall, sweep_n, member)
+  local b = memtier_sweep_channel(prefix, other_lru_key, other_ttl_ms, index_key, meta_key,
+    events_key, max_events, now, wall, sweep_n, member)
+  swept = swept + a + b
+  if a + b > 0 then dropped_any = true end
+  next_sweep = now + sweep_interval_ms
+  if sweep_n > 0 and (a + 1 >= sweep_n or b + 1 >= sweep_n) then next_sweep = now end
+  sweep_done = true
+end
+if now >= next_sweep then sweep() end
 
 -- 4. Session bounds.
 if turn_bytes > max_session_bytes then
+  save_clock()
   return { -3, turn_bytes, max_session_bytes }
 end
-local exists = rcall('EXISTS', s_key) == 1
-local turns, bytes, tools = 0, 0, 0
 if exists then
-  local h = rcall('HMGET', s_key, 'turns', 'bytes', 'tools')
-  turns, bytes, tools = tonumber(h[1] or '0'), tonumber(h[2] or '0'), tonumber(h[3] or '0')
-  if turns + 1 > max_turns then return { -1, 'turns', turns, max_turns } end
+  if turns + 1 > max_turns then save_clock(); return { -1, 'turns', turns, max_turns } end
   if bytes + turn_bytes > max_session_bytes then
+    save_clock()
     return { -1, 'bytes', bytes, max_session_bytes }
   end
-  if is_tool == 1 and tools + 1 > max_tools then return { -1, 'tools', tools, max_tools } end
+  if is_tool == 1 and tools + 1 > max_tools then
+    save_clock()
+    return { -1, 'tools', tools, max_tools }
+  end
 elseif is_tool == 1 and max_tools < 1 then
+  save_clock()
   return { -1, 'tools', 0, max_tools }
 end
 
--- 5. Pressure: choose victims first (read-only), apply only if the turn then fits.
-local live = rcall('ZCARD', lru_key) + rcall('ZCARD', other_lru_key)
-local excess_sessions = 0
-if not exists then
-  excess_sessions = live + 1 - max_sessions
+-- 5. Pressure: sweep expired sessions first, then choose victims (read-only) and apply
+-- them only if the turn then fits.
+local excess_sessions, excess_bytes = 0, 0
+local function pressure()
+  if dropped_any then aggregate = tonumber(rcall('HGET', meta_key, 'bytes') or '0') end
+  excess_sessions = 0
+  if not exists then
+    excess_sessions = rcall('ZCARD', lru_key) + rcall('ZCARD', other_lru_key) + 1
+      - max_sessions
+  end
+  excess_bytes = aggregate + turn_bytes - max_aggregate
+  return excess_sessions > 0 or excess_bytes > 0
 end
-local aggregate = tonumber(rcall('HGET', meta_key, 'bytes') or '0')
-local excess_bytes = aggregate + turn_bytes - max_aggregate
 local victims = {}
 local evicted_for_sessions = 0
+if pressure() and not sweep_done then
+  sweep()
+  pressure()
+end
 if excess_sessions > 0 or excess_bytes > 0 then
   -- Merge the heads of both LRU zsets by (last activity, member): the member string
   -- "<uuid>:<channel>" makes Redis's own tie order the UUID-then-channel tie-break.
@@ -176,6 +236,8 @@ if excess_sessions > 0 or excess_bytes > 0 then
     end
   end
   if dropped < excess_sessions or freed < excess_bytes then
+    if sweep_done then rcall('HSET', meta_key, 'clock', now, 'sw', next_sweep)
+    else save_clock() end
     return { -2, excess_bytes > 0 and excess_bytes or excess_sessions, freed }
   end
   local reason = 'evicted_aggregate_pressure'
@@ -185,51 +247,80 @@ if excess_sessions > 0 or excess_bytes > 0 then
     local why = reason
     if excess_sessions > 0 and idx > excess_sessions then why = 'evicted_aggregate_pressure' end
     if why == 'evicted_session_pressure' then evicted_for_sessions = evicted_for_sessions + 1 end
-    memtier_drop(prefix, v[1], v[2], index_key, meta_key, events_key, max_events, why, now, wall)
+    aggregate = aggregate - math.max(0, memtier_drop(prefix, v[1], v[2], index_key, meta_key,
+      events_key, max_events, why, now, wall))
   end
 end
 
--- 6. Start a session if there is none.
-local sid
-if not exists then
+-- 6. Store the turn: one RPUSH, one HSET of the session, one HSET of the partition meta.
+local sid, seq
+local fields
+if exists then
+  sid = h[1]
+  seq = tonumber(h[3] or '0') + 1
+  fields = {}
+else
   sid = new_sid
-  rcall('HSET', s_key, 'id', sid, 'created', now, 'created_wall', wall, 'seq', 0,
-    'turns', 0, 'bytes', 0, 'tools', 0, 'summary_bytes', 0)
+  seq = 1
+  fields = { 'id', sid, 'created', now, 'created_wall', wall, 'summary_bytes', 0 }
   if rotated == 1 then
     memtier_emit(events_key, max_events, 'rotated', member, sid, now, wall, '')
   end
-else
-  sid = rcall('HGET', s_key, 'id')
 end
-
--- 7. Store the turn.
-local seq = rcall('HINCRBY', s_key, 'seq', 1)
-rcall('RPUSH', t_key, seq .. '|' .. now .. '|' .. wall .. '|' .. turn_bytes .. '|' .. is_tool
-  .. '|' .. payload)
-turns = rcall('HINCRBY', s_key, 'turns', 1)
-bytes = rcall('HINCRBY', s_key, 'bytes', turn_bytes)
-if is_tool == 1 then tools = rcall('HINCRBY', s_key, 'tools', 1) end
-rcall('HSET', s_key, 'last', now, 'last_wall', wall,
-  'r:' .. turn_id, sid .. '|' .. seq .. '|' .. now .. '|' .. wall .. '|' .. turn_bytes .. '|' .. rotated)
+turns = turns + 1
+bytes = bytes + turn_bytes
+if is_tool == 1 then tools = tools + 1 end
+local len = rcall('RPUSH', t_key, seq .. '|' .. now .. '|' .. wall .. '|' .. turn_bytes .. '|'
+  .. is_tool .. '|' .. payload)
+local n = #fields
+fields[n + 1] = 'seq'; fields[n + 2] = seq
+fields[n + 3] = 'turns'; fields[n + 4] = turns
+fields[n + 5] = 'bytes'; fields[n + 6] = bytes
+fields[n + 7] = 'tools'; fields[n + 8] = tools
+fields[n + 9] = 'last'; fields[n + 10] = now
+fields[n + 11] = 'last_wall'; fields[n + 12] = wall
+fields[n + 13] = 'r:' .. turn_id
+fields[n + 14] = sid .. '|' .. seq .. '|' .. now .. '|' .. wall .. '|' .. turn_bytes .. '|'
+  .. rotated
+local xp = tonumber(h[8] or '')
+local refresh = not xp or real - xp >= ttl_refresh_ms or real < xp
+if refresh then
+  fields[n + 15] = 'xp'; fields[n + 16] = real
+end
+rcall('HSET', s_key, unpack(fields))
 rcall('ZADD', lru_key, now, member)
 rcall('HSET', index_key, member, bytes)
-rcall('HINCRBY', meta_key, 'bytes', turn_bytes)
+aggregate = aggregate + turn_bytes
+if sweep_done then
+  rcall('HSET', meta_key, 'clock', now, 'bytes', aggregate, 'sw', next_sweep)
+else
+  rcall('HSET', meta_key, 'clock', now, 'bytes', aggregate)
+end
 rcall('ZADD', i_key, seq, turn_id)
-local over = rcall('ZCARD', i_key) - id_window
-if over > 0 then
-  local old = rcall('ZPOPMIN', i_key, over)
-  for j = 1, #old, 2 do rcall('HDEL', s_key, 'r:' .. old[j]) end
+-- The id zset holds one member per seq of this session, so it can pass the window only
+-- once seq does.
+if seq > id_window then
+  local over = rcall('ZCARD', i_key) - id_window
+  if over > 0 then
+    local old = rcall('ZPOPMIN', i_key, over)
+    for j = 1, #old, 2 do rcall('HDEL', s_key, 'r:' .. old[j]) end
+  end
 end
 local expire_ms = ttl_ms + grace_ms
-rcall('PEXPIRE', s_key, expire_ms)
-rcall('PEXPIRE', t_key, expire_ms)
-rcall('PEXPIRE', i_key, expire_ms)
+if refresh then
+  rcall('PEXPIRE', s_key, expire_ms)
+  rcall('PEXPIRE', t_key, expire_ms)
+  rcall('PEXPIRE', i_key, expire_ms)
+elseif len == 1 then
+  -- the list was emptied by a compaction and created again by this RPUSH
+  rcall('PEXPIRE', t_key, expire_ms)
+end
 
--- 8. Ask a worker to compact once a bound passes compact_percent (one job per session).
+-- 7. Ask a worker to compact once a bound passes compact_percent (one job per session).
 if (turns * 100 >= max_turns * compact_percent
     or bytes * 100 >= max_session_bytes * compact_percent
     or tools * 100 >= max_tools * compact_percent)
-    and rcall('HEXISTS', s_key, 'cq') == 0 then
+    and not h[7] then
   -- cq = the job's stream id: a compaction that runs first (inline) deletes the stale job.
   local job_id = rcall('XADD', compact_key, 'MAXLEN', '~', max_sessions, '*',
     'member', member, 'sid', sid)
