@@ -14,7 +14,7 @@ import secrets
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -46,6 +46,8 @@ from memtier.memory.models import (
 from memtier.redaction import sanitize
 
 __all__ = ["AppendStatus", "MemoryCore", "ScriptCall", "new_session_id"]
+
+_M = TypeVar("_M", TurnRecord, ContextMessage, Context)
 
 
 class AppendStatus:
@@ -96,7 +98,29 @@ _DELIM_RE = re.compile(r"<\s*(/?)\s*(untrusted-data)", re.IGNORECASE)
 
 def _escape_delimiters(text: str) -> str:
     """Neutralise anything in untrusted text that looks like our delimiter."""
-    return _DELIM_RE.sub(lambda m: "&lt;" + m.group(1) + m.group(2), text)
+    if "<" not in text:  # fast path: every delimiter starts with "<"
+        return text
+    return _DELIM_RE.sub(r"&lt;\1\2", text)
+
+
+_set_attr = object.__setattr__
+
+
+def _trusted(model: type[_M], values: dict[str, Any]) -> _M:
+    """An instance of a frozen memtier model from values this module built and checked.
+
+    What ``model_construct`` does (no validation), without its per-call overhead, which
+    in pydantic 2.x costs more than validating: ``values`` must name every field, in
+    declaration order, with the declared types (tests/memory/test_core_decode.py compares
+    the result with a validated instance).  Only for models without private attributes or
+    ``model_post_init``.
+    """
+    obj = model.__new__(model)
+    _set_attr(obj, "__dict__", values)
+    _set_attr(obj, "__pydantic_fields_set__", set(values))
+    _set_attr(obj, "__pydantic_extra__", None)
+    _set_attr(obj, "__pydantic_private__", None)
+    return obj
 
 
 def wrap_untrusted(source: str, text: str) -> str:
@@ -156,6 +180,7 @@ class MemoryCore:
         kinds: list[str] = []
         truncated = False
         out: dict[str, str] = {}
+        used = 0  # UTF-8 bytes of the sanitized fields so far
         # Names (tool, action) are short labels; the body gets the rest of the turn budget.
         # sanitize() redacts before it bounds, so a cut can never leave half a secret behind.
         for name in ("tool", "action"):
@@ -164,7 +189,7 @@ class MemoryCore:
                 kinds += clean.kinds
                 truncated |= clean.truncated
                 out[name] = clean.text
-        used = sum(len(v.encode()) for v in out.values())
+                used += clean.byte_length
         budget = conv.max_turn_bytes - used
         if turn.kind in ("tool", "action"):
             budget = min(budget, conv.max_tool_result_bytes)
@@ -174,7 +199,8 @@ class MemoryCore:
                 kinds += clean.kinds
                 truncated |= clean.truncated
                 out[name] = clean.text
-        turn_bytes = sum(len(v.encode()) for v in out.values())
+                used += clean.byte_length
+        turn_bytes = used
         if turn_bytes > conv.max_session_bytes:  # unreachable with a valid config; defence
             raise TurnTooLargeError(
                 "turn is larger than a session may hold",
@@ -294,29 +320,54 @@ class MemoryCore:
         summary_raw = _b(reply[8])
         records = tuple(self.decode_record(r) for r in reply[9:])
         summary: dict[str, Any] | None = orjson.loads(summary_raw) if summary_raw else None
-        return Context(
-            key_avatar=key.avatar,
-            key_channel=key.channel,
-            session_id=session_id,
-            messages=tuple(self.project(summary, records)),
-            turns=records,
-            summary=summary["text"] if summary else None,
+        # Unvalidated construction: every part is already typed (key: a validated
+        # ConversationKey; records and messages: built and checked below).
+        return _trusted(
+            Context,
+            {
+                "key_avatar": key.avatar,
+                "key_channel": key.channel,
+                "session_id": session_id,
+                "messages": tuple(self.project(summary, records)),
+                "turns": records,
+                "summary": summary["text"] if summary else None,
+            },
         )
 
     @staticmethod
     def decode_record(raw: bytes | str) -> TurnRecord:
+        """One stored record (``seq|clock|wall|bytes|tool|json``), as written by append_turn.
+
+        Built without pydantic validation per turn (see :func:`_trusted`): the record was
+        encoded by :meth:`prepare_turn` and the script, and its shape is checked here --
+        an unknown kind, a non-string id or a field that is not a string raises
+        :class:`ScriptError` instead of producing a malformed model.
+        """
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         seq, clock, wall, _nbytes, _tool, payload = text.split("|", 5)
         body = orjson.loads(payload)
         kind = body["k"]
-        return TurnRecord(
-            seq=int(seq),
-            clock_ms=int(clock),
-            timestamp=ms_to_datetime(int(wall)),
-            kind=kind,
-            role=TURN_TYPES[kind].role,
-            turn_id=body["id"],
-            fields=body["f"],
+        turn_type = TURN_TYPES.get(kind) if isinstance(kind, str) else None
+        turn_id = body["id"]
+        fields = body["f"]
+        if (
+            turn_type is None
+            or not isinstance(turn_id, str)
+            or not isinstance(fields, dict)
+            or not all(type(v) is str for v in fields.values())
+        ):
+            raise ScriptError("read_context returned a malformed turn record")
+        return _trusted(
+            TurnRecord,
+            {
+                "seq": int(seq),
+                "timestamp": ms_to_datetime(int(wall)),
+                "clock_ms": int(clock),
+                "kind": kind,
+                "role": turn_type.role,
+                "turn_id": turn_id,
+                "fields": fields,
+            },
         )
 
     @staticmethod
@@ -335,32 +386,28 @@ class MemoryCore:
                     untrusted=untrusted,
                 )
             )
+        # Unvalidated per turn (see _trusted): role and untrusted are literals here, content
+        # a str (decode_record checked every field is one).
         for rec in records:
             f = rec.fields
-            if rec.kind == "agent":
-                out.append(ContextMessage(role="assistant", content=f["text"], untrusted=False))
-            elif rec.kind == "avatar":
-                out.append(
-                    ContextMessage(
-                        role="user", content=wrap_untrusted("avatar", f["text"]), untrusted=True
-                    )
-                )
-            elif rec.kind == "tool":
-                out.append(
-                    ContextMessage(
-                        role="user",
-                        content=wrap_untrusted(f"tool:{f['tool']}", f["summary"]),
-                        untrusted=True,
-                    )
-                )
+            kind = rec.kind
+            if kind == "agent":
+                role, content, untrusted = "assistant", f["text"], False
+            elif kind == "avatar":
+                role, content, untrusted = "user", wrap_untrusted("avatar", f["text"]), True
+            elif kind == "tool":
+                role = "user"
+                content = wrap_untrusted(f"tool:{f['tool']}", f["summary"])
+                untrusted = True
             else:
-                out.append(
-                    ContextMessage(
-                        role="user",
-                        content=wrap_untrusted(f"action:{f['action']}", f["outcome"]),
-                        untrusted=True,
-                    )
-                )
+                role = "user"
+                content = wrap_untrusted(f"action:{f['action']}", f["outcome"])
+                untrusted = True
+            if type(content) is not str:
+                raise ScriptError("read_context returned a malformed turn record")
+            out.append(
+                _trusted(ContextMessage, {"role": role, "content": content, "untrusted": untrusted})
+            )
         return out
 
     # --- operators -----------------------------------------------------------------------------
