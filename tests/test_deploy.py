@@ -22,6 +22,7 @@ skip naming the package to install.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -778,7 +779,29 @@ def _running(pid: int) -> bool:
 CLUSTER_PORT_ATTEMPTS = 3  # another process may take a probed-free port before a node binds it
 
 
+def _kill_processes_under(root: Path) -> None:
+    """Last resort: SIGKILL every process whose working directory is under ``root``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if cwd.startswith(str(root)):
+            with contextlib.suppress(OSError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
 def test_create_cluster_script_starts_and_stops_a_cluster(tmp_path: Path) -> None:
+    """The script's own start and stop, checked; a node that outlives them is killed."""
+    try:
+        _create_cluster_script_starts_and_stops_a_cluster(tmp_path)
+    finally:
+        _kill_processes_under(tmp_path)
+
+
+def _create_cluster_script_starts_and_stops_a_cluster(tmp_path: Path) -> None:
     require_real_redis("redis-server", "redis-cli")
     for attempt in range(CLUSTER_PORT_ATTEMPTS):
         ports = distinct_free_ports(6, bus=True)
