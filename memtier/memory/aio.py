@@ -200,7 +200,7 @@ class AsyncConversationStore(StoreBase):
             await retry_async("events", partial(self.client.xrange, k, lo, "+", count))
             for k, lo in ranges
         ]
-        return self._events_result(pages, start, count)
+        return self.core.merge_events(pages, start, count)
 
     # --- compaction and snapshots --------------------------------------------------------------
     async def compact(self, key: KeyLike, *, force: bool = False) -> CompactionOutcome:

@@ -19,7 +19,6 @@ from memtier.memory.core import MemoryCore, PreparedTurn, ScriptCall
 from memtier.memory.models import (
     AppendReceipt,
     ConversationKey,
-    Event,
     MetadataPage,
     ReasonCode,
     Role,
@@ -167,11 +166,6 @@ class StoreBase:
         start = self.core.decode_events_cursor(after)
         parts = self.core.keyspace.all_partitions()
         return start, count, [(p.events, "(" + s) for p, s in zip(parts, start, strict=True)]
-
-    def _events_result(
-        self, pages: list[list[tuple[str, dict[Any, Any]]]], start: list[str], count: int
-    ) -> list[Event]:
-        return self.core.merge_events(pages, start, count)
 
     # --- snapshots -----------------------------------------------------------------------------
     def _require_snapshots(self) -> SnapshotDir:

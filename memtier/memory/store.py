@@ -180,7 +180,7 @@ class ConversationStore(StoreBase):
         pages = [
             retry_sync("events", partial(self.client.xrange, k, lo, "+", count)) for k, lo in ranges
         ]
-        return self._events_result(pages, start, count)
+        return self.core.merge_events(pages, start, count)
 
     # --- compaction and snapshots --------------------------------------------------------------
     def compact(self, key: KeyLike, *, force: bool = False) -> CompactionOutcome:
