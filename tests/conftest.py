@@ -22,7 +22,35 @@ import pytest
 
 os.environ.setdefault("FAKEREDIS_LUA_VERSION", "5.1")  # Redis's Lua; read when fakeredis loads
 
+from hypothesis import HealthCheck, settings
 from servers import Backend, RedisClusterServers, RedisServer
+
+# Hypothesis profiles.  ``ci`` (the default everywhere, and always when CI is set) is
+# derandomised: the same examples every run, so a stop can never fail by chance; a
+# failure it finds is pinned with ``@example`` next to the test.  ``explore`` runs
+# random seeds with more examples, for looking for new failures:
+#   MEMTIER_HYPOTHESIS_PROFILE=explore bash tests/run.sh -k property
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "explore",
+    derandomize=False,
+    max_examples=2000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+HYPOTHESIS_PROFILE_ENV = "MEMTIER_HYPOTHESIS_PROFILE"
+_profile = os.environ.get(HYPOTHESIS_PROFILE_ENV, "ci")
+if os.environ.get("CI") and _profile != "ci":
+    raise RuntimeError(f"{HYPOTHESIS_PROFILE_ENV}={_profile!r} is not allowed when CI is set")
+settings.load_profile(_profile)
 
 ALLOW_SKIP_ENV = "MEMTIER_ALLOW_SKIP_REAL"
 
