@@ -8,6 +8,16 @@ expanded text, which is also what ``SCRIPT LOAD`` receives.
 
 NOSCRIPT (a Redis restart, ``SCRIPT FLUSH``, or a failover to a Cluster
 replica whose script cache is empty) reloads the script once and re-sends.
+
+Every script starts with a shebang line, so Redis 7 knows before running it whether
+it may write.  A write script (``#!lua``) is refused whole, before any effect, while the
+server is out of memory or cannot persist (OOM, MISCONF): without a shebang Redis would
+run it and fail only the first memory-growing command, after a ``DEL`` had already run.
+A read-only script (``#!lua flags=no-writes``) runs during ``CLIENT PAUSE WRITE`` and on
+replicas, instead of stalling reads for the whole pause.
+fakeredis (the embedded backend) cannot parse a shebang in ``EVAL``, so it gets the
+same text with that first line turned into a Lua comment (:attr:`LuaScript.embedded`),
+under that text's own SHA.
 """
 
 from __future__ import annotations
@@ -28,11 +38,30 @@ from redis.exceptions import ResponseError as RedisResponseError
 from memtier import metrics
 from memtier.errors import ScriptError
 
-__all__ = ["LuaScript", "ScriptRegistry", "load_registry", "lua_root"]
+__all__ = [
+    "LuaScript",
+    "ScriptRegistry",
+    "ScriptText",
+    "is_embedded_client",
+    "load_registry",
+    "lua_root",
+]
 
 _NAME_RE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)\.lua$")
 _INCLUDE_RE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z0-9_/]+)"\s*$', re.MULTILINE)
 _MAX_INCLUDE_DEPTH = 8  # includes of includes; the tree is shallow by design
+_SHEBANG_RE = re.compile(r"^#!lua(?: flags=(?P<flags>[a-z,-]*))?\r?\n")
+_KNOWN_FLAGS = frozenset({"no-writes", "allow-oom", "allow-stale", "no-cluster"})
+_EMBEDDED_TYPES: dict[type, bool] = {}  # client class -> is it fakeredis (looked up once)
+
+
+def is_embedded_client(client: Any) -> bool:
+    """True for a fakeredis client (the embedded backend), decided once per class."""
+    cls = type(client)
+    found = _EMBEDDED_TYPES.get(cls)
+    if found is None:
+        found = _EMBEDDED_TYPES[cls] = cls.__module__.split(".", 1)[0] == "fakeredis"
+    return found
 
 
 def lua_root() -> Path:
@@ -84,14 +113,32 @@ def expand_includes(
     return _INCLUDE_RE.sub(replace, text)
 
 
+def _sha1(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+
+@dataclass(frozen=True)
+class ScriptText:
+    """One text of a script as sent to a server, with its SHA1."""
+
+    source: str
+    sha: str
+
+    @classmethod
+    def of(cls, source: str) -> ScriptText:
+        return cls(source, _sha1(source))
+
+
 @dataclass(frozen=True)
 class LuaScript:
-    """One atomic operation: expanded source, its SHA1 and its declared KEYS count."""
+    """One atomic operation: expanded source, its SHA1, its KEYS count and shebang flags."""
 
     name: str
     num_keys: int
     source: str
     sha: str
+    flags: frozenset[str] = frozenset()
+    embedded: ScriptText | None = None  # the fakeredis text, when it differs
 
     @classmethod
     def from_file(cls, path: Path, root: Path) -> LuaScript:
@@ -99,28 +146,52 @@ class LuaScript:
         if match is None:
             raise ScriptError(f"Lua script name {path.name!r} lacks its -<numkeys> suffix")
         source = expand_includes(path.read_text(encoding="utf-8"), root)
-        sha = hashlib.sha1(source.encode("utf-8"), usedforsecurity=False).hexdigest()
-        return cls(match.group("name"), int(match.group("keys")), source, sha)
+        flags: frozenset[str] = frozenset()
+        embedded = None
+        shebang = _SHEBANG_RE.match(source)
+        if shebang is not None:
+            flags = frozenset(filter(None, (shebang.group("flags") or "").split(",")))
+            unknown = flags - _KNOWN_FLAGS
+            if unknown:
+                raise ScriptError(f"{path.name}: unknown script flags {sorted(unknown)}")
+            # Same line count (error line numbers match); lupa reads it as a comment.
+            embedded = ScriptText.of("--" + source[2:])
+        elif source.startswith("#!"):
+            raise ScriptError(f"{path.name}: malformed shebang line (want '#!lua flags=...')")
+        return cls(
+            match.group("name"), int(match.group("keys")), source, _sha1(source), flags, embedded
+        )
+
+    @property
+    def read_only(self) -> bool:
+        return "no-writes" in self.flags
+
+    def text_for(self, client: Any) -> ScriptText:
+        """The text (and SHA) that ``client``'s server runs: fakeredis gets no shebang."""
+        if self.embedded is not None and is_embedded_client(client):
+            return self.embedded
+        return ScriptText(self.source, self.sha)
 
     @cached_property
     def _duration(self) -> Any:
         """This script's ``SCRIPT_DURATION`` child, looked up once (not per call)."""
         return metrics.SCRIPT_DURATION.labels(self.name)
 
-    def _args(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+    def _args(self, sha: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
         if len(keys) != self.num_keys:
             raise ScriptError(f"{self.name} takes {self.num_keys} keys, got {len(keys)}")
-        return (self.sha, self.num_keys, *keys, *args)
+        return (sha, self.num_keys, *keys, *args)
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run on a sync redis-py client (standalone or cluster)."""
-        call = self._args(keys, args)
+        text = self.text_for(client)
+        call = self._args(text.sha, keys, args)
         started = time.perf_counter()
         try:
             try:
                 return client.evalsha(*call)
             except NoScriptError:
-                client.script_load(self.source)
+                client.script_load(text.source)
                 return client.evalsha(*call)
         except RedisResponseError as exc:
             _raise_script_error(self.name, exc)
@@ -130,13 +201,14 @@ class LuaScript:
 
     async def call_async(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run on an asyncio redis-py client (standalone or cluster)."""
-        call = self._args(keys, args)
+        text = self.text_for(client)
+        call = self._args(text.sha, keys, args)
         started = time.perf_counter()
         try:
             try:
                 return await client.evalsha(*call)
             except NoScriptError:
-                await client.script_load(self.source)
+                await client.script_load(text.source)
                 return await client.evalsha(*call)
         except RedisResponseError as exc:
             _raise_script_error(self.name, exc)
@@ -170,11 +242,15 @@ class ScriptRegistry:
     def load_all(self, client: Any) -> None:
         """``SCRIPT LOAD`` every script (a Cluster client sends it to every primary)."""
         for script in self._scripts.values():
-            client.script_load(script.source)
+            client.script_load(script.text_for(client).source)
 
     async def load_all_async(self, client: Any) -> None:
         for script in self._scripts.values():
-            await client.script_load(script.source)
+            await client.script_load(script.text_for(client).source)
+
+    def shas_for(self, client: Any) -> list[str]:
+        """The SHA of every script as ``client``'s server knows it (``SCRIPT EXISTS``)."""
+        return [script.text_for(client).sha for script in self._scripts.values()]
 
 
 _REGISTRIES: dict[str, ScriptRegistry] = {}

@@ -361,3 +361,33 @@ def test_diamond_include_is_inlined_once(tmp_path: Path) -> None:
     text = expand_includes('--- @include "b"\n--- @include "c"\nreturn 1\n', tmp_path)
     assert text.count("d_marker") == 1
     assert "function b()" in text and "function c()" in text
+
+
+# --- shebang flags of the shipped scripts ------------------------------------------------------
+
+# The scripts that only read.  Redis itself enforces the flag (a write command inside a
+# no-writes script is an error), so the suite on real Redis shows none of these writes;
+# tests/faults shows that reads run during CLIENT PAUSE WRITE.
+READ_ONLY_SCRIPTS = {
+    "memory": {"list_metadata", "partition_stats", "read_context", "read_session", "snapshot_page"},
+    "threads": {"read_events"},
+}
+
+
+@pytest.mark.parametrize("folder", sorted(READ_ONLY_SCRIPTS))
+def test_every_shipped_script_declares_its_flags(folder: str) -> None:
+    """A shebang on every script: a write script is refused whole under OOM/MISCONF
+    (``#!lua``), and exactly the read-only ones say ``no-writes``."""
+    registry = load_registry(folder)
+    for script in registry:
+        first_line = script.source.split("\n", 1)[0]
+        assert first_line in ("#!lua", "#!lua flags=no-writes"), (script.name, first_line)
+    assert {s.name for s in registry if s.read_only} == READ_ONLY_SCRIPTS[folder]
+
+
+def test_embedded_text_drops_the_shebang_only() -> None:
+    script = load_registry("memory")["read_context"]
+    assert script.embedded is not None
+    assert script.embedded.source == "--" + script.source[2:]
+    assert script.embedded.sha != script.sha
+    assert script.source.count("\n") == script.embedded.source.count("\n")

@@ -1,3 +1,4 @@
+#!lua
 --[[
   Append one turn to the session of (avatar, channel): expiry/rotation, session-count and
   aggregate-byte eviction, gapless sequencing, exact byte accounting, idempotent retries,

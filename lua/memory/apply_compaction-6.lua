@@ -1,3 +1,4 @@
+#!lua
 --[[
   Compare-and-swap a compaction summary into one session: fold the oldest `fold_n` turn
   records into the new summary, only if the session is still the one that was read.

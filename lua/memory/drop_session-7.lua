@@ -1,3 +1,4 @@
+#!lua
 --[[
   Operator delete or expire of one exact key: removes the session and everything it owns.
 

@@ -1,3 +1,4 @@
+#!lua
 --[[
   Publish one reason-code event that no other script emits: a snapshot generation was
   quarantined, or snapshot permissions could not be verified (Windows). Never content.

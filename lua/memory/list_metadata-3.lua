@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --[[
   One page of session metadata for a partition (never content): HSCAN over the index hash,
   so every session live for the whole listing is returned at least once.

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --[[
   Live sessions and stored bytes of one partition (for metrics and operators).
 

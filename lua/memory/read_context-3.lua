@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --[[
   Read one session for the LLM-facing context projection, in one round trip. Read-only:
   an expired session reads as absent (the sweep that removes it publishes the event).

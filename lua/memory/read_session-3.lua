@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --[[
   Read one whole session (hash + every turn record) as a consistent point-in-time copy;
   used by compaction (worker and inline) before it plans a summary. Read-only.

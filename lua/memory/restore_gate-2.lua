@@ -1,3 +1,4 @@
+#!lua
 --[[
   The restore gate of one namespace: several workers start at once, exactly one restores.
   A lock with a random token and an expiry (PX) elects the restorer; a state hash records

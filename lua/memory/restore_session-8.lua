@@ -1,3 +1,4 @@
+#!lua
 --[[
   Restore one validated session from a snapshot generation: create-only, so live data
   in Redis is never overwritten by an older snapshot. Time since the flush counts

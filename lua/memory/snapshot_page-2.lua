@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --[[
   Read a page of named sessions of one partition for a snapshot flush. Each session is a
   consistent point-in-time copy (the whole page is, being one script). The caller bounds

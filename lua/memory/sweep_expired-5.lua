@@ -1,3 +1,4 @@
+#!lua
 --[[
   Sweep expired sessions of one partition (both channels) and publish an `expired` event
   for each; run by workers on a timer and by the store on demand. Bounded per call.

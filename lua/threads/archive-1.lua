@@ -1,3 +1,4 @@
+#!lua
 --[[
   Archive a thread: a compare-and-swap on its version; archiving an archived thread is a no-op.
 

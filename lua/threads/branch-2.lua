@@ -1,3 +1,4 @@
+#!lua
 --[[
   Record a branch ref (a leaf entry id) on a thread: a compare-and-swap on its version.
 

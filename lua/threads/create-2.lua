@@ -1,3 +1,4 @@
+#!lua
 --[[
   Create one conversation thread (create-only: never overwrites an existing thread).
 

@@ -1,3 +1,4 @@
+#!lua
 --[[
   Delete a thread and every key it owns, unless a legal hold is set.
 

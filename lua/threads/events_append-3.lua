@@ -1,3 +1,4 @@
+#!lua
 --[[
   Append a batch of redacted events of a running turn to the thread's ledger.
 

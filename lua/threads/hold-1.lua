@@ -1,3 +1,4 @@
+#!lua
 --[[
   Set or release the legal hold of a thread (operators).  A held thread cannot be deleted.
 

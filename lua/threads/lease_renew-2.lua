@@ -1,3 +1,4 @@
+#!lua
 --[[
   Heartbeat of a running turn: extend the thread lease while the runner works.
 

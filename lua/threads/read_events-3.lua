@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --[[
   Read one page of a thread's ledger (replay and export), plus what the caller needs to tell
   whether more may come: whether a turn holds the thread's lease (it is still writing), and

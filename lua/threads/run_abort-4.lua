@@ -1,3 +1,4 @@
+#!lua
 --[[
   Close a failed turn: one terminal error row on the ledger, the run record removed (so the
   same request id may run again), the lease released.  No entries are written.

@@ -1,3 +1,4 @@
+#!lua
 --[[
   Claim one continue turn on a thread: the per-request run record (idempotency) and the
   per-thread lease (serialization) in one step, plus the history path for the runner.

@@ -1,3 +1,4 @@
+#!lua
 --[[
   Record a finished turn: its entries, its closing events and its run result, atomically,
   then release the thread lease.

@@ -69,7 +69,12 @@ class AsyncConversationStore(StoreBase):
         await store._startup()
         return store
 
+    async def load_scripts(self) -> None:
+        """``SCRIPT LOAD`` every memory script (see the sync store's :meth:`load_scripts`)."""
+        await retry_async("load_scripts", lambda: self.scripts.load_all_async(self.client))
+
     async def _startup(self) -> None:
+        await self.load_scripts()
         if self._recover_on_enter:
             self._recover_on_enter = False
             await self.recover()

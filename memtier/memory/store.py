@@ -57,9 +57,20 @@ class ConversationStore(StoreBase):
         client, embedded = connect_sync(config)
         snapshots = snapshot_dir_for(config) if config.conversation.persistence_enabled else None
         store = cls(client, config, embedded=embedded, snapshots=snapshots, **options)
+        store.load_scripts()
         if snapshots is not None and recover:
             store.recover()
         return store
+
+    def load_scripts(self) -> None:
+        """``SCRIPT LOAD`` every memory script (on Cluster: on every primary).
+
+        :meth:`from_config` does it: Redis can tell that a read script is ``no-writes``
+        only once it has the script, so until then an ``EVALSHA`` of it waits out a
+        ``CLIENT PAUSE WRITE`` like any write.  NOSCRIPT later (a restart, a failover)
+        still reloads one script on demand.
+        """
+        retry_sync("load_scripts", lambda: self.scripts.load_all(self.client))
 
     # --- plumbing: the only I/O ----------------------------------------------------------------
     def _run(self, call: ScriptCall) -> Any:

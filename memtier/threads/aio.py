@@ -202,8 +202,7 @@ class AsyncConversationService:
 
     async def scripts_loaded(self) -> bool:
         """True when Redis answers and ``SCRIPT EXISTS`` is true for every thread script."""
-        shas = [script.sha for script in self.scripts]
-        found = await self.client.script_exists(*shas)
+        found = await self.client.script_exists(*self.scripts.shas_for(self.client))
         if isinstance(found, bool):
             return found
         return bool(found) and all(bool(x) for x in found)

@@ -211,7 +211,7 @@ class ConversationService:
 
     def scripts_loaded(self) -> bool:
         """True when Redis answers and ``SCRIPT EXISTS`` is true for every thread script."""
-        found = self.client.script_exists(*(script.sha for script in self.scripts))
+        found = self.client.script_exists(*self.scripts.shas_for(self.client))
         if isinstance(found, bool):
             return found
         return bool(found) and all(bool(x) for x in found)
