@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -52,16 +53,29 @@ _INCLUDE_RE = re.compile(r'^\s*---\s*@include\s+"(?P<name>[A-Za-z0-9_/]+)"\s*$',
 _MAX_INCLUDE_DEPTH = 8  # includes of includes; the tree is shallow by design
 _SHEBANG_RE = re.compile(r"^#!lua(?: flags=(?P<flags>[a-z,-]*))?\r?\n")
 _KNOWN_FLAGS = frozenset({"no-writes", "allow-oom", "allow-stale", "no-cluster"})
-_EMBEDDED_TYPES: dict[type, bool] = {}  # client class -> is it fakeredis (looked up once)
+_EMBEDDED_CLIENTS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _probe_embedded(client: Any) -> bool:
+    if type(client).__module__.split(".", 1)[0] == "fakeredis":
+        return True
+    # A wrapper (a tracing proxy, a test double) that forwards to a fakeredis client.
+    pool = getattr(client, "connection_pool", None)
+    connection_class = getattr(pool, "connection_class", None)
+    return connection_class is not None and str(connection_class.__module__).startswith(
+        "fakeredis"
+    )
 
 
 def is_embedded_client(client: Any) -> bool:
-    """True for a fakeredis client (the embedded backend), decided once per class."""
-    cls = type(client)
-    found = _EMBEDDED_TYPES.get(cls)
-    if found is None:
-        found = _EMBEDDED_TYPES[cls] = cls.__module__.split(".", 1)[0] == "fakeredis"
-    return found
+    """True for a fakeredis client (the embedded backend), decided once per client."""
+    try:
+        return _EMBEDDED_CLIENTS[client]
+    except KeyError:
+        found = _EMBEDDED_CLIENTS[client] = _probe_embedded(client)
+        return found
+    except TypeError:  # a client that cannot be weakly referenced: ask every time
+        return _probe_embedded(client)
 
 
 def lua_root() -> Path:
