@@ -366,6 +366,7 @@ class RedisClusterServers:
 
     PRIMARIES = 3
     REPLICAS_PER_PRIMARY = 1
+    NODE_TIMEOUT_MS = CLUSTER_NODE_TIMEOUT_MS  # fault tests use a short one on a private cluster
 
     def __init__(self) -> None:
         self._workdir = Path(tempfile.mkdtemp(prefix="memtier-cluster-"))
@@ -433,7 +434,7 @@ class RedisClusterServers:
                         "cluster-enabled": "yes",
                         "cluster-config-file": "nodes.conf",
                         "cluster-port": str(ports[self.size + i]),
-                        "cluster-node-timeout": str(CLUSTER_NODE_TIMEOUT_MS),
+                        "cluster-node-timeout": str(self.NODE_TIMEOUT_MS),
                     },
                 )
                 for i in range(self.size)

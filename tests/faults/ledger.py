@@ -222,6 +222,7 @@ class Verdict:
     failed: int = 0
     retried: int = 0
     stored: int = 0
+    lost_unreplicated: int = 0  # acknowledged, then lost with a primary (lossy rows only)
     violations: list[str] = field(default_factory=list)
 
     def check(self) -> None:
@@ -239,8 +240,15 @@ def judge(
     attempts: dict[str, Attempt],
     *,
     may_be_lost: frozenset[str] = frozenset(),
+    unreplicated_loss_allowed: bool = False,
 ) -> Verdict:
-    """Compare the ledger with Redis (``client``: a plain client of the data's node)."""
+    """Compare the ledger with Redis (a standalone client, or a cluster client).
+
+    ``may_be_lost``: turn ids whose absence is expected (a row that cuts the log).
+    ``unreplicated_loss_allowed``: an acknowledged turn may be absent after a primary
+    was lost (asynchronous replication); such turns are counted in
+    :attr:`Verdict.lost_unreplicated` instead of failing, every other rule holds.
+    """
     verdict = Verdict(attempts=len(attempts))
     violations = verdict.violations
     by_outcome = Counter(a.outcome for a in attempts.values())
@@ -312,7 +320,9 @@ def judge(
         places = found.get(attempt.turn_id, [])
         if attempt.outcome in ("ack", "retried"):
             if not places:
-                if attempt.turn_id not in may_be_lost:
+                if unreplicated_loss_allowed and attempt.outcome == "ack":
+                    verdict.lost_unreplicated += 1
+                elif attempt.turn_id not in may_be_lost:
                     violations.append(f"{attempt.turn_id}: {attempt.outcome} but absent")
                 continue
             member, sid, seq = places[0]

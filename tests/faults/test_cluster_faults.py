@@ -1,0 +1,248 @@
+"""Faults of a Redis Cluster under load, judged by the ledger (see ``ledger.py``).
+
+A private 3-primary + 3-replica cluster for this module (short node timeout, so a
+crashed primary fails over in seconds), never the session fixture.  Each row
+leaves the cluster healthy again (every slot served, every primary with a
+replica), so the rows are independent.
+
+The default durability is Redis's own: replication is asynchronous, so a primary
+killed right after acknowledging a write may take that write with it (Redis
+documents the same window).  The kill row therefore judges every invariant
+strictly (gapless sequences, exact bytes, no turn twice, nothing refused but
+stored) and counts acknowledged turns lost to that window separately, with a
+hard bound; ``durability="replicated"`` is the mode that closes it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from conftest import require_real_redis
+from ledger import judge, ledger_key, read_ledgers, settle_unknowns, start_writers, wait_writers
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+from servers import HOST, RedisClusterServers, _RedisProcess
+
+from memtier import ConversationStore, MemtierConfig
+from memtier.keys import MemoryKeyspace
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+NODE_TIMEOUT_MS = 2000
+SETTLE_S = 90.0
+
+
+class FaultCluster(RedisClusterServers):
+    NODE_TIMEOUT_MS = NODE_TIMEOUT_MS
+
+    def node(self, port: int) -> _RedisProcess:
+        for node in self._nodes:
+            if node.port == port:
+                return node
+        raise KeyError(port)
+
+    def owner_of(self, slot: int) -> tuple[int, list[int]]:
+        """(primary port, replica ports) serving ``slot``, from ``CLUSTER NODES`` now.
+
+        (``CLUSTER SLOTS`` leaves out a replica that has not replicated a byte yet.)
+        """
+        for node in self._nodes:
+            if node.exited():
+                continue
+            with node.client(socket_timeout=5) as conn:
+                raw = conn.execute_command("CLUSTER", "NODES")
+            break
+        else:
+            raise AssertionError("no node is running")
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        rows = [line.split() for line in text.splitlines() if line.strip()]
+        port_of = {row[0]: int(row[1].split("@")[0].rsplit(":", 1)[1]) for row in rows}
+        for row in rows:
+            flags = row[2].split(",")
+            if "master" not in flags or "fail" in flags:
+                continue
+            for part in row[8:]:
+                if part.startswith("["):
+                    continue  # a slot being imported/migrated
+                lo, _, hi = part.partition("-")
+                if int(lo) <= slot <= int(hi or lo):
+                    replicas = [
+                        port_of[r[0]]
+                        for r in rows
+                        if r[3] == row[0] and "fail" not in r[2] and "fail?" not in r[2]
+                    ]
+                    return port_of[row[0]], replicas
+        raise AssertionError(f"no node serves slot {slot}")
+
+    def wait_healthy(self) -> None:
+        self._wait_converged(time.monotonic() + SETTLE_S)
+
+    def restart_node(self, port: int) -> None:
+        node = self.node(port)
+        if not node.exited():
+            node.stop()
+        node.spawn()
+        node.wait_ready(time.monotonic() + SETTLE_S)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[FaultCluster]:
+    require_real_redis("redis-server", "redis-cli")
+    with FaultCluster() as made:
+        yield made
+
+
+def _slot(namespace: str) -> int:
+    return key_slot(MemoryKeyspace(namespace).partition(0).tag.encode())
+
+
+def _judge_client(cluster: FaultCluster) -> RedisCluster:
+    return RedisCluster(host=HOST, port=cluster.ports[0], socket_timeout=10)
+
+
+def _wait_primary_changed(cluster: FaultCluster, slot: int, old: int) -> int:
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        try:
+            primary, _ = cluster.owner_of(slot)
+            if primary != old:
+                return primary
+        except (redis.RedisError, OSError, AssertionError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"slot {slot} never failed over from {old}")
+
+
+def _settle_and_judge(
+    cluster: FaultCluster, namespace: str, ledgers: list[Path], *, lossy: bool = False
+) -> Any:
+    cluster.wait_healthy()
+    attempts = read_ledgers(ledgers)
+    config = MemtierConfig.load(redis_url=cluster.url, namespace=namespace)
+    with ConversationStore.from_config(config, recover=False) as store:
+        settle_unknowns(store, attempts)
+    client = _judge_client(cluster)
+    try:
+        verdict = judge(client, namespace, attempts, unreplicated_loss_allowed=lossy)
+    finally:
+        client.close()
+    print(f"ledger verdict: {verdict}")  # shown with -s / on failure
+    verdict.check()
+    return verdict
+
+
+def _wait_first_acks(ledgers: list[Path], count: int = 30) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if sum(p.read_text().count('"s":"ack"') for p in ledgers if p.exists()) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the writers acknowledged nothing before the fault")
+
+
+def test_manual_failover_under_load(cluster: FaultCluster, tmp_path: Path) -> None:
+    namespace = "c" + uuid.uuid4().hex[:8]
+    slot = _slot(namespace)
+    primary, replicas = cluster.owner_of(slot)
+    with start_writers(
+        cluster.url, namespace, tmp_path, writers=3, turns=250, seconds=90, pause_ms=2
+    ) as writers:
+        _wait_first_acks(writers.ledgers)
+        with cluster.node_client(replicas[0]) as replica:
+            replica.execute_command("CLUSTER", "FAILOVER")
+        assert _wait_primary_changed(cluster, slot, primary) == replicas[0]
+        wait_writers(writers)
+    verdict = _settle_and_judge(cluster, namespace, writers.ledgers)
+    assert verdict.lost_unreplicated == 0  # a manual failover waits for the replica
+
+
+def test_primary_killed_under_load(cluster: FaultCluster, tmp_path: Path) -> None:
+    namespace = "c" + uuid.uuid4().hex[:8]
+    slot = _slot(namespace)
+    primary, _ = cluster.owner_of(slot)
+    with start_writers(
+        cluster.url, namespace, tmp_path, writers=3, turns=250, seconds=120, pause_ms=2
+    ) as writers:
+        _wait_first_acks(writers.ledgers)
+        node = cluster.node(primary)
+        assert node.proc is not None
+        os.kill(node.proc.pid, signal.SIGKILL)  # a pid we launched
+        node.proc.wait(timeout=30)
+        _wait_primary_changed(cluster, slot, primary)
+        wait_writers(writers)
+    cluster.restart_node(primary)  # it comes back as a replica of the promoted node
+    verdict = _settle_and_judge(cluster, namespace, writers.ledgers, lossy=True)
+    # Asynchronous replication on loopback: at most the writes in flight at the kill.
+    assert verdict.lost_unreplicated <= 3, verdict
+
+
+def test_primary_paused_past_the_node_timeout(cluster: FaultCluster, tmp_path: Path) -> None:
+    namespace = "c" + uuid.uuid4().hex[:8]
+    slot = _slot(namespace)
+    primary, _ = cluster.owner_of(slot)
+    node = cluster.node(primary)
+    assert node.proc is not None
+    with start_writers(
+        cluster.url, namespace, tmp_path, writers=3, turns=250, seconds=120, pause_ms=2
+    ) as writers:
+        _wait_first_acks(writers.ledgers)
+        os.kill(node.proc.pid, signal.SIGSTOP)
+        try:
+            _wait_primary_changed(cluster, slot, primary)
+        finally:
+            os.kill(node.proc.pid, signal.SIGCONT)
+        wait_writers(writers)
+    verdict = _settle_and_judge(cluster, namespace, writers.ledgers, lossy=True)
+    assert verdict.lost_unreplicated <= 3, verdict
+
+
+def test_resharding_the_partition_slot_under_load(cluster: FaultCluster, tmp_path: Path) -> None:
+    """MIGRATE/ASK: the partition's slot moves to another primary while writers write.
+
+    The slot is moved by hand, a few keys at a time (``SETSLOT IMPORTING/MIGRATING``,
+    ``MIGRATE``, ``SETSLOT NODE``), so the writers meet the slot half migrated.
+    """
+    namespace = "c" + uuid.uuid4().hex[:8]
+    slot = _slot(namespace)
+    source, _ = cluster.owner_of(slot)
+    target = next(p for p in cluster.primaries() if p != source)
+    source_id, target_id = _node_id(cluster, source), _node_id(cluster, target)
+    with start_writers(
+        cluster.url, namespace, tmp_path, writers=3, turns=300, seconds=120, pause_ms=1
+    ) as writers:
+        _wait_first_acks(writers.ledgers, count=100)
+        with cluster.node_client(source) as src, cluster.node_client(target) as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            for _ in range(1000):  # bounded: a namespace has a few dozen keys
+                keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 3)
+                if not keys:
+                    break
+                src.execute_command("MIGRATE", HOST, target, "", 0, 5000, "KEYS", *keys)
+                time.sleep(0.05)  # writers run against the half-migrated slot
+            else:
+                raise AssertionError("the slot never emptied")
+            for port in cluster.primaries():
+                with cluster.node_client(port) as conn:
+                    conn.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        wait_writers(writers)
+    assert cluster.owner_of(slot)[0] == target
+    verdict = _settle_and_judge(cluster, namespace, writers.ledgers)
+    assert verdict.lost_unreplicated == 0
+
+
+def _node_id(cluster: FaultCluster, port: int) -> str:
+    with cluster.node_client(port) as conn:
+        raw = conn.execute_command("CLUSTER", "MYID")
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+__all__ = ["FaultCluster", "ledger_key"]
