@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -23,7 +22,7 @@ import pytest
 os.environ.setdefault("FAKEREDIS_LUA_VERSION", "5.1")  # Redis's Lua; read when fakeredis loads
 
 from hypothesis import HealthCheck, settings
-from servers import Backend, RedisClusterServers, RedisServer
+from servers import Backend, RedisClusterServers, RedisServer, require_real_redis
 
 # Hypothesis profiles.  ``ci`` (the default everywhere, and always when CI is set) is
 # derandomised: the same examples every run, so a stop can never fail by chance; a
@@ -51,25 +50,6 @@ _profile = os.environ.get(HYPOTHESIS_PROFILE_ENV, "ci")
 if os.environ.get("CI") and _profile != "ci":
     raise RuntimeError(f"{HYPOTHESIS_PROFILE_ENV}={_profile!r} is not allowed when CI is set")
 settings.load_profile(_profile)
-
-ALLOW_SKIP_ENV = "MEMTIER_ALLOW_SKIP_REAL"
-
-
-def require_real_redis(*binaries: str) -> None:
-    """Fail (CI, or by default) or skip (``MEMTIER_ALLOW_SKIP_REAL=1`` locally) without Redis."""
-    missing = [name for name in binaries if shutil.which(name) is None]
-    if not missing:
-        return
-    message = (
-        f"{', '.join(missing)} not found on PATH; this test needs a real Redis."
-        " Install Debian's redis-server and redis-tools (tests/run.sh does)."
-    )
-    if os.environ.get("CI"):
-        pytest.fail(message + " (CI is set: never skipped)", pytrace=False)
-    if os.environ.get(ALLOW_SKIP_ENV) == "1":
-        pytest.skip(f"{message} Skipped because {ALLOW_SKIP_ENV}=1.")
-    pytest.fail(message + f" Set {ALLOW_SKIP_ENV}=1 to skip such tests locally.", pytrace=False)
-
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:

@@ -40,6 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -52,6 +53,7 @@ __all__ = [
     "ServerStartError",
     "find_binary",
     "free_ports",
+    "require_real_redis",
 ]
 
 HOST = "127.0.0.1"
@@ -579,6 +581,27 @@ def running_server() -> Iterator[RedisServer]:
     """``with running_server() as server:`` -- a private standalone server for one test."""
     with RedisServer() as server:
         yield server
+
+
+# ---------------------------------------------------------------- missing binaries
+
+ALLOW_SKIP_ENV = "MEMTIER_ALLOW_SKIP_REAL"
+
+
+def require_real_redis(*binaries: str) -> None:
+    """Fail (CI, or by default) or skip (``MEMTIER_ALLOW_SKIP_REAL=1`` locally) without Redis."""
+    missing = [name for name in binaries if shutil.which(name) is None]
+    if not missing:
+        return
+    message = (
+        f"{', '.join(missing)} not found on PATH; this test needs a real Redis."
+        " Install Debian's redis-server and redis-tools (tests/run.sh does)."
+    )
+    if os.environ.get("CI"):
+        pytest.fail(message + " (CI is set: never skipped)", pytrace=False)
+    if os.environ.get(ALLOW_SKIP_ENV) == "1":
+        pytest.skip(f"{message} Skipped because {ALLOW_SKIP_ENV}=1.")
+    pytest.fail(message + f" Set {ALLOW_SKIP_ENV}=1 to skip such tests locally.", pytrace=False)
 
 
 # ---------------------------------------------------------------- test backends

@@ -45,8 +45,7 @@ from typing import Any
 import pytest
 import redis
 import yaml
-from conftest import require_real_redis
-from servers import HOST, RedisServer
+from servers import HOST, RedisServer, require_real_redis
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -256,7 +256,24 @@ class Worker:
 
     def compaction_round(self, *, block: bool = True) -> int:
         """Reclaim stale jobs, then read and process new ones on every partition; returns
-        the number of jobs handled."""
+        the number of jobs handled.
+
+        A Redis that came back empty (a restart without persistence, a failover to an
+        empty replica) has no consumer group: NOGROUP recreates the groups and the loop
+        goes on (D6) -- the jobs it had are gone with the data they were about.
+        """
+        try:
+            return self._compaction_round(block)
+        except (MemtierError, ResponseError) as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("compaction consumer group missing (Redis lost its data?); recreating")
+            self._groups_ready = False
+            self._claim_cursor.clear()
+            self.ensure_groups()
+            return 0
+
+    def _compaction_round(self, block: bool) -> int:
         if not self._groups_ready:
             self.ensure_groups()
         parts = self.partitions()

@@ -25,11 +25,10 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import require_real_redis
 from ledger import judge, ledger_key, read_ledgers, settle_unknowns, start_writers, wait_writers
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
-from servers import HOST, RedisClusterServers, _RedisProcess
+from servers import HOST, RedisClusterServers, _RedisProcess, require_real_redis
 
 from memtier import ConversationStore, MemtierConfig
 from memtier.keys import MemoryKeyspace

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import require_real_redis
 from faultservers import FaultRedis, fault_redis
+from servers import require_real_redis
 
 from memtier import (
     ActionResult,

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import require_real_redis
 from faultservers import AOF_ALWAYS, FaultRedis, fault_redis
 from ledger import (
     judge,
@@ -29,6 +28,7 @@ from ledger import (
     turn_text,
     wait_writers,
 )
+from servers import require_real_redis
 
 from memtier import AvatarMessage, ConversationStore, MemtierConfig, MemtierError
 from memtier.keys import MemoryKeyspace
@@ -267,3 +267,45 @@ def test_aof_tail_cut_inside_the_last_script_keeps_every_invariant(tmp_path: Pat
                 verdict.check()
                 assert verdict.stored == turns - 1, f"cut at {offset}: {verdict}"
             server.kill9()
+
+
+def test_worker_recreates_its_group_when_redis_comes_back_empty(tmp_path: Path) -> None:
+    """D6: a restart without persistence drops the consumer group; the worker goes on."""
+    import subprocess
+    import sys
+
+    namespace = _namespace()
+    small = {"max_turns_per_session": "10", "max_tool_results": "4"}
+    env = {**os.environ, **{f"MEMTIER_CONVERSATION__{k.upper()}": v for k, v in small.items()}}
+    with fault_redis() as server, (tmp_path / "worker.log").open("wb") as log:
+        command = [sys.executable, "-m", "memtier", "worker", "--redis-url", server.url]
+        command += ["--namespace", namespace, "--block-ms", "50", "--claim-idle-ms", "300"]
+        command += ["--sweep-interval", "3600", "--flush-interval", "0"]
+        worker = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            config = MemtierConfig.load(
+                redis_url=server.url,
+                namespace=namespace,
+                conversation={k: int(v) for k, v in small.items()},
+            )
+
+            def compacted_after(key_index: int) -> None:
+                with ConversationStore.from_config(
+                    config, recover=False, inline_compaction=False
+                ) as store:
+                    key = ledger_key(key_index)
+                    for n in range(8):  # 80 % of the turn bound: one compaction job
+                        store.append(key, AvatarMessage(text=f"turn {n}"))
+                    deadline = time.monotonic() + 60
+                    while store.context(key).summary is None:
+                        assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+                        assert time.monotonic() < deadline, "the worker never compacted"
+                        time.sleep(0.05)
+
+            compacted_after(0)
+            server.restart()  # persistence off: Redis comes back empty, group and all
+            compacted_after(1)
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+        finally:
+            worker.terminate()
+            worker.wait(timeout=60)
