@@ -447,7 +447,9 @@ def _recover_as_restorer(
         if result is None:
             return report  # lost the gate
         if isinstance(result, Rejection):
-            if result.reason == "vanished":
+            if result.reason in ("vanished", "unreadable"):
+                # Gone, or an I/O error (EIO, EACCES): not proof the file is bad, so it is
+                # not quarantined; the next start reads it again.
                 report.unreadable.append((gen.path.name, result.detail))
                 continue
             yield from _quarantine(core, directory, gen, result, report)

@@ -49,7 +49,7 @@ Validation (:func:`verify_generation`, before any record can become LLM context)
     range and ordered, strictly increasing unique sequences within the counter, known
     kinds with their normalized role and exact field set, turn-id shape, byte counts
     that add up exactly, every bound of the current configuration, a well-formed
-    summary, receipts that name this session -- and redaction holds: a record, turn
+    summary, well-formed receipts -- and redaction holds: a record, turn
     id or summary for which :func:`memtier.redaction.contains_secret` is true rejects
     the whole generation.  A generation failing any check is quarantined and the next
     older one is tried.
@@ -826,11 +826,12 @@ def validate_session(
             raise _fail("invalid_session", "receipt shape")
         turn_id, receipt = item
         m = _RECEIPT_RE.match(receipt)
+        # A receipt names the session id the turn was first acknowledged under: this
+        # session's, or the one it was restored from (recovery gives a new id, D7).
         if (
             not _TURN_ID_RE.match(turn_id)
             or turn_id in seen_ids
             or m is None
-            or m.group(1) != sid
             or not 1 <= int(m.group(2)) <= seq
         ):
             raise _fail("invalid_session", "receipt")

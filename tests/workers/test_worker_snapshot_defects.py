@@ -230,6 +230,8 @@ def test_generation_removed_between_verification_and_restore_goes_to_the_next(
     assert [name for name, _ in report.unreadable] == [Path(newest.path).name]
     for k, ctx in older.items():
         assert again.context(k).messages == ctx.messages
+    again.close()
+    store.close()
 
 
 # --------------------------------------------------------------------------- sanitiser invariants
@@ -448,3 +450,6 @@ def test_d7_a_restored_session_never_reuses_an_acknowledged_session_seq(
         assert (receipt.session_id, receipt.seq) not in acked
     ctx = store.context(k)
     assert [t.seq for t in ctx.turns] == list(range(1, 8))  # gapless in the new id
+    # The restored session (its receipts name the old id) flushes again, whole.
+    again = store.flush()
+    assert again.sessions == 1 and again.skipped == {}
