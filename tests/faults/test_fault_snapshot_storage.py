@@ -141,7 +141,7 @@ def _moved_conversations(tmp_path: Path, elsewhere: Path) -> None:
 def test_symlinked_conversations_dir_flushes_and_recovers(
     two_generations: tuple[ConversationStore, Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    store, newest, _ = two_generations
+    store, _newest, _ = two_generations
     assert store.snapshots is not None
     before = _contexts(store)
     _moved_conversations(tmp_path, tmp_path / "real-conversations")

@@ -84,7 +84,7 @@ def main() -> None:
     # ENOSPC during a flush: far more than 64 KiB of sessions.
     for i in range(40):
         store.append(
-            ("00000000-0000-0000-0000-0000000001%02d" % i, "public"),
+            (f"00000000-0000-0000-0000-0000000001{i:02d}", "public"),
             AvatarMessage(text=f"{i} " + "x" * 3000),
         )
     facts["flush_full"] = _try(lambda: store.flush().generation)
