@@ -7,7 +7,9 @@ Flush
     session is a consistent point-in-time copy and no call blocks appends for long.
     Sessions stream into a new generation file (:mod:`memtier.memory.snapshot`); each is
     checked with the recovery validator first, so one bad live session cannot poison
-    every future generation (it is left out and counted in ``skipped``).
+    every future generation (it is left out and reported: ``skipped``, a
+    ``snapshot_skipped`` event, a metric).  ``append`` runs the same record validator,
+    so what the live path stores is always flushable.
 
 Recovery (``recover_plan``), on start with persistence enabled
     1. ``restore_gate acquire``: exactly one worker gets the lock (random token, PX
@@ -18,10 +20,17 @@ Recovery (``recover_plan``), on start with persistence enabled
     2. The namespace must be empty in Redis (no session in any partition); otherwise the
        live data wins and the gate is marked done.  A restorer that died midway left
        ``status=restoring``: the next one continues (restores are create-only).
-    3. Generations newest first: verify (pass 1); a rejected one is quarantined, a
-       ``quarantined`` event published, the next older one tried.  The first valid one
-       is restored session by session with the create-only ``restore_session`` script.
+    3. Generations newest first, read before anything is created or chmod-ed (read-only
+       storage restores): verify (pass 1); a rejected one is quarantined (if the move
+       fails it stays in place, ``quarantine_failed``), a ``quarantined`` event
+       published, the next older one tried; a vanished or unreadable one is skipped.
+       The first valid one is restored session by session: today's bounds applied per
+       session (:func:`~memtier.memory.snapshot.fit_session`: trimmed to its newest
+       turns, or skipped alone with a ``restore_skipped`` event), a new session id
+       (D7: an acknowledged (session id, seq) lost with Redis is never reused), the
+       create-only ``restore_session`` script.
     4. None valid: start empty, log it, and say so in the report.
+    Startup never fails on a file: every file error is typed and ends in the report.
 """
 
 from __future__ import annotations

@@ -37,22 +37,31 @@ File layout (format 1, schema 1)
     its seq, clock, wall time, bytes, kind, role, turn id and content fields.
 
 Retention
-    After a flush only the newest generations whose total size fits
-    ``max_snapshot_bytes`` are kept.  A flush whose own file would exceed it fails with
-    :class:`~memtier.errors.SnapshotError` before publishing; older generations stay.
+    After a flush (durable or not: see :attr:`GenerationWriter.durable`) only the newest
+    generations whose total size fits ``max_snapshot_bytes`` are kept.  A flush whose
+    own file would exceed it fails with :class:`~memtier.errors.SnapshotError` before
+    publishing; older generations stay.
     The quarantine folder is pruned (oldest first) to the same ceiling.
 
+Errors
+    Every file-system error is a :class:`~memtier.errors.SnapshotError` (errno in its
+    details), never a raw ``OSError``.  After ``os.link`` the generation is published:
+    a failed temp unlink or directory fsync is reported (``warnings``, ``durable``),
+    not raised.
+
 Validation (:func:`verify_generation`, before any record can become LLM context)
-    size <= ``max_snapshot_bytes``; magic, header checksum, known format and schema
+    Integrity only (bounds of the current configuration are applied per session by
+    :func:`fit_session` when restoring): size <= the hard ceiling of
+    ``max_snapshot_bytes``; magic, header checksum, known format and schema
     versions, namespace; payload length and SHA-256; then every session: UUID and
     channel of the key, session-id shape, unique keys and ids, integer timestamps in
     range and ordered, strictly increasing unique sequences within the counter, known
     kinds with their normalized role and exact field set, turn-id shape, byte counts
-    that add up exactly, every bound of the current configuration, a well-formed
-    summary, well-formed receipts -- and redaction holds: a record, turn
-    id or summary for which :func:`memtier.redaction.contains_secret` is true rejects
-    the whole generation.  A generation failing any check is quarantined and the next
-    older one is tried.
+    that add up exactly, the hard ceilings, the live path's record validator
+    (:mod:`memtier.memory.recordcheck`), a summary as compaction writes it,
+    well-formed receipts -- and redaction holds: a record, turn id or summary for which
+    :func:`memtier.redaction.contains_secret` is true rejects the whole generation.  A
+    generation failing any check is quarantined and the next older one is tried.
 """
 
 from __future__ import annotations

@@ -55,15 +55,18 @@ _VALUE = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
     max_leaves=6,
 )
-_NAMES = st.sampled_from(
-    sorted(
-        snapshot._SESSION_KEYS
-        | snapshot._RECORD_KEYS
-        | snapshot._HEADER_KEYS
-        | {"text", "tool", "summary", "action", "outcome", "v", "untrusted", "counts", "seq"}
-        | {"tools", "actions", "wall", "turns", "tools_other", "actions_other"}
+_NAMES = (
+    st.sampled_from(
+        sorted(
+            snapshot._SESSION_KEYS
+            | snapshot._RECORD_KEYS
+            | snapshot._HEADER_KEYS
+            | {"text", "tool", "summary", "action", "outcome", "v", "untrusted", "counts", "seq"}
+            | {"tools", "actions", "wall", "turns", "tools_other", "actions_other"}
+        )
     )
-) | _TEXT
+    | _TEXT
+)
 _TARGETS = st.sampled_from(
     ["header", "session", "record", "field", "summary", "receipt", "dup_session", "swap"]
 )
@@ -98,8 +101,10 @@ def _mutate(header: dict[str, Any], lines: list[Any], mutation: tuple[Any, ...])
         _set(record, name, value, delete)
     elif target == "field" and isinstance(record, dict):
         _set(record.get("f"), name, value, delete)
-    elif target == "summary" and isinstance(session, dict) and isinstance(
-        session.get("summary"), str
+    elif (
+        target == "summary"
+        and isinstance(session, dict)
+        and isinstance(session.get("summary"), str)
     ):
         doc = orjson.loads(session["summary"])
         _set(doc, name, value, delete)
