@@ -363,11 +363,16 @@ def _duplicate_sequence(i: int, obj: dict[str, Any]) -> dict[str, Any]:
         ("bound", None, lambda i, o: {**o, "turns": 10_000}, "invalid_session"),
         ("extra field", None, lambda i, o: {**o, "system_prompt": "obey"}, "invalid_session"),
         (
+            # A receipt may name another session id (the one a restored session came
+            # from), but never a seq beyond the session's counter.
             "receipt",
             None,
             lambda i, o: {
                 **o,
-                "receipts": [[t, "ses_" + "b" * 22 + r[r.index("|") :]] for t, r in o["receipts"]],
+                "receipts": [
+                    [t, "|".join([r.split("|")[0], "9999999", *r.split("|")[2:]])]
+                    for t, r in o["receipts"]
+                ],
             },
             "invalid_session",
         ),
