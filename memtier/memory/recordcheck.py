@@ -24,9 +24,15 @@ from memtier import limits
 from memtier.errors import ValidationError
 from memtier.memory.models import TURN_TYPES
 from memtier.memory.state import KIND_FIELDS
-from memtier.redaction import normalize_controls
+from memtier.redaction import contains_secret, normalize_controls
 
-__all__ = ["RecordInvalid", "check_record", "check_summary"]
+__all__ = [
+    "RecordInvalid",
+    "check_fields_for_append",
+    "check_record",
+    "check_summary",
+    "check_turn_id_for_append",
+]
 
 NAME_FIELDS: Final = ("tool", "action")
 BODY_FIELDS: Final = ("text", "summary", "outcome")
@@ -180,3 +186,16 @@ def check_fields_for_append(kind: str, fields: Mapping[str, str], turn_id: str) 
             " (after redaction and control-character removal)",
             field=kind,
         ) from None
+
+
+def check_turn_id_for_append(turn_id: str) -> None:
+    """A caller's turn id is stored as given: it must not look like a secret.
+
+    Such an id would sit in Redis unredacted, and the snapshot validator (which checks
+    every turn id for secrets) would leave its session out of every flush.
+    """
+    if contains_secret(turn_id):
+        raise ValidationError(
+            "turn_id looks like a secret (an access key or token); use an opaque request id",
+            field="turn_id",
+        )

@@ -62,6 +62,9 @@ def test_a_name_that_sanitises_to_empty_is_refused_at_append(backend: Any, tmp_p
         with pytest.raises(ValidationError) as info:
             store.append(key(1), turn)
         assert info.value.code == "invalid_input"
+    # A caller's turn id is stored as given: one that looks like a key is refused.
+    with pytest.raises(ValidationError):
+        store.append(key(1), AvatarMessage(text="hi", turn_id="AKIAIOSFODNN7EXAMPLE"))
     # What sanitising leaves storable is stored, and every stored session flushes.
     store.append(key(1), ToolSummary(tool="se\x00arch", summary="ok\x07"))
     result = store.flush()
@@ -74,19 +77,30 @@ _TEXT = st.text(
 ) | st.sampled_from(["password=hunter2hunter2", "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"])
 
 
+_TURN_IDS = st.none() | st.sampled_from(
+    ["req-17", "AKIAIOSFODNN7EXAMPLE", "glpat-" + "a" * 20, "a:b.c-d", "x" * 128]
+)
+
+
 @settings(max_examples=150, deadline=None)
-@example(kind="tool", name="\x00", body="x")
-@given(kind=st.sampled_from(["avatar", "agent", "tool", "action"]), name=_TEXT, body=_TEXT)
+@example(kind="tool", name="\x00", body="x", turn_id=None)
+@example(kind="avatar", name="", body="hi", turn_id="AKIAIOSFODNN7EXAMPLE")
+@given(
+    kind=st.sampled_from(["avatar", "agent", "tool", "action"]),
+    name=_TEXT,
+    body=_TEXT,
+    turn_id=_TURN_IDS,
+)
 def test_whatever_append_accepts_the_snapshot_validator_accepts(
-    kind: str, name: str, body: str
+    kind: str, name: str, body: str, turn_id: str | None
 ) -> None:
     """The live path and the recovery validator accept exactly the same records."""
     core = MemoryCore(MemtierConfig.load())
     make = {
-        "avatar": lambda: AvatarMessage(text=body),
-        "agent": lambda: AgentResponse(text=body),
-        "tool": lambda: ToolSummary(tool=name or "t", summary=body),
-        "action": lambda: ActionResult(action=name or "a", outcome=body),
+        "avatar": lambda: AvatarMessage(text=body, turn_id=turn_id),
+        "agent": lambda: AgentResponse(text=body, turn_id=turn_id),
+        "tool": lambda: ToolSummary(tool=name or "t", summary=body, turn_id=turn_id),
+        "action": lambda: ActionResult(action=name or "a", outcome=body, turn_id=turn_id),
     }[kind]
     try:
         prepared = core.prepare_turn(key(1), make())
@@ -96,7 +110,7 @@ def test_whatever_append_accepts_the_snapshot_validator_accepts(
 
     doc = orjson.loads(prepared.payload)
     check_record(doc["k"], doc["f"], doc["id"])  # raises RecordInvalid if not restorable
-    assert not any(contains_secret(v) for v in doc["f"].values())
+    assert not any(contains_secret(v) for v in (*doc["f"].values(), doc["id"]))
 
 
 def test_flush_that_cannot_write_a_session_reports_result_event_and_metric(
