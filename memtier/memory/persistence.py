@@ -425,7 +425,7 @@ def recover_plan(
     report.outcome = "skipped"
     try:
         return (yield from _recover_as_restorer(core, directory, report, token, force, resuming))
-    except (BackendError, SnapshotError) as exc:
+    except (BackendError, SnapshotError, OSError) as exc:
         # Never fail startup: the gate lock expires and the next start tries again.
         report.outcome = "error"
         report.message = f"recovery did not complete: {exc}"

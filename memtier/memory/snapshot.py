@@ -404,7 +404,17 @@ class SnapshotDir:
 
     # --- quarantine ----------------------------------------------------------------------------
     def quarantine(self, gen: GenerationFile, reason: str) -> Path | None:
-        """Move a rejected generation to ``quarantine/`` (never overwriting); None if gone."""
+        """Move a rejected generation to ``quarantine/`` (never overwriting); None if gone.
+
+        Raises :class:`~memtier.errors.SnapshotError` when it cannot be moved (full or
+        read-only storage, ``quarantine/`` on another file system): the file stays.
+        """
+        try:
+            return self._quarantine(gen, reason)
+        except OSError as exc:
+            raise _oserror(f"cannot quarantine {gen.path.name}", exc) from exc
+
+    def _quarantine(self, gen: GenerationFile, reason: str) -> Path | None:
         try:
             self.quarantine_path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
