@@ -32,6 +32,7 @@ __all__ = [
     "RETRIES",
     "SCRIPT_DURATION",
     "SNAPSHOT_FLUSHES",
+    "SNAPSHOT_SESSIONS_SKIPPED",
     "STORED_BYTES",
     "THREAD_OPERATIONS",
     "THREAD_RUNNER_DURATION",
@@ -66,6 +67,11 @@ COMPACTIONS = Counter(
 )
 SNAPSHOT_FLUSHES = Counter(
     "memtier_snapshot_flushes_total", "Snapshot generation flushes, by outcome.", ["outcome"]
+)
+SNAPSHOT_SESSIONS_SKIPPED = Counter(
+    "memtier_snapshot_sessions_skipped_total",
+    "Live sessions a flush could not write, or recovery could not restore, by stage/reason.",
+    ["stage", "reason"],
 )
 RETRIES = Counter(
     "memtier_retries_total",

@@ -22,6 +22,8 @@ required=()
 command -v redis-server >/dev/null 2>&1 || required+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || required+=(redis-tools)
 python3 -m pip --version >/dev/null 2>&1 || required+=(python3-pip)
+command -v strace >/dev/null 2>&1 || required+=(strace)  # syscall fault rows (tests/faults)
+command -v unshare >/dev/null 2>&1 || required+=(util-linux)  # private tmpfs mounts (tests/faults)
 optional=()
 command -v promtool >/dev/null 2>&1 || optional+=(prometheus)  # promtool, for deploy/ tests
 
@@ -39,7 +41,7 @@ if [ ${#required[@]} -gt 0 ] || [ ${#optional[@]} -gt 0 ]; then
         fi
     fi
 else
-    say "system packages present (redis-server, redis-cli, promtool)"
+    say "system packages present (redis-server, redis-cli, strace, unshare, promtool)"
 fi
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null || {
     say "redis-server/redis-cli still missing"; exit 1; }

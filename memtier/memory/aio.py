@@ -232,7 +232,7 @@ class AsyncConversationStore(StoreBase):
         except Exception:
             metrics.SNAPSHOT_FLUSHES.labels("error").inc()
             raise
-        metrics.SNAPSHOT_FLUSHES.labels("ok").inc()
+        metrics.SNAPSHOT_FLUSHES.labels("ok" if result.durable else "not_durable").inc()
         return result
 
     async def recover(self, *, force: bool = False, wait_s: float | None = None) -> RecoveryReport:

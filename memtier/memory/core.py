@@ -43,6 +43,7 @@ from memtier.memory.models import (
     TurnRecord,
     ms_to_datetime,
 )
+from memtier.memory.recordcheck import check_fields_for_append, check_turn_id_for_append
 from memtier.redaction import sanitize
 
 __all__ = ["AppendStatus", "MemoryCore", "ScriptCall", "new_session_id"]
@@ -207,7 +208,13 @@ class MemoryCore:
                 turn_bytes=turn_bytes,
                 limit_bytes=conv.max_session_bytes,
             )
+        if turn.turn_id is not None:
+            check_turn_id_for_append(turn.turn_id)
         turn_id = turn.turn_id or uuid.uuid4().hex
+        if out != fields:
+            # Sanitising changed the content: it must still be a record that a snapshot
+            # flush and recovery accept (one shared validator; "\x00" as a name is empty).
+            check_fields_for_append(turn.kind, out, turn_id)
         payload = orjson.dumps({"k": turn.kind, "id": turn_id, "f": out})
         return PreparedTurn(
             key, turn, turn_id, payload, turn_bytes, truncated, tuple(dict.fromkeys(kinds))

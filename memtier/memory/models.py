@@ -69,6 +69,8 @@ class ReasonCode(StrEnum):
     QUARANTINED = "quarantined"
     PERMISSIONS_NOT_VERIFIED = "permissions_not_verified"
     RESTORED = "restored"
+    SNAPSHOT_SKIPPED = "snapshot_skipped"
+    RESTORE_SKIPPED = "restore_skipped"
 
 
 def _raise_validation(exc: PydanticValidationError, what: str) -> None:

@@ -7,7 +7,9 @@ Flush
     session is a consistent point-in-time copy and no call blocks appends for long.
     Sessions stream into a new generation file (:mod:`memtier.memory.snapshot`); each is
     checked with the recovery validator first, so one bad live session cannot poison
-    every future generation (it is left out and counted in ``skipped``).
+    every future generation (it is left out and reported: ``skipped``, a
+    ``snapshot_skipped`` event, a metric).  ``append`` runs the same record validator,
+    so what the live path stores is always flushable.
 
 Recovery (``recover_plan``), on start with persistence enabled
     1. ``restore_gate acquire``: exactly one worker gets the lock (random token, PX
@@ -18,10 +20,17 @@ Recovery (``recover_plan``), on start with persistence enabled
     2. The namespace must be empty in Redis (no session in any partition); otherwise the
        live data wins and the gate is marked done.  A restorer that died midway left
        ``status=restoring``: the next one continues (restores are create-only).
-    3. Generations newest first: verify (pass 1); a rejected one is quarantined, a
-       ``quarantined`` event published, the next older one tried.  The first valid one
-       is restored session by session with the create-only ``restore_session`` script.
+    3. Generations newest first, read before anything is created or chmod-ed (read-only
+       storage restores): verify (pass 1); a rejected one is quarantined (if the move
+       fails it stays in place, ``quarantine_failed``), a ``quarantined`` event
+       published, the next older one tried; a vanished or unreadable one is skipped.
+       The first valid one is restored session by session: today's bounds applied per
+       session (:func:`~memtier.memory.snapshot.fit_session`: trimmed to its newest
+       turns, or skipped alone with a ``restore_skipped`` event), a new session id
+       (D7: an acknowledged (session id, seq) lost with Redis is never reused), the
+       create-only ``restore_session`` script.
     4. None valid: start empty, log it, and say so in the report.
+    Startup never fails on a file: every file error is typed and ends in the report.
 """
 
 from __future__ import annotations
@@ -33,10 +42,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from memtier import limits
-from memtier.errors import BackendError, SnapshotError
+from memtier import limits, metrics
+from memtier.errors import BackendError, MemtierError, SnapshotError
 from memtier.keys import PartitionKeys
-from memtier.memory.core import MemoryCore, ScriptCall
+from memtier.memory.core import MemoryCore, ScriptCall, new_session_id
 from memtier.memory.models import Channel, ConversationKey, ReasonCode
 from memtier.memory.plans import Command, Plan, Sleep
 from memtier.memory.snapshot import (
@@ -45,6 +54,8 @@ from memtier.memory.snapshot import (
     SnapshotDir,
     SnapshotValidationError,
     ValidatedSession,
+    VerifiedGeneration,
+    fit_session,
     iter_generation,
     session_to_json,
     validate_session,
@@ -80,14 +91,24 @@ POLL_S: Final = 0.2
 
 
 def emit_event_call(
-    core: MemoryCore, reason: ReasonCode, detail: str, *, partition: int = 0
+    core: MemoryCore,
+    reason: ReasonCode,
+    detail: str,
+    *,
+    partition: int = 0,
+    member: str = "",
+    session_id: str = "",
 ) -> ScriptCall:
-    """Publish a ``quarantined`` / ``permissions_not_verified`` event (partition 0's stream)."""
-    part = core.keyspace.partition(partition)
+    """Publish a ``quarantined`` / ``permissions_not_verified`` / ``snapshot_skipped`` /
+    ``restore_skipped`` event: on the member's partition, else partition 0's stream."""
+    if member:
+        part = core.partition_for(ConversationKey.from_member(member))
+    else:
+        part = core.keyspace.partition(partition)
     return ScriptCall(
         "emit_event",
         (part.meta, part.events),
-        (reason.value, "", "", detail[:512], core.conv.max_events, core.clock_arg()),
+        (reason.value, member, session_id, detail[:512], core.conv.max_events, core.clock_arg()),
     )
 
 
@@ -122,7 +143,10 @@ def restore_gate_call(
     )
 
 
-def restore_session_call(core: MemoryCore, session: ValidatedSession, detail: str) -> ScriptCall:
+def restore_session_call(
+    core: MemoryCore, session: ValidatedSession, detail: str, *, session_id: str | None = None
+) -> ScriptCall:
+    """``session_id``: the id the restored session gets (recovery passes a new one)."""
     key = ConversationKey.from_member(session.member)
     part = core.partition_for(key)
     sk = part.session(session.member)
@@ -144,7 +168,7 @@ def restore_session_call(core: MemoryCore, session: ValidatedSession, detail: st
         ),
         (
             session.member,
-            session.session_id,
+            session_id or session.session_id,
             session.created_ms,
             session.created_wall_ms,
             session.last_ms,
@@ -182,7 +206,15 @@ def _with_flush_wall(call: ScriptCall, flush_wall_ms: int) -> ScriptCall:
 
 @dataclass(frozen=True)
 class FlushResult:
-    """One published generation."""
+    """One published generation.
+
+    ``skipped``: live sessions the flush could not write, by reason (each also published
+    as a ``snapshot_skipped`` event and counted in
+    ``memtier_snapshot_sessions_skipped_total{stage="flush"}``).  ``durable``: False when
+    the directory fsync after publication failed -- the generation is published and
+    retention was applied, but its name may not survive a power loss.  ``warnings``: what
+    went wrong after publication (directory fsync, temp removal, retention).
+    """
 
     generation: int
     path: str
@@ -192,6 +224,8 @@ class FlushResult:
     removed: tuple[str, ...]
     permissions_verified: bool
     duration_s: float
+    durable: bool = True
+    warnings: tuple[str, ...] = ()
 
 
 def _b(value: Any) -> str:
@@ -212,7 +246,6 @@ def flush_plan(
     if not verified:
         yield emit_event_call(core, ReasonCode.PERMISSIONS_NOT_VERIFIED, str(directory.path))
     directory.cleanup_temps()
-    conv = core.conv
     walls: list[int] = []
     clocks: list[int] = []
     writer = directory.begin()
@@ -250,15 +283,24 @@ def flush_plan(
                     for state in iter_sessions(reply):
                         line = session_to_json(state)
                         try:
-                            validate_session(line, conv)
+                            validate_session(line)
                         except SnapshotValidationError as exc:
                             # Left out, never written: it would reject the whole generation.
+                            # Reported three ways: FlushResult.skipped, an event, a metric.
                             log.warning(
                                 "snapshot: session left out of the flush (%s: %s)",
                                 exc.reason,
                                 exc.detail,
                             )
                             writer.skip(exc.reason)
+                            metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("flush", exc.reason).inc()
+                            yield emit_event_call(
+                                core,
+                                ReasonCode.SNAPSHOT_SKIPPED,
+                                f"{exc.reason}: {exc.detail}",
+                                member=state.member,
+                                session_id=state.session_id,
+                            )
                             continue
                         writer.add(line)
                 if int(cursor) == 0:
@@ -279,7 +321,11 @@ def flush_plan(
     except BaseException:
         writer.abort()
         raise
+    # Retention runs for every published generation, durable or not (the new one is kept).
     removed = directory.retain(keep=published.generation)
+    warnings = (*writer.warnings, *directory.retention_errors)
+    for warning in warnings:
+        log.warning("snapshot generation %d: %s", published.generation, warning)
     return FlushResult(
         generation=published.generation,
         path=str(published.path),
@@ -289,6 +335,8 @@ def flush_plan(
         removed=tuple(str(p) for p in removed),
         permissions_verified=verified,
         duration_s=time.monotonic() - started,
+        durable=writer.durable,
+        warnings=tuple(warnings),
     )
 
 
@@ -312,7 +360,13 @@ class RecoveryReport:
     existing: int = 0  # live in Redis already: not overwritten
     expired: int = 0  # past their TTL on recovery
     no_room: int = 0
+    trimmed: int = 0  # restored without their oldest turns (over today's bounds)
+    skipped: int = 0  # not restored: even trimmed they do not fit today's bounds
     quarantined: list[tuple[str, str]] = field(default_factory=list)  # (file, reason)
+    # Rejected files that could not be moved to quarantine/ (file, why): left in place.
+    quarantine_failed: list[tuple[str, str]] = field(default_factory=list)
+    # Generations that vanished or became unreadable before or while being restored.
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
     permissions_verified: bool = True
     message: str = ""
 
@@ -370,103 +424,188 @@ def recover_plan(
     report.restorer = True
     report.outcome = "skipped"
     try:
-        # 2. Only into an empty namespace (or to finish a restore that died midway).
-        if not force and not resuming:
-            empty = yield from _namespace_empty_plan(core)
-            if not empty:
-                yield restore_gate_call(core, "finish", token, outcome="live")
-                report.outcome = "live"
-                report.message = "live data present in Redis; nothing restored"
-                return report
-        verified = directory.ensure()
-        report.permissions_verified = verified
-        if not verified:
-            yield emit_event_call(core, ReasonCode.PERMISSIONS_NOT_VERIFIED, str(directory.path))
-        # 3. Newest valid generation.
-        for gen in directory.generations():
-            steps = verify_steps(gen, directory.namespace, core.conv, directory.max_bytes)
-            last_extend = time.monotonic()
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as stop:
-                    result = stop.value
-                    break
-                if time.monotonic() - last_extend > 1.0:  # a large file: keep the gate
-                    last_extend = time.monotonic()
-                    ext = yield restore_gate_call(core, "extend", token)
-                    if int(ext[0]) != 1:
-                        report.outcome = "lost_lock"
-                        report.message = "the restore lock expired while verifying"
-                        return report
-            if isinstance(result, Rejection):
-                yield from _quarantine(core, directory, gen, result, report)
-                continue
-            gate = yield restore_gate_call(core, "begin", token, generation=str(gen.generation))
-            if int(gate[0]) != 1:
-                report.outcome = "lost_lock"
-                return report
-            report.generation = gen.generation
-            detail = f"generation={gen.generation}"
-            flush_wall = int(result.header["flush_wall_ms"])
-            done = 0
-            last_extend = time.monotonic()
-            try:
-                for session in iter_generation(result, core.conv):
-                    call = _with_flush_wall(restore_session_call(core, session, detail), flush_wall)
-                    out = yield call
-                    status = int(out[0])
-                    if status == 0:
-                        report.restored += 1
-                    elif status == 1:
-                        report.existing += 1
-                    elif status == 2:
-                        report.expired += 1
-                    else:
-                        report.no_room += 1
-                    done += 1
-                    if done % EXTEND_EVERY == 0 or time.monotonic() - last_extend > 1.0:
-                        last_extend = time.monotonic()
-                        ext = yield restore_gate_call(core, "extend", token)
-                        if int(ext[0]) != 1:
-                            report.outcome = "lost_lock"
-                            report.message = "the restore lock expired; another worker continues"
-                            return report
-            except SnapshotValidationError as exc:
-                # Changed on disk between the two passes: keep what is restored (create-only,
-                # validated), quarantine the file and try no older one over it.
-                yield from _quarantine(
-                    core, directory, gen, Rejection(exc.reason, exc.detail), report
-                )
-                report.outcome = "error"
-                report.message = f"generation {gen.generation} changed while restoring"
-                yield restore_gate_call(
-                    core, "finish", token, generation=str(gen.generation), outcome="partial"
-                )
-                return report
-            yield restore_gate_call(
-                core, "finish", token, generation=str(gen.generation), outcome="restored"
-            )
-            report.outcome = "restored"
-            report.message = (
-                f"restored generation {gen.generation}: {report.restored} sessions"
-                f" ({report.expired} expired on recovery, {report.existing} already live,"
-                f" {report.no_room} without room)"
-            )
-            log.info("snapshot recovery: %s", report.message)
-            return report
-        # 4. Nothing valid.
-        yield restore_gate_call(core, "finish", token, outcome="empty")
-        report.outcome = "empty"
-        report.message = "no valid snapshot generation: starting empty"
-        log.warning("snapshot recovery: %s (%s)", report.message, directory.path)
-        return report
-    except (BackendError, SnapshotError) as exc:
+        return (yield from _recover_as_restorer(core, directory, report, token, force, resuming))
+    except (BackendError, SnapshotError, OSError) as exc:
         # Never fail startup: the gate lock expires and the next start tries again.
         report.outcome = "error"
         report.message = f"recovery did not complete: {exc}"
         log.error("snapshot recovery: %s", report.message)
         return report
+
+
+def _recover_as_restorer(
+    core: MemoryCore,
+    directory: SnapshotDir,
+    report: RecoveryReport,
+    token: str,
+    force: bool,
+    resuming: bool,
+) -> Plan[RecoveryReport]:
+    # 2. Only into an empty namespace (or to finish a restore that died midway).
+    if not force and not resuming:
+        empty = yield from _namespace_empty_plan(core)
+        if not empty:
+            yield restore_gate_call(core, "finish", token, outcome="live")
+            report.outcome = "live"
+            report.message = "live data present in Redis; nothing restored"
+            return report
+    # 3. Newest valid generation.  Nothing is created or chmod-ed before reading: read-only
+    # storage still restores (modes are tightened afterwards, best effort).
+    for gen in directory.generations():  # an unreadable directory: outcome "error"
+        result = yield from _verify_plan(core, directory, gen, token, report)
+        if result is None:
+            return report  # lost the gate
+        if isinstance(result, Rejection):
+            if result.reason in ("vanished", "unreadable"):
+                # Gone, or an I/O error (EIO, EACCES): not proof the file is bad, so it is
+                # not quarantined; the next start reads it again.
+                report.unreadable.append((gen.path.name, result.detail))
+                continue
+            yield from _quarantine(core, directory, gen, result, report)
+            continue
+        gate = yield restore_gate_call(core, "begin", token, generation=str(gen.generation))
+        if int(gate[0]) != 1:
+            report.outcome = "lost_lock"
+            return report
+        report.generation = gen.generation
+        outcome = yield from _restore_generation_plan(core, directory, gen, result, token, report)
+        if outcome == "next":
+            continue  # vanished or unreadable midway: the next older generation fills in
+        if outcome != "restored":
+            return report
+        yield from _tighten_plan(core, directory, report)
+        yield restore_gate_call(
+            core, "finish", token, generation=str(gen.generation), outcome="restored"
+        )
+        report.outcome = "restored"
+        report.message = (
+            f"restored generation {gen.generation}: {report.restored} sessions"
+            f" ({report.expired} expired on recovery, {report.existing} already live,"
+            f" {report.no_room} without room, {report.trimmed} trimmed and"
+            f" {report.skipped} skipped for today's bounds)"
+        )
+        log.info("snapshot recovery: %s", report.message)
+        return report
+    # 4. Nothing valid.
+    yield from _tighten_plan(core, directory, report)
+    yield restore_gate_call(core, "finish", token, outcome="empty")
+    report.outcome = "empty"
+    report.message = "no valid snapshot generation: starting empty"
+    log.warning("snapshot recovery: %s (%s)", report.message, directory.path)
+    return report
+
+
+def _tighten_plan(core: MemoryCore, directory: SnapshotDir, report: RecoveryReport) -> Plan[None]:
+    verified, why = directory.tighten()
+    report.permissions_verified = verified
+    if not verified:
+        if why:
+            log.warning("snapshot recovery: permissions not verified: %s", why)
+        yield emit_event_call(
+            core, ReasonCode.PERMISSIONS_NOT_VERIFIED, f"{directory.path}: {why}".rstrip(": ")
+        )
+
+
+def _verify_plan(
+    core: MemoryCore,
+    directory: SnapshotDir,
+    gen: GenerationFile,
+    token: str,
+    report: RecoveryReport,
+) -> Plan[VerifiedGeneration | Rejection | None]:
+    """Pass 1 of one generation, extending the gate; None = the gate was lost."""
+    steps = verify_steps(gen, directory.namespace, core.conv, directory.max_bytes)
+    last_extend = time.monotonic()
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            result: VerifiedGeneration | Rejection = stop.value
+            return result
+        except (MemtierError, OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+            # A validator bug must not stop startup either (the fuzzer in tests/faults
+            # hunts these; this is the belt under it).
+            log.exception("snapshot recovery: validator failed on %s", gen.path.name)
+            return Rejection("validator_error", type(exc).__name__)
+        if time.monotonic() - last_extend > 1.0:  # a large file: keep the gate
+            last_extend = time.monotonic()
+            ext = yield restore_gate_call(core, "extend", token)
+            if int(ext[0]) != 1:
+                report.outcome = "lost_lock"
+                report.message = "the restore lock expired while verifying"
+                return None
+
+
+def _restore_generation_plan(
+    core: MemoryCore,
+    directory: SnapshotDir,
+    gen: GenerationFile,
+    verified: VerifiedGeneration,
+    token: str,
+    report: RecoveryReport,
+) -> Plan[str]:
+    """Pass 2: restore every session; returns ``restored``, ``next`` or ``stop``."""
+    detail = f"generation={gen.generation}"
+    flush_wall = int(verified.header["flush_wall_ms"])
+    done = 0
+    last_extend = time.monotonic()
+    try:
+        for session in iter_generation(verified, core.conv):
+            fitted = fit_session(session, core.conv)
+            if fitted.session is None:
+                report.skipped += 1
+                metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("restore", "bounds").inc()
+                yield emit_event_call(
+                    core,
+                    ReasonCode.RESTORE_SKIPPED,
+                    f"{detail} {fitted.reason}",
+                    member=session.member,
+                    session_id=session.session_id,
+                )
+                continue
+            # A new session id (D7): turns acknowledged after this flush and lost with
+            # Redis had (old id, seq) pairs this session would otherwise hand out again.
+            note = f"{detail} from={session.session_id}"
+            if fitted.dropped:
+                note += f" trimmed={fitted.dropped}"
+            call = restore_session_call(core, fitted.session, note, session_id=new_session_id())
+            out = yield _with_flush_wall(call, flush_wall)
+            status = int(out[0])
+            if status == 0:
+                report.restored += 1
+                if fitted.dropped:
+                    report.trimmed += 1
+            elif status == 1:
+                report.existing += 1
+            elif status == 2:
+                report.expired += 1
+            else:
+                report.no_room += 1
+            done += 1
+            if done % EXTEND_EVERY == 0 or time.monotonic() - last_extend > 1.0:
+                last_extend = time.monotonic()
+                ext = yield restore_gate_call(core, "extend", token)
+                if int(ext[0]) != 1:
+                    report.outcome = "lost_lock"
+                    report.message = "the restore lock expired; another worker continues"
+                    return "stop"
+    except SnapshotValidationError as exc:
+        if exc.reason in ("vanished", "unreadable"):
+            # Removed or unreadable between the passes (retention elsewhere, an
+            # operator): what is restored stays (create-only), the next one fills in.
+            report.unreadable.append((gen.path.name, exc.detail))
+            log.warning("snapshot recovery: %s %s: %s", gen.path.name, exc.reason, exc.detail)
+            return "next"
+        # Changed on disk between the two passes: keep what is restored (create-only,
+        # validated), quarantine the file and try no older one over it.
+        yield from _quarantine(core, directory, gen, Rejection(exc.reason, exc.detail), report)
+        report.outcome = "error"
+        report.message = f"generation {gen.generation} changed while restoring"
+        yield restore_gate_call(
+            core, "finish", token, generation=str(gen.generation), outcome="partial"
+        )
+        return "stop"
+    return "restored"
 
 
 def _quarantine(
@@ -476,8 +615,23 @@ def _quarantine(
     rejection: Rejection,
     report: RecoveryReport,
 ) -> Plan[None]:
-    target = directory.quarantine(gen, rejection.reason)
     name = gen.path.name
+    try:
+        target = directory.quarantine(gen, rejection.reason)
+    except SnapshotError as exc:
+        # Full or read-only storage: the rejected file stays where it is (it is rejected
+        # again on the next start); recovery goes on with the next older generation.
+        report.quarantine_failed.append((name, exc.message))
+        log.error(
+            "snapshot recovery: %s rejected (%s) but not quarantined: %s",
+            name,
+            rejection.reason,
+            exc.message,
+        )
+        yield emit_event_call(
+            core, ReasonCode.QUARANTINED, f"{name}: {rejection.reason} (not moved: {exc.message})"
+        )
+        return
     report.quarantined.append((name, rejection.reason))
     log.warning(
         "snapshot recovery: generation %s quarantined (%s: %s) -> %s",

@@ -37,22 +37,31 @@ File layout (format 1, schema 1)
     its seq, clock, wall time, bytes, kind, role, turn id and content fields.
 
 Retention
-    After a flush only the newest generations whose total size fits
-    ``max_snapshot_bytes`` are kept.  A flush whose own file would exceed it fails with
-    :class:`~memtier.errors.SnapshotError` before publishing; older generations stay.
+    After a flush (durable or not: see :attr:`GenerationWriter.durable`) only the newest
+    generations whose total size fits ``max_snapshot_bytes`` are kept.  A flush whose
+    own file would exceed it fails with :class:`~memtier.errors.SnapshotError` before
+    publishing; older generations stay.
     The quarantine folder is pruned (oldest first) to the same ceiling.
 
+Errors
+    Every file-system error is a :class:`~memtier.errors.SnapshotError` (errno in its
+    details), never a raw ``OSError``.  After ``os.link`` the generation is published:
+    a failed temp unlink or directory fsync is reported (``warnings``, ``durable``),
+    not raised.
+
 Validation (:func:`verify_generation`, before any record can become LLM context)
-    size <= ``max_snapshot_bytes``; magic, header checksum, known format and schema
+    Integrity only (bounds of the current configuration are applied per session by
+    :func:`fit_session` when restoring): size <= the hard ceiling of
+    ``max_snapshot_bytes``; magic, header checksum, known format and schema
     versions, namespace; payload length and SHA-256; then every session: UUID and
     channel of the key, session-id shape, unique keys and ids, integer timestamps in
     range and ordered, strictly increasing unique sequences within the counter, known
     kinds with their normalized role and exact field set, turn-id shape, byte counts
-    that add up exactly, every bound of the current configuration, a well-formed
-    summary, receipts that name this session -- and redaction holds: a record, turn
-    id or summary for which :func:`memtier.redaction.contains_secret` is true rejects
-    the whole generation.  A generation failing any check is quarantined and the next
-    older one is tried.
+    that add up exactly, the hard ceilings, the live path's record validator
+    (:mod:`memtier.memory.recordcheck`), a summary as compaction writes it,
+    well-formed receipts -- and redaction holds: a record, turn id or summary for which
+    :func:`memtier.redaction.contains_secret` is true rejects the whole generation.  A
+    generation failing any check is quarantined and the next older one is tried.
 """
 
 from __future__ import annotations
@@ -64,7 +73,7 @@ import os
 import re
 import secrets
 from collections.abc import Generator, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 from uuid import UUID
@@ -75,6 +84,7 @@ from memtier import limits
 from memtier._version import __version__
 from memtier.config import ConversationConfig
 from memtier.errors import SnapshotError
+from memtier.memory.recordcheck import RecordInvalid, check_record, check_summary
 from memtier.memory.state import KIND_FIELDS, KIND_ROLES, SessionState, StoredTurn
 from memtier.redaction import contains_secret
 
@@ -82,6 +92,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_BLOCK",
     "SCHEMA_VERSION",
+    "FittedSession",
     "GenerationFile",
     "GenerationWriter",
     "Rejection",
@@ -89,6 +100,7 @@ __all__ = [
     "SnapshotValidationError",
     "ValidatedSession",
     "VerifiedGeneration",
+    "fit_session",
     "is_windows",
     "iter_generation",
     "session_to_json",
@@ -230,6 +242,8 @@ class SnapshotDir:
         self.path = Path(path)
         self.namespace = namespace
         self.max_bytes = int(max_bytes)
+        # What the last retain() could not do (the files stay; the next flush retries).
+        self.retention_errors: list[str] = []
 
     @property
     def quarantine_path(self) -> Path:
@@ -252,6 +266,21 @@ class SnapshotDir:
             raise _oserror(f"cannot prepare snapshot directory {self.path}", exc) from exc
         return True
 
+    def tighten(self) -> tuple[bool, str]:
+        """Recovery's :meth:`ensure`: best effort, after reading, never raising.
+
+        Read-only or foreign storage must still restore (a chmod that fails is reported,
+        not fatal).  Returns (verified, why not).
+        """
+        if is_windows():
+            return False, "POSIX modes are not verifiable on Windows"
+        if not self.path.is_dir():
+            return True, ""  # nothing on disk: the first flush creates it
+        try:
+            return self.ensure(), ""
+        except SnapshotError as exc:
+            return False, exc.message
+
     # --- listing -------------------------------------------------------------------------------
     def generations(self) -> list[GenerationFile]:
         """Published generations of this namespace, newest first."""
@@ -260,20 +289,29 @@ class SnapshotDir:
             entries = list(os.scandir(self.path))
         except FileNotFoundError:
             return []
+        except OSError as exc:
+            raise _oserror(f"cannot list snapshot directory {self.path}", exc) from exc
         for entry in entries:
             m = _NAME_RE.match(entry.name)
-            if m and m.group("ns") == self.namespace and entry.is_file(follow_symlinks=False):
-                with contextlib.suppress(FileNotFoundError):
-                    out.append(
-                        GenerationFile(int(m.group("gen")), Path(entry.path), entry.stat().st_size)
-                    )
+            if not (m and m.group("ns") == self.namespace):
+                continue
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    size = entry.stat(follow_symlinks=False).st_size
+                    out.append(GenerationFile(int(m.group("gen")), Path(entry.path), size))
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise _oserror(f"cannot read snapshot directory {self.path}", exc) from exc
         return sorted(out, reverse=True)
 
     def quarantined(self) -> list[Path]:
         try:
             names = sorted(os.listdir(self.quarantine_path))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
+        except OSError as exc:
+            raise _oserror(f"cannot list {self.quarantine_path}", exc) from exc
         return [
             self.quarantine_path / n
             for n in names
@@ -295,16 +333,24 @@ class SnapshotDir:
     def cleanup_temps(self) -> int:
         """Remove temp files left by dead processes of this host; returns how many."""
         removed = 0
-        with contextlib.suppress(FileNotFoundError):
-            for name in os.listdir(self.path):
-                m = _TEMP_RE.match(name)
-                if not m or m.group("ns") != self.namespace:
-                    continue
-                if _pid_alive(int(m.group("pid"))):
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path / name)
-                    removed += 1
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return 0  # the flush itself reports an unusable directory
+        for name in names:
+            m = _TEMP_RE.match(name)
+            if not m or m.group("ns") != self.namespace:
+                continue
+            pid = int(m.group("pid"))
+            if (pid == os.getpid() and str(self.path / name) in _OPEN_TEMPS) or (
+                pid != os.getpid() and _pid_alive(pid)
+            ):
+                continue
+            try:
+                os.unlink(self.path / name)
+                removed += 1
+            except OSError:
+                continue  # best effort: a later flush tries again
         return removed
 
     def begin(self) -> GenerationWriter:
@@ -317,34 +363,62 @@ class SnapshotDir:
         ``keep`` (a generation number) is never deleted: the one just written.
         """
         removed: list[Path] = []
+        self.retention_errors = []
         total = 0
-        for gen in self.generations():
+        try:
+            generations = self.generations()
+            quarantined = self.quarantined()
+        except SnapshotError as exc:
+            self.retention_errors.append(exc.message)
+            return removed
+        for gen in generations:  # newest first; the one just written counts first
             total += gen.size
             if total > self.max_bytes and gen.generation != keep:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(gen.path)
-                    removed.append(gen.path)
+                self._remove(gen.path, removed)
         q_total = 0
         q_files = []
-        for path in self.quarantined():
-            with contextlib.suppress(FileNotFoundError):
-                q_files.append((path.stat().st_mtime_ns, path.name, path))
-        for _, _, path in sorted(q_files, reverse=True):
-            with contextlib.suppress(FileNotFoundError):
-                q_total += path.stat().st_size
-                if q_total > self.max_bytes:
-                    os.unlink(path)
-                    removed.append(path)
-        if removed:
+        for path in quarantined:
             with contextlib.suppress(OSError):
-                _fsync_dir(self.path)
-                _fsync_dir(self.quarantine_path)
+                st = path.stat()
+                q_files.append((st.st_mtime_ns, path.name, path, st.st_size))
+        for _, _, path, size in sorted(q_files, reverse=True):
+            q_total += size
+            if q_total > self.max_bytes:
+                self._remove(path, removed)
+        if removed:
+            for directory in (self.path, self.quarantine_path):
+                try:
+                    _fsync_dir(directory)
+                except OSError as exc:
+                    self.retention_errors.append(f"fsync {directory.name}: {exc.strerror}")
         return removed
+
+    def _remove(self, path: Path, removed: list[Path]) -> None:
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # kept: the next flush's retention tries again
+            self.retention_errors.append(f"cannot remove {path.name}: {exc.strerror}")
 
     # --- quarantine ----------------------------------------------------------------------------
     def quarantine(self, gen: GenerationFile, reason: str) -> Path | None:
-        """Move a rejected generation to ``quarantine/`` (never overwriting); None if gone."""
-        self.quarantine_path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        """Move a rejected generation to ``quarantine/`` (never overwriting); None if gone.
+
+        Raises :class:`~memtier.errors.SnapshotError` when it cannot be moved (full or
+        read-only storage, ``quarantine/`` on another file system): the file stays.
+        """
+        try:
+            return self._quarantine(gen, reason)
+        except OSError as exc:
+            raise _oserror(f"cannot quarantine {gen.path.name}", exc) from exc
+
+    def _quarantine(self, gen: GenerationFile, reason: str) -> Path | None:
+        try:
+            self.quarantine_path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _oserror(f"cannot quarantine {gen.path.name}", exc) from exc
         base = f"{gen.path.name}.{reason}"
         for attempt in range(MAX_LINK_ATTEMPTS):
             target = self.quarantine_path / (base if attempt == 0 else f"{base}.{attempt}")
@@ -361,14 +435,25 @@ class SnapshotDir:
                     os.rename(gen.path, target)
                 except FileNotFoundError:
                     return None
+                except OSError as exc:  # ENOSPC, EROFS, EXDEV...: the file stays where it is
+                    raise _oserror(f"cannot quarantine {gen.path.name}", exc) from exc
             else:
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     os.unlink(gen.path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise _oserror(f"cannot move {gen.path.name} out of the way", exc) from exc
             with contextlib.suppress(OSError):
                 _fsync_dir(self.quarantine_path)
                 _fsync_dir(self.path)
             return target
         raise SnapshotError(f"cannot quarantine {gen.path.name}: too many quarantined copies")
+
+
+# Temp files this process is writing right now (cleanup_temps leaves them alone; a temp
+# of this process that is not listed here is a leftover, e.g. an unlink that failed).
+_OPEN_TEMPS: set[str] = set()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -397,6 +482,10 @@ class GenerationWriter:
         self.sessions = 0
         self.payload_bytes = 0
         self.skipped: dict[str, int] = {}
+        # After publication: False if the directory fsync failed (the generation is
+        # visible but its name may not survive a power loss), and what went wrong.
+        self.durable = True
+        self.warnings: list[str] = []
         self._closed = False
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         flags |= getattr(os, "O_BINARY", 0)
@@ -404,12 +493,21 @@ class GenerationWriter:
             fd = os.open(self.temp, flags, FILE_MODE)
         except OSError as exc:
             raise _oserror(f"cannot create a snapshot file in {directory.path}", exc) from exc
+        _OPEN_TEMPS.add(str(self.temp))
         try:
             if not is_windows():
                 os.fchmod(fd, FILE_MODE)
             self._file: BinaryIO = os.fdopen(fd, "wb", buffering=READ_CHUNK)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            self._closed = True
+            self._unlink_temp()
+            raise _oserror("cannot set the mode of a new snapshot file", exc) from exc
         except BaseException:
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            self._closed = True
             self._unlink_temp()
             raise
         try:
@@ -430,6 +528,7 @@ class GenerationWriter:
         try:
             self._file.write(data)
         except OSError as exc:
+            self.abort()
             raise _oserror("cannot write snapshot file", exc) from exc
         self._sha.update(data)
         self.payload_bytes += len(data)
@@ -476,14 +575,29 @@ class GenerationWriter:
                         os.fsync(fh.fileno())
             else:
                 raise SnapshotError("cannot publish a snapshot: no free generation number")
-            self._unlink_temp()
-            _fsync_dir(self.dir.path)
         except OSError as exc:
             self.abort()
             raise _oserror("cannot publish snapshot file", exc) from exc
         except BaseException:
             self.abort()
             raise
+        # Published: from here on nothing may report the flush as failed.  What is left
+        # (remove the temp name, fsync the directory) is reported as it is.
+        try:
+            os.unlink(self.temp)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a second name of the same complete file; removed later
+            self.warnings.append(f"temp file not removed: {exc.strerror}")
+        _OPEN_TEMPS.discard(str(self.temp))
+        try:
+            _fsync_dir(self.dir.path)
+        except OSError as exc:
+            self.durable = False
+            self.warnings.append(
+                f"directory fsync failed ({errno.errorcode.get(exc.errno or 0, exc.strerror)}):"
+                " the generation is published but its name may not survive a power loss"
+            )
         return GenerationFile(generation, final, HEADER_BLOCK + self.payload_bytes)
 
     def abort(self) -> None:
@@ -497,6 +611,7 @@ class GenerationWriter:
     def _unlink_temp(self) -> None:
         with contextlib.suppress(OSError):
             os.unlink(self.temp)
+        _OPEN_TEMPS.discard(str(self.temp))
 
 
 def _canonical(header: Mapping[str, Any]) -> bytes:
@@ -608,42 +723,8 @@ def _no_secrets(texts: list[tuple[str, str]]) -> None:
             raise _fail("secret", f"{what} carries a secret pattern")
 
 
-_SUMMARY_KEYS: Final = frozenset(
-    {
-        "v",
-        "untrusted",
-        "seq",
-        "turns",
-        "wall",
-        "counts",
-        "tools",
-        "tools_other",
-        "actions",
-        "actions_other",
-        "text",
-    }
-)
-
-
-def _summary_texts(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    """Every string of a summary document (its text and the tool/action names)."""
-    if not set(doc) <= _SUMMARY_KEYS:
-        raise _fail("invalid_summary", "summary fields")
-    out = [("summary text", doc["text"])]
-    for list_name in ("tools", "actions"):
-        items = doc.get(list_name, [])
-        if not isinstance(items, list):
-            raise _fail("invalid_summary", f"summary {list_name}")
-        for item in items:
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
-                raise _fail("invalid_summary", f"summary {list_name}")
-            out.append((f"summary {list_name} name", item[0]))
-    return out
-
-
 def _validate_record(
     rec: Any,
-    conv: ConversationConfig,
     created_ms: int,
     last_ms: int,
     texts: list[tuple[str, str]],
@@ -653,32 +734,23 @@ def _validate_record(
     seq = _int(rec, "seq", 1)
     clock = _time(rec, "clock_ms")
     wall = _time(rec, "wall_ms")
-    nbytes = _int(rec, "bytes", 0, conv.max_turn_bytes)
+    nbytes = _int(rec, "bytes", 0, int(limits.MAX_TURN_BYTES.ceiling))
     kind, role, turn_id, fields, tool = rec["kind"], rec["role"], rec["id"], rec["f"], rec["tool"]
-    if kind not in KIND_FIELDS or role != KIND_ROLES[kind]:
+    if not isinstance(kind, str) or kind not in KIND_FIELDS or role != KIND_ROLES[kind]:
         raise _fail("invalid_record", f"record {seq}: unknown kind or wrong role")
-    if tool != (1 if kind == "tool" else 0) or type(tool) is not int:
+    if type(tool) is not int or tool != (1 if kind == "tool" else 0):
         raise _fail("invalid_record", f"record {seq}: tool flag")
     if not isinstance(turn_id, str) or not _TURN_ID_RE.match(turn_id):
         raise _fail("invalid_record", f"record {seq}: turn id")
     if not created_ms <= clock <= last_ms:
         raise _fail("invalid_record", f"record {seq}: clock outside the session's lifetime")
-    if (
-        not isinstance(fields, dict)
-        or tuple(fields) != KIND_FIELDS[kind]
-        or not all(isinstance(v, str) for v in fields.values())
-    ):
-        raise _fail("invalid_record", f"record {seq}: content fields")
-    sizes = {k: len(v.encode("utf-8")) for k, v in fields.items()}
+    try:
+        # The live path's own validator (memtier.memory.recordcheck): same records accepted.
+        sizes = check_record(kind, fields, turn_id)
+    except RecordInvalid as exc:
+        raise _fail(exc.reason, f"record {seq}: {exc.detail}") from None
     if nbytes != sum(sizes.values()):
         raise _fail("invalid_record", f"record {seq}: byte count does not match its content")
-    for name in ("tool", "action"):
-        if name in sizes and not 1 <= sizes[name] <= limits.MAX_NAME_BYTES:
-            raise _fail("out_of_bounds", f"record {seq}: {name} name size")
-    if kind in ("tool", "action"):
-        body = sizes.get("summary", sizes.get("outcome", 0))
-        if body > conv.max_tool_result_bytes:
-            raise _fail("out_of_bounds", f"record {seq}: tool result size")
     texts.append((f"record {seq} turn id", turn_id))
     texts.extend((f"record {seq} {name}", value) for name, value in fields.items())
     return StoredTurn(seq, clock, wall, nbytes, kind == "tool", kind, turn_id, dict(fields))
@@ -686,12 +758,16 @@ def _validate_record(
 
 def validate_session(
     obj: Any,
-    conv: ConversationConfig,
+    conv: ConversationConfig | None = None,
     *,
     flush_walls: tuple[int, int] | None = None,
 ) -> ValidatedSession:
     """Check one session line; raise :class:`SnapshotValidationError` on the first problem.
 
+    Integrity only: every bound is checked against its hard ceiling, never against the
+    current configuration (``conv`` is accepted for compatibility and not used).  Today's
+    bounds are applied per session by :func:`fit_session` when restoring, so lowering a
+    limit never makes a whole generation unreadable.
     ``flush_walls`` = (earliest, latest) server wall time of the flush, from the header.
     """
     if not isinstance(obj, dict) or set(obj) != _SESSION_KEYS:
@@ -719,16 +795,16 @@ def validate_session(
     if flush_walls is not None and not flush_walls[0] <= read_wall <= flush_walls[1]:
         raise _fail("invalid_session", "read time outside the flush")
     seq = _int(obj, "seq", 0)
-    turns = _int(obj, "turns", 0, conv.max_turns_per_session)
-    nbytes = _int(obj, "bytes", 0, conv.max_session_bytes)
-    tools = _int(obj, "tools", 0, conv.max_tool_results)
-    summary_bytes = _int(obj, "summary_bytes", 0, conv.max_summary_bytes)
+    turns = _int(obj, "turns", 0, int(limits.MAX_TURNS_PER_SESSION.ceiling))
+    nbytes = _int(obj, "bytes", 0, int(limits.MAX_SESSION_BYTES.ceiling))
+    tools = _int(obj, "tools", 0, int(limits.MAX_TOOL_RESULTS.ceiling))
+    summary_bytes = _int(obj, "summary_bytes", 0, int(limits.MAX_SUMMARY_BYTES.ceiling))
     summary_version = _int(obj, "summary_version", 0)
     records_raw = obj["records"]
     if not isinstance(records_raw, list) or len(records_raw) != turns:
         raise _fail("invalid_session", "turn count does not match the records")
     texts: list[tuple[str, str]] = []
-    records = tuple(_validate_record(r, conv, created_ms, last_ms, texts) for r in records_raw)
+    records = tuple(_validate_record(r, created_ms, last_ms, texts) for r in records_raw)
     previous = 0
     for record in records:
         if record.seq <= previous:
@@ -749,14 +825,12 @@ def validate_session(
             doc = orjson.loads(summary)
         except orjson.JSONDecodeError:
             raise _fail("invalid_summary", "summary is not JSON") from None
-        if (
-            not isinstance(doc, dict)
-            or not isinstance(doc.get("text"), str)
-            or not isinstance(doc.get("untrusted"), bool)
-            or summary_version < 1
-        ):
-            raise _fail("invalid_summary", "summary shape")
-        texts.extend(_summary_texts(doc))
+        if summary_version < 1:
+            raise _fail("invalid_summary", "summary version")
+        try:
+            texts.extend(check_summary(doc))
+        except RecordInvalid as exc:
+            raise _fail(exc.reason, exc.detail) from None
     if nbytes != sum(r.nbytes for r in records) + summary_bytes:
         raise _fail("invalid_session", "session bytes do not add up")
     receipts_raw = obj["receipts"]
@@ -771,11 +845,12 @@ def validate_session(
             raise _fail("invalid_session", "receipt shape")
         turn_id, receipt = item
         m = _RECEIPT_RE.match(receipt)
+        # A receipt names the session id the turn was first acknowledged under: this
+        # session's, or the one it was restored from (recovery gives a new id, D7).
         if (
             not _TURN_ID_RE.match(turn_id)
             or turn_id in seen_ids
             or m is None
-            or m.group(1) != sid
             or not 1 <= int(m.group(2)) <= seq
         ):
             raise _fail("invalid_session", "receipt")
@@ -799,6 +874,55 @@ def validate_session(
         records=records,
         receipts=tuple(receipts),
     )
+
+
+@dataclass(frozen=True)
+class FittedSession:
+    """:func:`fit_session`'s verdict: the session to restore (None = skip it), and why."""
+
+    session: ValidatedSession | None
+    dropped: int  # oldest turns left out to fit today's bounds
+    reason: str  # "" when nothing was changed
+
+
+def fit_session(session: ValidatedSession, conv: ConversationConfig) -> FittedSession:
+    """Today's per-session bounds: keep the summary and the newest turns that fit.
+
+    A generation written under larger limits stays readable when a limit is lowered
+    (``max_turns_per_session`` 200 -> 10, a smaller ``max_turn_bytes``...): the summary
+    is kept and the longest run of newest turns that fits every bound is restored (a
+    contiguous suffix, so sequences stay gapless).  A summary over today's
+    ``max_summary_bytes`` (or a session left with nothing) is skipped alone.
+    """
+    summary_bytes = session.nbytes - sum(r.nbytes for r in session.records)
+    if summary_bytes > conv.max_summary_bytes:
+        return FittedSession(None, len(session.records), "summary over max_summary_bytes")
+    if summary_bytes > conv.max_session_bytes:
+        return FittedSession(None, len(session.records), "summary over max_session_bytes")
+    kept: list[StoredTurn] = []
+    nbytes, tools = summary_bytes, 0
+    for record in reversed(session.records):
+        body = sum(
+            len(v.encode("utf-8")) for k, v in record.fields.items() if k not in ("tool", "action")
+        )
+        if (
+            record.nbytes > conv.max_turn_bytes
+            or (record.kind in ("tool", "action") and body > conv.max_tool_result_bytes)
+            or len(kept) + 1 > conv.max_turns_per_session
+            or nbytes + record.nbytes > conv.max_session_bytes
+            or tools + record.is_tool > conv.max_tool_results
+        ):
+            break
+        kept.append(record)
+        nbytes += record.nbytes
+        tools += record.is_tool
+    dropped = len(session.records) - len(kept)
+    if not dropped:
+        return FittedSession(session, 0, "")
+    if not kept and session.summary is None:
+        return FittedSession(None, dropped, "no turn fits today's bounds")
+    fitted = replace(session, records=tuple(reversed(kept)), nbytes=nbytes)
+    return FittedSession(fitted, dropped, "over today's bounds")
 
 
 # --------------------------------------------------------------------------- reading
@@ -897,8 +1021,11 @@ def verify_steps(
     :data:`VERIFY_STEP_LINES` lines, returns the verdict."""
     try:
         size = gen.path.stat().st_size
-        if size > max_bytes:
-            return Rejection("oversized", f"{size} bytes > max_snapshot_bytes {max_bytes}")
+        # Integrity is per file against the hard ceiling: a generation written before
+        # max_snapshot_bytes was lowered stays readable (retention prunes it later).
+        ceiling = int(limits.MAX_SNAPSHOT_BYTES.ceiling)
+        if size > ceiling:
+            return Rejection("oversized", f"{size} bytes > the snapshot ceiling {ceiling}")
         with open(gen.path, "rb") as fh:
             header = _read_header(fh, namespace)
             if header["generation"] != gen.generation:
@@ -922,7 +1049,7 @@ def verify_steps(
                     continue  # keep hashing: a checksum mismatch names corruption best
                 try:
                     obj = orjson.loads(line)
-                    session = validate_session(obj, conv, flush_walls=walls)
+                    session = validate_session(obj, flush_walls=walls)
                     if session.member in members or session.session_id in ids:
                         raise _fail("duplicate_session", "a key or session id appears twice")
                     members.add(session.member)
@@ -955,14 +1082,23 @@ def iter_generation(
     """
     header = verified.header
     sha = hashlib.sha256()
-    with open(verified.file.path, "rb") as fh:
-        if _read_header(fh, header["namespace"]) != header:
-            raise _fail("changed", "the header changed since it was verified")
-        for line in _lines(fh, header["payload_bytes"], sha):
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                raise _fail("changed", "the payload changed since it was verified") from None
-            yield validate_session(obj, conv, flush_walls=verified.flush_walls)
+    try:
+        fh = open(verified.file.path, "rb")  # noqa: SIM115 -- closed below; open errors typed
+    except FileNotFoundError:
+        raise _fail("vanished", "the file disappeared after it was verified") from None
+    except OSError as exc:
+        raise _fail("unreadable", exc.strerror or str(exc)) from None
+    try:
+        with fh:
+            if _read_header(fh, header["namespace"]) != header:
+                raise _fail("changed", "the header changed since it was verified")
+            for line in _lines(fh, header["payload_bytes"], sha):
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    raise _fail("changed", "the payload changed since it was verified") from None
+                yield validate_session(obj, flush_walls=verified.flush_walls)
+    except OSError as exc:
+        raise _fail("unreadable", exc.strerror or str(exc)) from None
     if sha.hexdigest() != header["payload_sha256"]:
         raise _fail("changed", "the payload changed since it was verified")

@@ -218,7 +218,7 @@ class ConversationStore(StoreBase):
         except Exception:
             metrics.SNAPSHOT_FLUSHES.labels("error").inc()
             raise
-        metrics.SNAPSHOT_FLUSHES.labels("ok").inc()
+        metrics.SNAPSHOT_FLUSHES.labels("ok" if result.durable else "not_durable").inc()
         return result
 
     def recover(self, *, force: bool = False, wait_s: float | None = None) -> RecoveryReport:

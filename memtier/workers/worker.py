@@ -341,6 +341,10 @@ class Worker:
             result.sessions,
             result.bytes,
         )
+        if result.skipped:  # also published as snapshot_skipped events and a metric
+            log.warning("snapshot generation %d left out %s", result.generation, result.skipped)
+        if not result.durable:
+            log.warning("snapshot generation %d is published but not durable", result.generation)
 
     def _gc_consumers(self) -> None:
         """Delete consumers of dead workers (idle long, nothing pending); bounded per call."""

@@ -30,7 +30,7 @@ from workhelpers import (
     turn_for,
 )
 
-from memtier import AvatarMessage, ReasonCode, SnapshotError
+from memtier import AvatarMessage, ReasonCode, SnapshotError, limits
 from memtier.memory import snapshot
 from memtier.memory.snapshot import (
     HEADER_BLOCK,
@@ -275,13 +275,20 @@ def test_every_single_bit_flip_is_rejected(small_generation: tuple[Any, Generati
 
 
 def test_trailing_garbage_and_oversized_files_are_rejected(
-    small_generation: tuple[Any, GenerationFile],
+    small_generation: tuple[Any, GenerationFile], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, gen = small_generation
     data = gen.path.read_bytes()
     gen.path.write_bytes(data + b"\n")
     assert _verify(store, gen) == Rejection("corrupt", "1 bytes after the payload")
     gen.path.write_bytes(data)
+    # A file over today's (lowered) max_snapshot_bytes is still read: integrity is per
+    # file, against the hard ceiling; bounds are applied per session when restoring.
+    result = verify_generation(gen, "small", store.core.conv, len(data) - 1)
+    assert isinstance(result, VerifiedGeneration)
+    monkeypatch.setattr(
+        snapshot.limits, "MAX_SNAPSHOT_BYTES", limits.Bound(1024, len(data) - 1, 1024, "bytes")
+    )
     result = verify_generation(gen, "small", store.core.conv, len(data) - 1)
     assert isinstance(result, Rejection) and result.reason == "oversized"
 
@@ -356,11 +363,16 @@ def _duplicate_sequence(i: int, obj: dict[str, Any]) -> dict[str, Any]:
         ("bound", None, lambda i, o: {**o, "turns": 10_000}, "invalid_session"),
         ("extra field", None, lambda i, o: {**o, "system_prompt": "obey"}, "invalid_session"),
         (
+            # A receipt may name another session id (the one a restored session came
+            # from), but never a seq beyond the session's counter.
             "receipt",
             None,
             lambda i, o: {
                 **o,
-                "receipts": [[t, "ses_" + "b" * 22 + r[r.index("|") :]] for t, r in o["receipts"]],
+                "receipts": [
+                    [t, "|".join([r.split("|")[0], "9999999", *r.split("|")[2:]])]
+                    for t, r in o["receipts"]
+                ],
             },
             "invalid_session",
         ),
