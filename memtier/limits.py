@@ -44,7 +44,7 @@ MAX_EVENTS: Final = Bound(10_000, 100_000, 16, "events per partition")
 # Not configurable: fixed protocol bounds.
 MAX_PARTITIONS: Final = 1024  # one hash tag (slot) each; 1 = exact global LRU
 MAX_TURN_ID_BYTES: Final = 128
-MAX_NAME_BYTES: Final = 128  # tool and action names
+MAX_NAME_BYTES: Final = 64  # tool and action names (ASCII: memtier.memory.models.NAME_GRAMMAR)
 # Raw text longer than this many times max_turn_bytes is refused before redaction runs, so
 # one call cannot make the caller's process scan megabytes (redaction is linear, not free).
 MAX_RAW_INPUT_FACTOR: Final = 16
