@@ -158,8 +158,11 @@ class MemtierError(Exception):
         return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"
 
 
-class ConfigurationError(MemtierError):
-    """A setting is invalid: above its hard ceiling, inconsistent, or an unknown DSN scheme."""
+class ConfigurationError(MemtierError, ValueError):
+    """A setting is invalid: above its hard ceiling, inconsistent, or an unknown DSN scheme.
+
+    Also a ``ValueError``, as pydantic's ValidationError (which it replaces) is.
+    """
 
     default_code = ErrorCode.CONFIGURATION_ERROR
 
