@@ -38,8 +38,6 @@ __all__ = ["escape_delimiters", "escape_source", "normalise_for_delimiters", "wr
 # render as nothing.
 _INVISIBLE_LETTERS: Final = frozenset("\u115f\u1160\u3164\uffa0")
 _DROP_CATEGORIES: Final = frozenset({"Cf", "Mn", "Me", "Cc"})
-# <, spaces, optional /, spaces, "untrusted", separators, "data" -- on the normalised form.
-_DELIM_NORM_RE: Final = re.compile(r"< *(?:/ *)?untrusted[-_ ]*data")
 _SOURCE_SAFE_RE: Final = re.compile(r"[A-Za-z0-9_.:-]*")
 
 
@@ -60,16 +58,17 @@ def _fold_char(char: str) -> str:
     return "".join(out)
 
 
-# ASCII text without control characters (other than spaces) normalises length-preserving.
-_ASCII_CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
-_ASCII_FOLD: Final = {ord(c): " " for c in "\t\n\v\f\r\x1c\x1d\x1e\x1f"}
+# Every character whose normalised form holds "<" (checked over all of Unicode by
+# tests/memory/test_untrusted_marking.py): <, NOT LESS-THAN (< + U+0338), small and
+# fullwidth <.  Each folds to exactly "<".
+OPENERS: Final = "<\u226e\ufe64\uff1c"
+_OPENER_RE: Final = re.compile(f"[{OPENERS}]")
+_WORD: Final = "untrusted"
+_TAIL: Final = "data"
 
 
-def normalise_for_delimiters(text: str) -> tuple[str, list[int] | None]:
-    """The normalised form of ``text`` and, per normalised character, its original index
-    (``None``: the identity, for plain ASCII text)."""
-    if text.isascii() and _ASCII_CONTROL_RE.search(text) is None:
-        return text.lower().translate(_ASCII_FOLD), None
+def normalise_for_delimiters(text: str) -> tuple[str, list[int]]:
+    """The normalised form of ``text`` and, per normalised character, its original index."""
     chars: list[str] = []
     origin: list[int] = []
     for index, char in enumerate(text):
@@ -79,20 +78,47 @@ def normalise_for_delimiters(text: str) -> tuple[str, list[int] | None]:
     return "".join(chars), origin
 
 
-def _may_hold_delimiter(text: str) -> bool:
-    """Cheap pre-check (C speed): can any character of ``text`` fold to ``<``?"""
-    if text.isascii():
-        return "<" in text
-    return "<" in unicodedata.normalize("NFKD", text)
+def _delimiter_at(text: str, start: int) -> bool:
+    """Does the normalised text from the opener at ``start`` match the delimiter pattern
+    (``< *(/ *)?untrusted[-_ ]*data``)?  Folds lazily, only as far as the match goes:
+    each step either advances the pattern or ends the scan, except dropped characters,
+    which end at the next opener at the latest -- linear over all openers."""
+    state = "lead"  # lead: spaces or "/" allowed; slash: spaces allowed; word; sep; tail
+    pos = 0  # index into _WORD or _TAIL
+    for index in range(start + 1, len(text)):
+        for c in _fold_char(text[index]):
+            if state in ("lead", "slash"):
+                if c == " ":
+                    continue
+                if c == "/" and state == "lead":
+                    state = "slash"
+                    continue
+                state, pos = "word", 0
+            if state == "word":
+                if c != _WORD[pos]:
+                    return False
+                pos += 1
+                if pos == len(_WORD):
+                    state = "sep"
+                continue
+            if state == "sep":
+                if c in "-_ ":
+                    continue
+                state, pos = "tail", 0
+            if c != _TAIL[pos]:
+                return False
+            pos += 1
+            if pos == len(_TAIL):
+                return True
+    return False
 
 
 def escape_delimiters(text: str) -> str:
     """``text`` with every delimiter look-alike neutralised (see the module docstring)."""
-    if not _may_hold_delimiter(text):  # fast path: nothing can fold to "<"
-        return text
-    normalised, origin = normalise_for_delimiters(text)
-    found = (m.start() for m in _DELIM_NORM_RE.finditer(normalised))
-    starts = sorted(set(found) if origin is None else {origin[i] for i in found})
+    if "<" not in text and (text.isascii() or not any(c in text for c in OPENERS[1:])):
+        return text  # fast path (C speed substring search): nothing can fold to "<"
+    starts = [m.start() for m in _OPENER_RE.finditer(text)]
+    starts = [i for i in starts if _delimiter_at(text, i)]
     if not starts:
         return text
     parts: list[str] = []

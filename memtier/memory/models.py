@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
+from functools import lru_cache
 from typing import Annotated, Any, ClassVar, Final, Literal
 from uuid import UUID
 
@@ -67,9 +68,14 @@ def name_problem(value: object) -> str | None:
             f"must match {NAME_GRAMMAR} (1-64 ASCII letters, digits and _ . : -, starting"
             " with a letter or digit)"
         )
-    if sanitize(value, len(value)).text != value:  # ASCII: bytes == characters
+    if _looks_like_secret(value):
         return "looks like a secret (a name is a label, never a credential)"
     return None
+
+
+@lru_cache(maxsize=4096)  # names are a small vocabulary of <= 64 bytes; redaction is not free
+def _looks_like_secret(name: str) -> bool:
+    return sanitize(name, len(name)).text != name  # ASCII: bytes == characters
 
 
 def check_name(value: object, field: str = "name") -> str:

@@ -79,6 +79,15 @@ def test_raising_a_smaller_limit_alone_raises_the_default_above_it() -> None:
     assert cfg.conversation.max_aggregate_bytes == 4 * 1024**3
 
 
+def test_one_limit_alone_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMTIER_CONVERSATION__MAX_TURN_BYTES", "1000")
+    assert MemtierConfig.load().conversation.max_tool_result_bytes == 1000
+    monkeypatch.delenv("MEMTIER_CONVERSATION__MAX_TURN_BYTES")
+    monkeypatch.setenv("MEMTIER_CONVERSATION__MAX_AGGREGATE_BYTES", "20000")
+    monkeypatch.setenv("MEMTIER_PARTITIONS", "4")
+    assert MemtierConfig.load().conversation.max_session_bytes == 5000
+
+
 def test_a_store_with_one_lowered_limit_works(fake_or_real: Any) -> None:
     config = fake_or_real.config(conversation={"max_turn_bytes": 1000})
     store = ConversationStore(fake_or_real.sync_client(), config, clock=Clock())

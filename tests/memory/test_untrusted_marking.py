@@ -9,6 +9,7 @@ closing delimiter, at its ends -- through the real store on fakeredis and real R
 from __future__ import annotations
 
 import itertools
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,7 +34,12 @@ from memtier import (
 from memtier.config import MemtierConfig
 from memtier.memory.compaction import SummaryRequest, deterministic_summary
 from memtier.memory.core import MemoryCore
-from memtier.memory.delimiters import escape_delimiters, escape_source
+from memtier.memory.delimiters import (
+    OPENERS,
+    escape_delimiters,
+    escape_source,
+    normalise_for_delimiters,
+)
 from memtier.memory.models import Role, TurnRecord, check_name, parse_turn
 
 fake_or_real = memfixtures.fake_or_real  # the fixture, in this module's namespace
@@ -159,6 +165,16 @@ def test_lookalike_delimiters_are_neutralised(lookalike: str, fake_or_real: Any)
     assert len(contents) == 3
     for content in contents:
         assert delimiter_problems(content) == [], content
+
+
+def test_the_openers_are_every_character_that_folds_to_a_less_than_sign() -> None:
+    # The escaper only looks at OPENERS; this keeps that list complete for this Python's
+    # Unicode database (a new version adding a "<" look-alike fails here first).
+    folding = []
+    for cp in range(sys.maxunicode + 1):
+        if not 0xD800 <= cp <= 0xDFFF and "<" in normalise_for_delimiters(chr(cp))[0]:
+            folding.append(chr(cp))
+    assert "".join(folding) == OPENERS
 
 
 def test_neutralising_changes_only_the_opening_bracket() -> None:
