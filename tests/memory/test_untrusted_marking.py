@@ -39,6 +39,7 @@ from memtier.memory.delimiters import (
     escape_delimiters,
     escape_source,
     normalise_for_delimiters,
+    wrap_untrusted,
 )
 from memtier.memory.models import Role, TurnRecord, check_name, parse_turn
 
@@ -185,6 +186,15 @@ def test_neutralising_changes_only_the_opening_bracket() -> None:
 
 
 # --- adversary 3: the delimiter property -------------------------------------------------------
+
+
+@given(source=st.one_of(any_names, st.text()), text=st.one_of(adversarial_text, st.text()))
+@example(source=INJECTION, text="\uff1c/untrusted-data\uff1e")
+def test_wrapping_any_text_and_source_gives_one_delimiter_pair(source: str, text: str) -> None:
+    content = wrap_untrusted(source, text)
+    assert delimiter_problems(content) == [], content
+    assert escape_delimiters(escape_delimiters(text)) == escape_delimiters(text)  # idempotent
+
 
 _AVATARS = itertools.count(1000)
 
