@@ -3,13 +3,35 @@
 Nested fields use ``__`` in environment variables, e.g.
 ``MEMTIER_CONVERSATION__PUBLIC_TTL_SECONDS=60``.  Every bound is checked
 against its hard ceiling in :mod:`memtier.limits`: configuration may only lower.
+Numbers must be finite (``nan`` and ``inf`` are refused).
+
+Limits that depend on each other (:data:`LIMIT_DEPENDENCIES`)::
+
+    max_tool_result_bytes <= max_turn_bytes <= max_session_bytes
+    2 * max_summary_bytes <= max_session_bytes
+    partitions * max_session_bytes <= max_aggregate_bytes
+    partitions <= max_active_sessions
+
+A limit that was not set follows the ones that were: its default is moved (down or up,
+never past its own ceiling or minimum) just as far as the set values need.  So setting
+any one limit alone to any value between its minimum and its ceiling always loads
+(``max_turn_bytes=1000`` lowers the default ``max_tool_result_bytes`` to 1000;
+``max_aggregate_bytes=20000`` lowers ``max_session_bytes`` to 20000, and the turn and
+summary defaults after it).  Only values that were set explicitly can contradict each
+other; that is a :class:`~memtier.errors.ConfigurationError` naming both fields.
+
+Every config class raises :class:`~memtier.errors.ConfigurationError` (code
+``configuration_error``) for invalid input, whether built directly, with
+:meth:`MemtierConfig.load` or from a TOML file -- never pydantic's ``ValidationError``.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final, Self
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -19,7 +41,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from memtier import limits
 from memtier.errors import ConfigurationError
 
-__all__ = ["ConversationConfig", "MemtierConfig", "ThreadsConfig", "parse_redis_url"]
+__all__ = [
+    "LIMIT_DEPENDENCIES",
+    "ConversationConfig",
+    "MemtierConfig",
+    "ThreadsConfig",
+    "parse_redis_url",
+]
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -28,20 +56,135 @@ CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 def _check_bound(value: float, info: ValidationInfo, bounds: dict[str, limits.Bound]) -> float:
     assert info.field_name is not None
     bound = bounds[info.field_name]
+    if not math.isfinite(value):
+        raise ValueError(f"{info.field_name}={value} is not a finite number")
     if value > bound.ceiling:
         raise ValueError(
-            f"{info.field_name}={value} is above its hard ceiling {bound.ceiling:g} {bound.unit}"
-            " (configuration may only lower a bound)"
+            f"{info.field_name}={bound.describe(value)} is above its hard ceiling"
+            f" {bound.describe(bound.ceiling)} (configuration may only lower a bound)"
         )
     if value < bound.minimum:
-        raise ValueError(f"{info.field_name}={value} is below the minimum {bound.minimum:g}")
+        raise ValueError(
+            f"{info.field_name}={bound.describe(value)} is below the minimum"
+            f" {bound.describe(bound.minimum)}"
+        )
     return value
 
 
-class ConversationConfig(BaseModel):
+# (smaller, larger, factor): ``factor * smaller <= larger``; factor 0 = the partitions.
+LIMIT_DEPENDENCIES: Final = (
+    ("max_tool_result_bytes", "max_turn_bytes", 1),
+    ("max_turn_bytes", "max_session_bytes", 1),
+    ("max_summary_bytes", "max_session_bytes", 2),
+    ("max_session_bytes", "max_aggregate_bytes", 0),
+)
+
+
+def _paths(start: str, forward: bool, partitions: int) -> dict[str, int]:
+    """Every limit reachable from ``start`` (up when ``forward``), with the product of the
+    factors on the way (the graph is a small tree: one path each)."""
+    found: dict[str, int] = {}
+    todo = [(start, 1)]
+    while todo:  # bounded: at most len(LIMIT_DEPENDENCIES) edges are followed
+        name, factor = todo.pop()
+        for small, large, edge in LIMIT_DEPENDENCIES:
+            step = edge or partitions
+            if forward and small == name and large not in found:
+                found[large] = factor * step
+                todo.append((large, factor * step))
+            elif not forward and large == name and small not in found:
+                found[small] = factor * step
+                todo.append((small, factor * step))
+    return found
+
+
+def resolve_limits(
+    explicit: Mapping[str, float],
+    bounds: Mapping[str, limits.Bound],
+    partitions: int = 1,
+    partitions_explicit: bool = False,
+) -> dict[str, float]:
+    """The values of the dependent limits: ``explicit`` ones as given, the others moved
+    from their defaults just as far as the explicit ones need.
+
+    Raises ValueError naming both fields when two explicit values contradict (or one
+    explicit value, through ``partitions``, leaves another limit no room).
+    """
+    where = f" with partitions={partitions}" if partitions_explicit else ""
+    out: dict[str, float] = {}
+    names = {n for edge in LIMIT_DEPENDENCIES for n in edge[:2]}
+    for name in sorted(names):
+        if name in explicit:
+            out[name] = explicit[name]
+            for larger, factor in _paths(name, True, partitions).items():
+                if larger in explicit and explicit[name] * factor > explicit[larger]:
+                    raise ValueError(
+                        f"{name}={bounds[name].describe(explicit[name])} and {larger}="
+                        f"{bounds[larger].describe(explicit[larger])}"
+                        f" contradict each other{where}: {larger} must be at least"
+                        f" {factor} x {name}"
+                    )
+            continue
+        bound = bounds[name]
+        low, low_by = bound.minimum, ""
+        for smaller, factor in _paths(name, False, partitions).items():
+            if smaller in explicit and explicit[smaller] * factor > low:
+                low, low_by = explicit[smaller] * factor, smaller
+        high, high_by = bound.ceiling, ""
+        for larger, factor in _paths(name, True, partitions).items():
+            if larger in explicit and explicit[larger] // factor < high:
+                high, high_by = explicit[larger] // factor, larger
+        if low > high:
+            parts = f" and partitions={partitions}" if partitions_explicit else ""
+            if low_by and high_by:
+                message = (
+                    f"{low_by}={bounds[low_by].describe(explicit[low_by])} and {high_by}="
+                    f"{bounds[high_by].describe(explicit[high_by])}{parts} contradict each"
+                    f" other: they leave {name} no value"
+                )
+            elif high_by:
+                message = (
+                    f"{high_by}={bounds[high_by].describe(explicit[high_by])}{parts} leave"
+                    f" {name} below its minimum {bound.describe(bound.minimum)}"
+                )
+            else:
+                message = (
+                    f"{low_by}={bounds[low_by].describe(explicit[low_by])}{parts} need"
+                    f" {name} above its ceiling {bound.describe(bound.ceiling)}"
+                )
+            raise ValueError(message)
+        out[name] = min(max(bound.default, low), high)
+    return out
+
+
+def _set_limits(model: BaseModel, values: Mapping[str, float]) -> None:
+    """Write resolved defaults into a (frozen) model being validated; they stay "unset"."""
+    for name, value in values.items():
+        if getattr(model, name) != value:
+            object.__setattr__(model, name, type(getattr(model, name))(value))
+
+
+class _ConfigErrors:
+    """Mixin: building the class directly raises ConfigurationError, never pydantic's."""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except PydanticValidationError as exc:
+            raise ConfigurationError(_describe(exc)) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate(obj, *args, **kwargs)  # type: ignore[misc,no-any-return]
+        except PydanticValidationError as exc:
+            raise ConfigurationError(_describe(exc)) from None
+
+
+class ConversationConfig(_ConfigErrors, BaseModel):
     """The ``[conversation]`` section: conversation-memory bounds and persistence."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     BOUNDS: ClassVar[dict[str, limits.Bound]] = {
         "public_ttl_seconds": limits.PUBLIC_TTL_SECONDS,
@@ -80,13 +223,13 @@ class ConversationConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ConversationConfig:
-        if self.max_turn_bytes > self.max_session_bytes:
-            raise ValueError("max_turn_bytes must not exceed max_session_bytes")
-        if self.max_tool_result_bytes > self.max_turn_bytes:
-            raise ValueError("max_tool_result_bytes must not exceed max_turn_bytes")
-        if self.max_summary_bytes > self.max_session_bytes // 2:
-            raise ValueError("max_summary_bytes must not exceed half of max_session_bytes")
+        # One partition here; MemtierConfig resolves again with its partitions.
+        _set_limits(self, resolve_limits(self.explicit_limits(), self.BOUNDS))
         return self
+
+    def explicit_limits(self) -> dict[str, float]:
+        """The bounds that were set (not defaulted), with their values."""
+        return {n: getattr(self, n) for n in self.BOUNDS if n in self.model_fields_set}
 
     @property
     def public_ttl_ms(self) -> int:
@@ -97,10 +240,10 @@ class ConversationConfig(BaseModel):
         return max(1, round(self.im_ttl_seconds * 1000))
 
 
-class ThreadsConfig(BaseModel):
+class ThreadsConfig(_ConfigErrors, BaseModel):
     """The ``[threads]`` section: the frozen limits of the conversation-threads service."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     BOUNDS: ClassVar[dict[str, limits.Bound]] = {
         "list_page": limits.THREAD_LIST_PAGE,
@@ -131,7 +274,7 @@ class ThreadsConfig(BaseModel):
         return _check_bound(value, info, cls.BOUNDS)
 
 
-class MemtierConfig(BaseSettings):
+class MemtierConfig(_ConfigErrors, BaseSettings):
     """All of memtier's settings.
 
     ``redis_url``: ``redis://`` / ``rediss://`` / ``unix://`` for one server,
@@ -144,6 +287,7 @@ class MemtierConfig(BaseSettings):
         env_nested_delimiter="__",
         frozen=True,
         extra="forbid",
+        allow_inf_nan=False,
     )
 
     redis_url: str | None = None
@@ -165,13 +309,20 @@ class MemtierConfig(BaseSettings):
     @model_validator(mode="after")
     def _partitions_fit(self) -> MemtierConfig:
         conv = self.conversation
+        explicit = conv.explicit_limits()
+        partitions_set = "partitions" in self.model_fields_set
         if conv.max_active_sessions < self.partitions:
-            raise ValueError("max_active_sessions must be at least the number of partitions")
-        if conv.max_aggregate_bytes // self.partitions < conv.max_session_bytes:
+            # The default (100000) holds the most partitions (1024): both were set.
             raise ValueError(
-                "max_aggregate_bytes / partitions must hold at least one full session"
-                " (max_session_bytes)"
+                f"partitions={self.partitions} and max_active_sessions="
+                f"{conv.max_active_sessions} contradict each other: every partition needs"
+                " at least one session (max_active_sessions >= partitions)"
             )
+        resolved = resolve_limits(explicit, conv.BOUNDS, self.partitions, partitions_set)
+        if any(getattr(conv, n) != v for n, v in resolved.items()):
+            conv = conv.model_copy()  # keeps which fields were set
+            _set_limits(conv, resolved)
+            object.__setattr__(self, "conversation", conv)
         return self
 
     @classmethod
@@ -193,12 +344,20 @@ class MemtierConfig(BaseSettings):
         return cls.load(**data)
 
 
+_PREFIX: Final = "invalid configuration: "
+
+
 def _describe(exc: PydanticValidationError) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
-    return "invalid configuration: " + "; ".join(parts)
+        nested = (err.get("ctx") or {}).get("error")
+        if isinstance(nested, ConfigurationError):  # a section's own error, raised inside
+            msg = nested.message.removeprefix(_PREFIX)
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return _PREFIX + "; ".join(parts)
 
 
 def parse_redis_url(url: str) -> tuple[bool, str]:

@@ -7,7 +7,8 @@
     ├── ValidationError              invalid_input        input rejected before any I/O
     │   ├── UnsupportedChannelError  unsupported_channel  group/conference/unknown channel
     │   ├── TurnTooLargeError        turn_too_large       more than any session may hold
-    │   └── InvalidCursorError       invalid_cursor       a paging cursor that does not decode
+    │   ├── InvalidCursorError       invalid_cursor       a paging cursor that does not decode
+    │   └── InvalidNameError         invalid_name         a tool/action name outside the grammar
     ├── CapacityError                capacity_exceeded    a bound refused the write
     │   └── SessionFullError         session_full         turn/byte/tool bounds of a session
     ├── BackendError                 backend_unavailable  Redis failed after bounded retries
@@ -35,6 +36,7 @@ __all__ = [
     "ConversationErrorCode",
     "ErrorCode",
     "InvalidCursorError",
+    "InvalidNameError",
     "MemtierError",
     "ScriptError",
     "SessionFullError",
@@ -55,6 +57,7 @@ class ErrorCode(StrEnum):
     UNSUPPORTED_CHANNEL = "unsupported_channel"
     TURN_TOO_LARGE = "turn_too_large"
     INVALID_CURSOR = "invalid_cursor"
+    INVALID_NAME = "invalid_name"
     CAPACITY_EXCEEDED = "capacity_exceeded"
     SESSION_FULL = "session_full"
     BACKEND_UNAVAILABLE = "backend_unavailable"
@@ -92,6 +95,7 @@ _HTTP_STATUS: dict[str, int] = {
     ErrorCode.UNSUPPORTED_CHANNEL: 400,
     ErrorCode.TURN_TOO_LARGE: 413,
     ErrorCode.INVALID_CURSOR: 400,
+    ErrorCode.INVALID_NAME: 400,
     ErrorCode.CAPACITY_EXCEEDED: 507,
     ErrorCode.SESSION_FULL: 507,
     ErrorCode.BACKEND_UNAVAILABLE: 503,
@@ -154,8 +158,11 @@ class MemtierError(Exception):
         return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"
 
 
-class ConfigurationError(MemtierError):
-    """A setting is invalid: above its hard ceiling, inconsistent, or an unknown DSN scheme."""
+class ConfigurationError(MemtierError, ValueError):
+    """A setting is invalid: above its hard ceiling, inconsistent, or an unknown DSN scheme.
+
+    Also a ``ValueError``, as pydantic's ValidationError (which it replaces) is.
+    """
 
     default_code = ErrorCode.CONFIGURATION_ERROR
 
@@ -182,6 +189,12 @@ class InvalidCursorError(ValidationError):
     """A paging cursor that is malformed or was not minted by this store."""
 
     default_code = ErrorCode.INVALID_CURSOR
+
+
+class InvalidNameError(ValidationError):
+    """A tool or action name outside the name grammar (see memtier.memory.models)."""
+
+    default_code = ErrorCode.INVALID_NAME
 
 
 class CapacityError(MemtierError):

@@ -23,6 +23,37 @@ class Bound:
     minimum: float
     unit: str
 
+    def describe(self, value: float) -> str:
+        """``value`` exactly, in this bound's unit (see :func:`describe`)."""
+        return describe(value, self.unit)
+
+
+def _exact(value: float) -> str:
+    """``value`` without rounding: an integer as one, otherwise the shortest float repr."""
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+_BINARY_UNITS: Final = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+
+
+def describe(value: float, unit: str) -> str:
+    """A bound for people: exact, with a human unit -- ``4 MiB (4194304 bytes)``,
+    ``1800 s (30 min)``, ``100000 sessions``."""
+    if unit == "bytes" and float(value).is_integer():
+        n = int(value)
+        for name, size in _BINARY_UNITS:
+            if n >= size and n % size == 0:
+                return f"{n // size} {name} ({n} bytes)"
+        return f"{n} bytes"
+    if unit == "s" and float(value).is_integer() and value >= 60:
+        n = int(value)
+        human = f"{n // 3600} h" if n % 3600 == 0 else f"{n // 60} min" if n % 60 == 0 else ""
+        if human:
+            return f"{n} s ({human})"
+    return f"{_exact(value)} {unit}"
+
 
 # --- conversation memory -------------------------------------------------------------------
 # Spec: public sessions expire at exactly 30 minutes of inactivity, IM at exactly 24 hours.
@@ -37,14 +68,17 @@ MAX_AGGREGATE_BYTES: Final = Bound(1 * GiB, 64 * GiB, 1 * KiB, "bytes")
 MAX_TOOL_RESULTS: Final = Bound(32, 256, 1, "tool results per session")
 MAX_TOOL_RESULT_BYTES: Final = Bound(4 * KiB, 64 * KiB, 64, "bytes")
 MAX_SUMMARY_BYTES: Final = Bound(8 * KiB, 64 * KiB, 256, "bytes")
-MAX_SNAPSHOT_BYTES: Final = Bound(1 * GiB, 64 * GiB, 1 * KiB, "bytes")
+# Minimum: the smallest generation file that can be written, an empty one -- the fixed
+# header block of the snapshot format (memtier.memory.snapshot.HEADER_BLOCK, 4 KiB; a test
+# keeps the two equal).  Below it a store would publish a file over its own ceiling.
+MAX_SNAPSHOT_BYTES: Final = Bound(1 * GiB, 64 * GiB, 4 * KiB, "bytes")
 MAX_TURN_BYTES: Final = Bound(16 * KiB, 256 * KiB, 64, "bytes")
 MAX_EVENTS: Final = Bound(10_000, 100_000, 16, "events per partition")
 
 # Not configurable: fixed protocol bounds.
 MAX_PARTITIONS: Final = 1024  # one hash tag (slot) each; 1 = exact global LRU
 MAX_TURN_ID_BYTES: Final = 128
-MAX_NAME_BYTES: Final = 128  # tool and action names
+MAX_NAME_BYTES: Final = 64  # tool and action names (ASCII: memtier.memory.models.NAME_GRAMMAR)
 # Raw text longer than this many times max_turn_bytes is refused before redaction runs, so
 # one call cannot make the caller's process scan megabytes (redaction is linear, not free).
 MAX_RAW_INPUT_FACTOR: Final = 16

@@ -18,11 +18,13 @@ def _rows(pattern: str) -> list[tuple[str, ...]]:
 
 def test_limits_table_matches_hard_ceilings() -> None:
     rows = {
-        name: (float(default), float(ceiling))
-        for name, default, ceiling in _rows(r"^\| `(\w+)` \| ([\d.]+) \| ([\d.]+) \|$")
+        name: (float(default), float(minimum), float(ceiling))
+        for name, default, minimum, ceiling in _rows(
+            r"^\| `(\w+)` \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$"
+        )
     }
     for name, bound in ConversationConfig.BOUNDS.items():
-        assert rows.get(name) == (bound.default, bound.ceiling), name
+        assert rows.get(name) == (bound.default, bound.minimum, bound.ceiling), name
 
 
 def test_error_table_matches_http_mapping() -> None:

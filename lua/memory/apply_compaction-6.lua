@@ -22,7 +22,10 @@
     ARGV[4]  fold_n             records to fold; 0 = nothing to fold, only release the job
     ARGV[5]  first_seq          seq of the first folded record
     ARGV[6]  last_seq           seq of the last folded record
-    ARGV[7]  summary            the new summary JSON; its length in bytes is the summary size
+    ARGV[7]  summary            the new summary JSON; its length in bytes is the summary size;
+                                "" with fold_n > 0: the folded turns leave no summary (the
+                                planner does this only when there is none and the turns hold
+                                fewer bytes than the smallest summary: compaction never grows)
     ARGV[8]  ttl_ms             inactivity TTL of the member's channel, ms
     ARGV[9]  max_session_bytes  bytes per session (turns + summary)
     ARGV[10] max_summary_bytes  bytes of one summary
@@ -72,7 +75,7 @@ local job_id = ARGV[15]
 if not (expected_sv and fold_n and first_seq and last_seq and ttl_ms and max_session_bytes
         and max_summary_bytes and max_aggregate and max_events)
     or member == '' or session_id == '' or fold_n < 0
-    or (fold_n > 0 and (summary == '' or first_seq > last_seq)) then
+    or (fold_n > 0 and first_seq > last_seq) then
   return redis.error_reply('memtier: apply_compaction: malformed ARGV')
 end
 
@@ -154,8 +157,13 @@ end
 rcall('LTRIM', t_key, fold_n, -1)
 local new_turns = turns - fold_n
 local new_tools = tools - removed_tools
-rcall('HSET', s_key, 'summary', summary, 'summary_bytes', summary_bytes, 'sv', sv + 1,
+rcall('HSET', s_key, 'summary_bytes', summary_bytes, 'sv', sv + 1,
   'bytes', new_bytes, 'turns', new_turns, 'tools', new_tools)
+if summary == '' then
+  rcall('HDEL', s_key, 'summary')
+else
+  rcall('HSET', s_key, 'summary', summary)
+end
 clear_queued()
 rcall('HSET', index_key, member, new_bytes)
 if delta ~= 0 then

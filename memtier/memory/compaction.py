@@ -25,8 +25,17 @@ The summary (stored as JSON in the session hash, ``summary`` field)::
      "actions": [[name, n], ...], "actions_other": n,
      "text": "..."}
 
-Its size in bytes is the JSON's UTF-8 length, at most ``max_summary_bytes``, and is what
-session bytes, the index hash and the partition total account for.  ``facts`` merge
+Its size in bytes is the JSON's UTF-8 length, and is what session bytes, the index hash
+and the partition total account for.
+
+The budget: compaction never grows a session
+    The summary takes at most the smaller of ``max_summary_bytes`` and the bytes it
+    replaces (folded turns + previous summary).  If the folded turns cannot hold even the
+    counts, more of the oldest turns are folded (up to all).  Still too big, it keeps
+    less: without the name lists, then without any facts (``{"untrusted", "text"}``,
+    :func:`minimal_summary_bytes`).  A session with no summary whose turns all together
+    are smaller than that folds them with no summary.  So a session at its turn bound
+    can always make room, and small appends never start failing.  ``facts`` merge
 exactly across repeated compactions (counts add up, the span widens); ``text`` is::
 
     Earlier conversation (compacted): turns 1-120 (120 turns), 2026-11-30T10:00:00Z to ...
@@ -55,7 +64,7 @@ formatted by hand in UTC, JSON by orjson with fixed key order).  Text goes throu
 database: run workers on one Python minor version for byte-identical output.
 
 A pluggable :data:`Summarizer` (e.g. an LLM call) may replace the text; the facts, the
-untrusted flag, redaction and the byte bound are still applied here.
+untrusted flag, redaction and the byte budget are still applied here.
 """
 
 from __future__ import annotations
@@ -93,6 +102,7 @@ __all__ = [
     "choose_fold",
     "compaction_plan",
     "deterministic_summary",
+    "minimal_summary_bytes",
     "needs_compaction",
     "plan_compaction",
     "read_session_call",
@@ -367,11 +377,16 @@ def _excerpt_key(line: str) -> tuple[int, int]:
 
 def deterministic_summary(request: SummaryRequest) -> str:
     """The default summarizer: facts header plus as many excerpts as the budget allows."""
-    header = "\n".join([*header_lines(request.facts), EXCERPTS_HEADER])
     budget = request.budget_bytes
+    lines = [*header_lines(request.facts), EXCERPTS_HEADER]
+    # Shorten to fit: drop header lines from the end (excerpts heading, actions, tools,
+    # message counts); the first line alone is cut to the budget by the caller.
+    while len(lines) > 1 and _esc_len("\n".join(lines)) > budget:
+        lines.pop()
+    header = "\n".join(lines)
     used = _esc_len(header)
-    if used >= budget:
-        return header  # the caller cuts it to the budget
+    if used >= budget or lines[-1] != EXCERPTS_HEADER:
+        return header  # no room for excerpts (the caller cuts what is still too long)
     candidates = _previous_excerpts(request.previous_text) + [excerpt(r) for r in request.records]
     # Round-robin over categories (actions, tools, messages), newest first in each.
     by_rank: dict[int, list[tuple[int, int, str]]] = {0: [], 1: [], 2: []}
@@ -430,27 +445,32 @@ def build_summary(
     )
     facts = merge_facts(prev_facts, folded)
 
-    def doc(f: SummaryFacts, text: str) -> bytes:
+    def doc(f: SummaryFacts | None, text: str) -> bytes:
+        if f is None:  # the minimal summary: no facts
+            return orjson.dumps({"untrusted": untrusted, "text": text})
         return orjson.dumps(
             {"v": SUMMARY_VERSION, "untrusted": untrusted, **f.to_json(), "text": text}
         )
 
-    overhead = len(doc(facts, ""))
-    if overhead > max_bytes:  # tiny budgets: keep the counts, drop the name lists
-        facts = replace(
-            facts,
-            tools=(),
-            tools_other=facts.tools_other + sum(n for _, n in facts.tools),
-            actions=(),
-            actions_other=facts.actions_other + sum(n for _, n in facts.actions),
-        )
-        overhead = len(doc(facts, ""))
-        if overhead > max_bytes:
-            return None
+    # Fit ladder: all facts; facts without the name lists (counts kept); no facts.
+    without_names = replace(
+        facts,
+        tools=(),
+        tools_other=facts.tools_other + sum(n for _, n in facts.tools),
+        actions=(),
+        actions_other=facts.actions_other + sum(n for _, n in facts.actions),
+    )
+    chosen: SummaryFacts | None
+    for chosen in (facts, without_names, None):
+        overhead = len(doc(chosen, ""))
+        if overhead <= max_bytes:
+            break
+    else:
+        return None
     budget = max_bytes - overhead
     request = SummaryRequest(
         previous_text=prev_text if isinstance(prev_text, str) else None,
-        facts=facts,
+        facts=chosen or facts,
         records=tuple(folded),
         budget_bytes=budget,
         untrusted=untrusted,
@@ -458,10 +478,15 @@ def build_summary(
     text = (summarizer or deterministic_summary)(request)
     if not isinstance(text, str):
         raise ScriptError("a summarizer must return str")
-    out = doc(facts, fit_text(text, budget))
+    out = doc(chosen, fit_text(text, budget))
     if len(out) > max_bytes:  # unreachable: fit_text measured the escaped size
-        out = doc(facts, "")
+        out = doc(chosen, "")
     return out
+
+
+def minimal_summary_bytes(untrusted: bool = True) -> int:
+    """Bytes of the smallest summary there is (no facts, no text)."""
+    return len(orjson.dumps({"untrusted": untrusted, "text": ""}))
 
 
 # --------------------------------------------------------------------------- planning
@@ -547,20 +572,72 @@ def plan_compaction(
     fold_n = choose_fold(state, conv, incoming_bytes=incoming_bytes, incoming_tool=incoming_tool)
     if fold_n <= 0:
         return None
-    folded = state.records[:fold_n]
-    budget = conv.max_summary_bytes if max_summary_bytes is None else max_summary_bytes
-    summary = build_summary(state.summary, folded, min(budget, conv.max_summary_bytes), summarizer)
-    if summary is None:
+    cap = conv.max_summary_bytes if max_summary_bytes is None else max_summary_bytes
+    cap = min(cap, conv.max_summary_bytes)
+    records = state.records
+    prefix = [0]
+    for record in records:
+        prefix.append(prefix[-1] + record.nbytes)
+
+    def attempt(n: int) -> CompactionPlan | None:
+        # Never grow the session: the summary takes at most the bytes it replaces.
+        budget = min(cap, prefix[n] + state.summary_bytes)
+        summary = build_summary(state.summary, records[:n], budget, summarizer)
+        if summary is None:
+            return None
+        return CompactionPlan(
+            member=state.member,
+            session_id=state.session_id,
+            expected_sv=state.summary_version,
+            fold_n=n,
+            first_seq=records[0].seq,
+            last_seq=records[n - 1].seq,
+            summary=summary,
+            removed_bytes=prefix[n],
+        )
+
+    plan = attempt(fold_n)
+    if plan is not None or fold_n == len(records):
+        return plan if plan is not None else _without_summary(state, prefix)
+    # The replaced bytes cannot hold even the counts: fold just enough more turns that
+    # they can (the facts of every record bound the facts of any prefix), else all.
+    everything = merge_facts(SummaryFacts.from_json(_doc(state.summary)), records)
+    need = len(
+        orjson.dumps({"v": SUMMARY_VERSION, "untrusted": False, **everything.to_json(), "text": ""})
+    )
+    extended = next(
+        (n for n in range(fold_n + 1, len(records)) if prefix[n] + state.summary_bytes >= need),
+        len(records),
+    )
+    plan = attempt(extended)
+    if plan is None and extended < len(records):
+        plan = attempt(len(records))
+    return plan if plan is not None else _without_summary(state, prefix)
+
+
+def _doc(summary: str | None) -> dict[str, Any]:
+    try:
+        loaded = orjson.loads(summary) if summary else None
+    except orjson.JSONDecodeError:
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _without_summary(state: SessionState, prefix: Sequence[int]) -> CompactionPlan | None:
+    """Fold every record with no summary at all: only when there is none yet and all the
+    turns together hold fewer bytes than the smallest summary (see the module docs)."""
+    records = state.records
+    if state.summary is not None or not records:
         return None
     return CompactionPlan(
         member=state.member,
         session_id=state.session_id,
         expected_sv=state.summary_version,
-        fold_n=fold_n,
-        first_seq=folded[0].seq,
-        last_seq=folded[-1].seq,
-        summary=summary,
-        removed_bytes=sum(r.nbytes for r in folded),
+        fold_n=len(records),
+        first_seq=records[0].seq,
+        last_seq=records[-1].seq,
+        summary=b"",
+        removed_bytes=prefix[-1],
     )
 
 

@@ -9,7 +9,6 @@ LLM context.  It never touches a socket.
 from __future__ import annotations
 
 import base64
-import re
 import secrets
 import uuid
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from memtier.errors import (
     ValidationError,
 )
 from memtier.keys import MemoryKeyspace, PartitionKeys
+from memtier.memory.delimiters import wrap_untrusted
 from memtier.memory.models import (
     TURN_TYPES,
     AppendReceipt,
@@ -41,12 +41,13 @@ from memtier.memory.models import (
     SessionMetadata,
     Turn,
     TurnRecord,
+    check_name,
     ms_to_datetime,
 )
 from memtier.memory.recordcheck import check_fields_for_append, check_turn_id_for_append
 from memtier.redaction import sanitize
 
-__all__ = ["AppendStatus", "MemoryCore", "ScriptCall", "new_session_id"]
+__all__ = ["AppendStatus", "MemoryCore", "ScriptCall", "new_session_id", "wrap_untrusted"]
 
 _M = TypeVar("_M", TurnRecord, ContextMessage, Context)
 
@@ -94,16 +95,6 @@ def _b(value: Any) -> str:
     return str(value)
 
 
-_DELIM_RE = re.compile(r"<\s*(/?)\s*(untrusted-data)", re.IGNORECASE)
-
-
-def _escape_delimiters(text: str) -> str:
-    """Neutralise anything in untrusted text that looks like our delimiter."""
-    if "<" not in text:  # fast path: every delimiter starts with "<"
-        return text
-    return _DELIM_RE.sub(r"&lt;\1\2", text)
-
-
 _set_attr = object.__setattr__
 
 
@@ -122,11 +113,6 @@ def _trusted(model: type[_M], values: dict[str, Any]) -> _M:
     _set_attr(obj, "__pydantic_extra__", None)
     _set_attr(obj, "__pydantic_private__", None)
     return obj
-
-
-def wrap_untrusted(source: str, text: str) -> str:
-    """The visible delimiter around untrusted data handed to an LLM."""
-    return f'<untrusted-data source="{source}">\n{_escape_delimiters(text)}\n</untrusted-data>'
 
 
 class MemoryCore:
@@ -182,15 +168,14 @@ class MemoryCore:
         truncated = False
         out: dict[str, str] = {}
         used = 0  # UTF-8 bytes of the sanitized fields so far
-        # Names (tool, action) are short labels; the body gets the rest of the turn budget.
+        # Names (tool, action) are short labels in a fixed grammar, checked again here (a
+        # model_construct()ed turn skips pydantic): refused, never rewritten, so what is
+        # stored is what snapshot validation accepts.  The body gets the rest of the budget;
         # sanitize() redacts before it bounds, so a cut can never leave half a secret behind.
         for name in ("tool", "action"):
             if name in fields:
-                clean = sanitize(fields[name], limits.MAX_NAME_BYTES)
-                kinds += clean.kinds
-                truncated |= clean.truncated
-                out[name] = clean.text
-                used += clean.byte_length
+                out[name] = check_name(fields[name], name)
+                used += len(out[name])  # ASCII: bytes == characters
         budget = conv.max_turn_bytes - used
         if turn.kind in ("tool", "action"):
             budget = min(budget, conv.max_tool_result_bytes)

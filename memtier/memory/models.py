@@ -8,17 +8,23 @@ credential, capability-URL or binary turn type.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from functools import lru_cache
+from typing import Annotated, Any, ClassVar, Final, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pydantic import ValidationError as PydanticValidationError
+from pydantic_core import PydanticCustomError
 
-from memtier.errors import UnsupportedChannelError, ValidationError
+from memtier import limits
+from memtier.errors import ErrorCode, InvalidNameError, UnsupportedChannelError, ValidationError
+from memtier.redaction import sanitize
 
 __all__ = [
+    "NAME_GRAMMAR",
     "ActionResult",
     "AgentResponse",
     "AppendReceipt",
@@ -35,10 +41,64 @@ __all__ = [
     "ToolSummary",
     "Turn",
     "TurnRecord",
+    "check_name",
+    "name_problem",
     "parse_turn",
 ]
 
 TurnId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:\-]{1,128}$")]
+
+# Tool and action names: short ASCII labels.  They end up inside the ``source="tool:..."``
+# attribute of the untrusted-data delimiter, so the grammar has no quote, no angle
+# bracket, no space, no control or non-ASCII character -- nothing an LLM could read as the
+# end of the attribute or of the delimiter.  The grammar is matched in full (no trailing
+# newline), and a name the redactor would change (it looks like a secret) is refused too,
+# so what is stored is exactly what was given.  The live path (append) and the snapshot
+# validator both call :func:`check_name`: they accept exactly the same names.
+NAME_GRAMMAR: Final = f"[A-Za-z0-9][A-Za-z0-9_.:-]{{0,{limits.MAX_NAME_BYTES - 1}}}"
+_NAME_RE: Final = re.compile(NAME_GRAMMAR)
+
+
+def name_problem(value: object) -> str | None:
+    """Why ``value`` is not a valid tool/action name (None: it is one)."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if _NAME_RE.fullmatch(value) is None:
+        return (
+            f"must match {NAME_GRAMMAR} (1-64 ASCII letters, digits and _ . : -, starting"
+            " with a letter or digit)"
+        )
+    if _looks_like_secret(value):
+        return "looks like a secret (a name is a label, never a credential)"
+    return None
+
+
+@lru_cache(maxsize=4096)  # names are a small vocabulary of <= 64 bytes; redaction is not free
+def _looks_like_secret(name: str) -> bool:
+    return sanitize(name, len(name)).text != name  # ASCII: bytes == characters
+
+
+def check_name(value: object, field: str = "name") -> str:
+    """``value`` if it is a valid tool/action name, else :class:`InvalidNameError`.
+
+    The one validator of names: the grammar, and no secret (the redactor leaves it
+    unchanged).  Used by the turn models, by append and by snapshot validation alike.
+    """
+    problem = name_problem(value)
+    if problem is not None:
+        raise InvalidNameError(f"invalid {field}: {problem}", field=field)
+    assert isinstance(value, str)
+    return value
+
+
+def _grammar_name(value: str) -> str:
+    problem = name_problem(value)
+    if problem is not None:
+        raise PydanticCustomError(ErrorCode.INVALID_NAME.value, problem)
+    return value
+
+
+Name = Annotated[str, AfterValidator(_grammar_name)]
 
 
 class Channel(StrEnum):
@@ -75,10 +135,13 @@ class ReasonCode(StrEnum):
 
 def _raise_validation(exc: PydanticValidationError, what: str) -> None:
     problems = []
+    error_type: type[ValidationError] = ValidationError
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or what
         problems.append(f"{loc}: {err['msg']}")
-    raise ValidationError(f"invalid {what}: " + "; ".join(problems), fields=problems) from None
+        if err["type"] == ErrorCode.INVALID_NAME.value:
+            error_type = InvalidNameError
+    raise error_type(f"invalid {what}: " + "; ".join(problems), fields=problems) from None
 
 
 class _Strict(BaseModel):
@@ -189,7 +252,7 @@ class ToolSummary(_TurnBase):
     kind: ClassVar[str] = "tool"
     role: ClassVar[Role] = Role.TOOL
     untrusted: ClassVar[bool] = True
-    tool: Annotated[str, StringConstraints(min_length=1)]
+    tool: Name
     summary: str
 
     def content_fields(self) -> dict[str, str]:
@@ -206,7 +269,7 @@ class ActionResult(_TurnBase):
     kind: ClassVar[str] = "action"
     role: ClassVar[Role] = Role.TOOL
     untrusted: ClassVar[bool] = True
-    action: Annotated[str, StringConstraints(min_length=1)]
+    action: Name
     outcome: str
 
     def content_fields(self) -> dict[str, str]:

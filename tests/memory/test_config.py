@@ -18,7 +18,7 @@ def test_each_bound_may_be_lowered_but_never_raised(field: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         MemtierConfig.load(conversation={field: ceiling * 2})
     message = str(info.value)
-    assert field in message and f"{ceiling:g}" in message
+    assert field in message and ConversationConfig.BOUNDS[field].describe(ceiling) in message
     assert info.value.code == "configuration_error"
 
 

@@ -139,7 +139,7 @@ def test_prepared_turn_bytes_count_utf8() -> None:
     core = MemoryCore(MemtierConfig.load())
     prepared = core.prepare_turn(key(3), AvatarMessage(text="héllo 👋"))
     assert prepared.turn_bytes == len("héllo 👋".encode())
-    tool = core.prepare_turn(key(3), ToolSummary(tool="sëarch", summary="ok"))
-    assert tool.turn_bytes == len("sëarch".encode()) + 2
+    tool = core.prepare_turn(key(3), ToolSummary(tool="search.v2", summary="ok"))
+    assert tool.turn_bytes == len("search.v2") + 2
     agent = core.prepare_turn(key(3), AgentResponse(text="x" * 10))
     assert agent.turn_bytes == 10 and orjson.loads(agent.payload)["f"] == {"text": "x" * 10}

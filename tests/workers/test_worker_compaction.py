@@ -107,9 +107,12 @@ def _state(records: tuple[StoredTurn, ...], summary: bytes | None = None) -> Ses
 
 
 def test_summary_keeps_the_facts_that_matter() -> None:
-    conv = ConversationConfig(max_turns_per_session=20)
-    plan = plan_compaction(_state(_records(20)), conv)
+    # 40 turns folded: enough bytes for the facts and excerpts (a summary never takes more
+    # bytes than the turns it replaces).
+    conv = ConversationConfig(max_turns_per_session=80)
+    plan = plan_compaction(_state(_records(80)), conv)
     assert plan is not None
+    assert plan.summary_bytes <= plan.removed_bytes
     doc = orjson.loads(plan.summary)
     text = doc["text"]
     assert doc["seq"] == [1, plan.last_seq] and doc["turns"] == plan.fold_n
@@ -192,19 +195,20 @@ def test_summary_is_bounded_redacted_and_deterministic(
 
 
 def test_secrets_in_custom_summarizer_output_are_redacted_and_flag_cannot_be_lowered() -> None:
-    conv = ConversationConfig(max_turns_per_session=10)
+    # 20 turns folded: room for the facts and the token (the summary never outgrows them).
+    conv = ConversationConfig(max_turns_per_session=40)
     seen: list[SummaryRequest] = []
 
     def llm(request: SummaryRequest) -> str:
         seen.append(request)
         return "The user shared token ghp_" + "a" * 36 + " and " + "x" * 100_000
 
-    plan = plan_compaction(_state(_records(10)), conv, llm)
+    plan = plan_compaction(_state(_records(40)), conv, llm)
     assert plan is not None and seen and seen[0].untrusted is True
     doc = orjson.loads(plan.summary)
     assert "ghp_" not in doc["text"] and "[REDACTED:github_token]" in doc["text"]
     assert doc["untrusted"] is True and len(plan.summary) <= conv.max_summary_bytes
-    assert doc["counts"]["avatar"] == 2  # facts are computed here (5 folded), not by the hook
+    assert doc["counts"]["avatar"] == 5  # facts are computed here (20 folded), not by the hook
 
 
 def test_summary_is_identical_in_another_process_with_another_hash_seed() -> None:
