@@ -235,35 +235,38 @@ def _start(first: str, boundary: str = _TOKEN_CHARS) -> str:
 _PEM_LABEL: Final = r"(?:[A-Z0-9]{1,24}[ ]){0,3}PRIVATE[ ]KEY(?:[ ]BLOCK)?"
 # A line break in a key: a real one, or JSON/string-escaped (a service-account file).
 _PEM_BREAK: Final = r"(?:\r?\n|\\r\\n|\\n)"
-# A run of base64 key material that ends where a word ends (at a space, a line break, a
-# quote or bracket, an escape, sentence punctuation, or the end): "https" in "https://" is
-# not key material, and swallowing it would hide the URL from its detector.  A run after
-# the first must look like key material (a digit or + / =, or 16+ characters), so the prose
-# after a truncated key ("The webhook is ...") is not swallowed either.
+# What may start a line of a pasted key besides indentation: Markdown/e-mail quote markers
+# and comment markers ("> MIIE...", "# MIIE...", "// MIIE...").
+_PEM_INDENT: Final = r"[ \t]{0,16}+(?:(?:>|\#|//)[ \t]{0,4}+){0,8}+"
+# A run of base64 key material.  A short one (under 16 characters) must end where a word
+# ends (at a space, a line break, a quote or bracket, an escape, sentence punctuation, or the
+# end): "https" in "https://" is not key material, and swallowing it would hide the URL from
+# its detector.  A run after the first must look like key material (a digit or + / =, or 16+
+# characters), so the prose after a truncated key ("The webhook is ...") is not swallowed.
 _PEM_RUN: Final = (
-    r"[A-Za-z0-9+/=]++"
-    r"(?=[\s\\\"'`,;)\]}>|*]|[.!?:](?:\s|\Z)|\Z)"
+    r"(?:[A-Za-z0-9+/=]{16}[A-Za-z0-9+/=]*+"
+    r"|[A-Za-z0-9+/=]{1,15}+(?=[\s\\\"'`,;)\]}>|*]|[.!?:](?:\s|\Z)|\Z))"
 )
 _PEM_MORE: Final = rf"(?=[A-Za-z]*+[0-9+/=]|[A-Za-z0-9+/=]{{16}}){_PEM_RUN}"
 # Armor headers right after the BEGIN line (Proc-Type: 4,ENCRYPTED; PGP's Version: ...), and
 # the one blank line that PGP armor puts after them.
 _PEM_HEADERS: Final = (
-    rf"(?:{_PEM_BREAK}[ \t]{{0,16}}+[A-Za-z][A-Za-z0-9\-]{{0,40}}+:[ \t][^\r\n\\]{{0,256}}+)*+"
-    rf"(?:[ \t]{{0,16}}+{_PEM_BREAK}(?=[ \t]{{0,16}}+{_PEM_BREAK}))?"
+    rf"(?:{_PEM_BREAK}{_PEM_INDENT}[A-Za-z][A-Za-z0-9\-]{{0,40}}+:[ \t][^\r\n\\]{{0,256}}+)*+"
+    rf"(?:[ \t]{{0,16}}+{_PEM_BREAK}{_PEM_INDENT}(?={_PEM_BREAK}))?"
 )
 # Two forms.  With an END line, the body is everything a key block holds up to it: base64,
-# whitespace (blank lines too), escaped newlines, armor headers; a dash only when it does not
-# start the END line.  Without one (a truncated paste), the body is base64 runs separated by
-# line breaks or spaces (keys pasted on one line), and ends at the first character that
-# cannot be key material or at a blank line, so every later detector still sees the rest
-# of the text (fail closed for the key, and nothing more).
+# whitespace (blank lines too), escaped newlines, armor headers, quote and comment markers; a
+# dash only when it does not start the END line.  Without one (a truncated paste), the body
+# is base64 runs separated by line breaks or spaces (keys pasted on one line), and ends at
+# the first character that cannot be key material or at a blank line, so every later
+# detector still sees the rest of the text (fail closed for the key, and nothing more).
 _PEM_RE: Final = re.compile(
     rf"-----BEGIN[ ]{_PEM_LABEL}-----"
-    r"(?:(?:[A-Za-z0-9+/=\s\\:,.]|-(?!----))*+"
+    r"(?:(?:[A-Za-z0-9+/=\s\\:,.>\#]|-(?!----))*+"
     rf"-----END[ ]{_PEM_LABEL}-----"
     rf"|{_PEM_HEADERS}"
-    rf"(?:[ \t]{{0,16}}+{_PEM_BREAK}?[ \t]{{0,16}}+{_PEM_RUN})?"
-    rf"(?:(?:[ \t]{{0,16}}+{_PEM_BREAK}[ \t]{{0,16}}+|[ \t]{{1,16}}+){_PEM_MORE})*+)"
+    rf"(?:(?:[ \t]{{0,16}}+{_PEM_BREAK})?{_PEM_INDENT}{_PEM_RUN})?"
+    rf"(?:(?:[ \t]{{0,16}}+{_PEM_BREAK}{_PEM_INDENT}|[ \t]{{1,16}}+){_PEM_MORE})*+)"
 )
 
 # --- URLs --------------------------------------------------------------------------------------
@@ -363,21 +366,31 @@ def _replace_url(m: re.Match[str]) -> tuple[str, tuple[SecretKind, ...]] | None:
 # --- authorization values ----------------------------------------------------------------------
 
 # Header form, including JSON/dict spellings ("Authorization": "Bearer ...").  Parameter-list
-# schemes (Digest, AWS4, OAuth 1.0) lose everything up to the closing quote or end of line.
+# schemes (Digest, AWS4, OAuth 1.0) lose everything up to the closing quote (of the value, or
+# of the string the header stands in) or the end of the line.
 _AUTH_HEADER_BODY: Final = (
-    r"(?i:uthorization)[\"']?[ \t]{0,4}[:=][ \t]{0,4}"
-    r"(?:(?P<dq>\")|(?P<sq>'))?"
+    r"(?i:uthorization)(?:\\{0,3}[\"'])?[ \t]{0,4}[:=][ \t]{0,4}"
+    r"(?:\\{0,3}(?P<dq>\")|(?P<sq>'))?"
     r"(?:(?P<pscheme>(?i:digest|aws4-hmac-sha256|oauth|signature|hoba|mutual|scram-sha-\d{1,3}))"
     r"[ \t]{1,8}"
-    r"(?P<params>(?(dq)(?:[^\"\\\r\n]|\\.)++|(?(sq)[^'\r\n]++|[^\r\n]++)))"
+    r"(?P<params>(?(dq)(?:[^\"\\\r\n]|\\.)++|(?(sq)[^'\r\n]++"
+    # unquoted, in a string ("Authorization: Digest ..." in JSON or code): to its end
+    r"|(?(oq)(?:(?!(?P=oq))[^\\\r\n]|\\.)++|(?(oqx)(?:(?!(?P=oqx))[^\\\r\n]|\\.)++"
+    r"|[^\r\n]++)))))"
     r"|(?:(?P<scheme>(?i:bearer|basic|token|negotiate|ntlm|apikey|api-key|key|sso-key|ssws|jwt"
     r"|dpop|googlelogin|bot))[ \t]{1,8})?"
-    r"(?P<tok>[^\s\"'<>,;]++))"
+    r"(?P<tok>[^\s\"'<>,;\\]++))"
 )
 # One pattern per case of the first letter: a literal first character is what makes the
 # engine skip fast.  (Proxy-)Authorization: a dash may precede the name.
+# The quote, if any, that opens a string the header stands in (oq, or oqx before "Proxy-").
 _AUTH_HEADER_RES: Final = tuple(
-    re.compile(_start(c, "A-Za-z0-9_") + _AUTH_HEADER_BODY) for c in "Aa"
+    re.compile(
+        _start(c, "A-Za-z0-9_")
+        + rf"(?:(?<=(?P<oq>[\"'])[{c}])|(?<=(?P<oqx>[\"'])(?i:proxy)-[{c}]))?"
+        + _AUTH_HEADER_BODY
+    )
+    for c in "Aa"
 )
 _AUTH_SCHEME_WORDS: Final = frozenset(
     re.split(
@@ -585,7 +598,7 @@ _TOKEN_SPECS: Final = (
     *(
         _TokenSpec(
             SecretKind.DISCORD_BOT_TOKEN,
-            _start(c) + r"[A-Za-z0-9_\-]{23,27}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,64}+",
+            _start(c) + r"[A-Za-z0-9_\-]{22,27}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,64}+",
             _discord_bot_valid,
             needles=(c,),
             gate=_DISCORD_GATE_RE,
@@ -670,7 +683,7 @@ _SECRET_NAME_RE: Final = re.compile(
 # matched backwards: this pattern is the name part spelled in reverse, run on the reversed
 # text.  (A forward keyword-first regex costs ~5x more: common letters start many attempts.)
 _KEYWORD_BEFORE_SEP_REVERSED: Final = re.compile(
-    r"[ \t]{0,4}(?P<q0>[\"']?)(?:"
+    r"[ \t]{0,4}(?P<q0>(?:[\"']\\{0,3})?)(?:"
     + "|".join(w[::-1].replace("~", _OPT_DASH) for w in _SECRET_WORDS)
     + ")",
     re.IGNORECASE,
@@ -685,6 +698,8 @@ _KEYWORD_BEFORE_SEP_REVERSED: Final = re.compile(
 _VALUE_RE: Final = re.compile(
     r"[ \t]{0,4}(?:\"(?P<dq>(?:[^\"\\\r\n]|\\.)++)\"?"
     r"|'(?P<sq>[^'\r\n]++)'?"
+    # quoted with escaped quotes, as in JSON inside a JSON or code string: \"value\"
+    r"|\\{1,3}\"(?P<edq>(?:[^\"\\\r\n]|\\(?!\\{0,2}\")[^\r\n])++)(?:\\{1,3}\")?"
     r"|(?P<tmpl>\{\{[^{}\r\n]{1,128}+\}\})(?=[\s,;)\]}\"'`]|\Z)"
     r"|(?P<bare>[^\s\"'=]\S*+))"
 )
@@ -744,6 +759,8 @@ def _assignment_value(text: str, at: int, open_quote: str) -> re.Match[str] | No
     """
     if open_quote:
         value = _VALUE_RE.match(text, at)
+        if value is not None and value.group("edq") is not None:
+            return value  # an escaped quote does not close the string
         if value is not None and value.group("bare") is None:
             quote = text[value.start("dq" if value.group("dq") is not None else "sq") - 1]
             # The string's own closing quote ("PASSWORD=" + pw) leaves no value; another
@@ -760,7 +777,7 @@ def _assignment_kind(
     groups = value.groupdict()
     if groups.get("tmpl") is not None:
         return None  # a template expression ({{ db_password }}), with its spaces
-    group = "dq" if groups.get("dq") is not None else "sq" if groups.get("sq") else "bare"
+    group = next(g for g in ("dq", "sq", "edq", "bare") if groups.get(g) is not None)
     raw = value.group(group)
     if _is_placeholder(raw) or _not_a_value(raw):
         return None
@@ -805,7 +822,7 @@ def _apply_assignments(text: str, counts: dict[SecretKind, int]) -> str:
         if at < last:
             continue  # inside a value already replaced
         end = at
-        while end > 0 and text[end - 1] in " \t\"'" and at - end < 6:
+        while end > 0 and text[end - 1] in " \t\"'\\" and at - end < 8:
             end -= 1
         if text[max(0, end - 3) : end].lower() not in _WORD_ENDINGS:
             continue

@@ -11,6 +11,8 @@ The fake secrets are assembled from pieces (see tests/test_redaction.py).
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from memtier.redaction import (
@@ -23,6 +25,7 @@ from memtier.redaction import (
 )
 
 K = SecretKind
+UUID = "1d2c3b4a-5e6f-4a0b-9c8d-7e6f5a4b3c2d"
 ASSIGNED = placeholder(K.SECRET_ASSIGNMENT)
 
 # --- bare values run to the end of their token ------------------------------------------------
@@ -191,3 +194,59 @@ def test_unterminated_key_on_one_line_and_json_escaped() -> None:
 def test_terminated_key_is_still_redacted_whole() -> None:
     text = f"a\n-----BEGIN PRIVATE KEY-----\n{BODY}\n\n{BODY}\n-----END PRIVATE KEY-----\nb"
     assert redact(text).text == f"a\n{KEY}\nb"
+
+
+# --- leaks the secret corpus oracle found (tests/adversarial/test_secret_oracle.py) ----------
+
+
+def test_escaped_json_assignments_are_redacted() -> None:
+    """JSON inside a JSON or code string: the quotes around name and value are escaped."""
+    text = 'value = "{\\"password\\": \\"1F::d@&T/)E\\"}"  # from the vault'
+    assert (
+        redact(text).text == 'value = "{\\"password\\": \\"' + ASSIGNED + '\\"}"  # from the vault'
+    )
+    text = '{"cmd": "export DB_PASSWORD=\\"ZO)Oq+l {@k|r9H\\""}'
+    assert redact(text).text == '{"cmd": "export DB_PASSWORD=\\"' + ASSIGNED + '\\""}'
+
+
+def test_quoted_and_commented_key_lines_are_redacted() -> None:
+    """A key quoted in Markdown or e-mail (> ) or commented out (# ), with or without END."""
+    lines = BODY.split("\n")
+    for marker in ("> ", "> > ", "# ", "// "):
+        block = ["-----BEGIN RSA PRIVATE KEY-----", *lines, "-----END RSA PRIVATE KEY-----"]
+        quoted = "\n".join(marker + line for line in block)
+        assert redact(quoted).text == marker + KEY, marker
+        truncated = "\n".join(marker + line for line in block[:-1]) + "\n\nbye"
+        assert redact(truncated).text == marker + KEY + "\n\nbye", marker
+    pgp = "> -----BEGIN PGP PRIVATE KEY BLOCK-----\n> Version: GnuPG v2\n> \n> " + lines[0]
+    assert redact(pgp).text == "> " + KEY
+
+
+def test_a_parameter_list_header_in_a_string_ends_with_the_string() -> None:
+    digest = (
+        'Authorization: Digest username=\\"bob\\", response=\\"0a1b2c3d4e5f60718293a4b5c6d7e8f9\\"'
+    )
+    negotiate = "Proxy-Authorization: Negotiate YUKGRlFU+6Aub8xT6wXdA5SjWpy6IBjF3eUb/N1HqFCPN=="
+    text = f'{{"a": "{digest}", "b": "{negotiate}"}} request id {UUID}'
+    result = redact(text)
+    assert result.text == (
+        f'{{"a": "Authorization: Digest {placeholder(K.AUTHORIZATION_HEADER)}",'
+        f' "b": "Proxy-Authorization: Negotiate {placeholder(K.AUTHORIZATION_HEADER)}"}}'
+        f" request id {UUID}"
+    )
+    code = 'h = \'Authorization: Digest username="bob", nonce="abc"\'  # ok, see ghp_'
+    assert redact(code).text == (
+        f"h = 'Authorization: Digest {placeholder(K.AUTHORIZATION_HEADER)}'  # ok, see ghp_"
+    )
+
+
+def test_escaped_json_authorization_header_is_redacted() -> None:
+    text = '{"detail": "{\\"Authorization\\": \\"ApiKey 9OFY9FEPPZoK0l7eLtSaUMgXhzIZAjMU\\"}"}'
+    expected = placeholder(K.AUTHORIZATION_HEADER)
+    assert redact(text).text == '{"detail": "{\\"Authorization\\": \\"ApiKey ' + expected + '\\"}"}'
+
+
+def test_discord_bot_token_of_a_17_digit_user_id_is_redacted() -> None:
+    first = base64.b64encode(b"80109646758645814").decode().rstrip("=")  # 23 characters
+    token = f"{first}.N8Av7S.93MU_pLgAjGsOdmvLNzqvHfm1wk05Avq_o1sfk"
+    assert redact(f"> {token}, thanks").text == f"> {placeholder(K.DISCORD_BOT_TOKEN)}, thanks"
