@@ -40,6 +40,7 @@ from memtier import (
     ToolSummary,
 )
 from memtier.config import MemtierConfig
+from memtier.memory.compaction import CompactionStatus
 from memtier.memory.persistence import snapshot_dir_for
 from memtier.redaction import SecretKind, sanitize
 
@@ -151,8 +152,16 @@ def file_values(root: Path) -> dict[str, list[bytes]]:
     return out
 
 
-def detect_secrets_findings(stored: Iterable[Stored], tmp: Path) -> list[str]:
-    """Run detect-secrets' file scanner over what was stored; its findings, if any."""
+def detect_secrets_findings(
+    stored: Iterable[Stored], tmp: Path, lookalikes: Iterable[LookAlike] = ()
+) -> list[str]:
+    """Run detect-secrets' file scanner over what was stored; its findings, if any.
+
+    A finding whose value is part of a planted look-alike is detect-secrets flagging a
+    documented non-secret that memtier must keep (``client_secret: null`` read as YAML): it
+    is not a finding about memtier.
+    """
+    kept = [x.text for x in lookalikes]
     from detect_secrets.core.scan import scan_file
     from detect_secrets.settings import default_settings
 
@@ -164,7 +173,13 @@ def detect_secrets_findings(stored: Iterable[Stored], tmp: Path) -> list[str]:
             path = tmp / f"memtier-stored.{ext}"
             path.write_text("\n".join(lines) + "\n", encoding="utf-8")
             for secret in scan_file(str(path)):
-                found.append(f"{secret.type}: {lines[secret.line_number - 1][:160]!r}")
+                # its value as the look-alike reads in the text (a keyword value runs to the
+                # end of the line, and an escaped line break is no line break to it)
+                lines_of_value = views(secret.secret_value or "")[-1].splitlines() or [""]
+                value = lines_of_value[0].strip("\\\"' ")
+                if value and any(value in text for text in kept):
+                    continue
+                found.append(f"{secret.type} {value!r}: {lines[secret.line_number - 1][:160]!r}")
             path.unlink()
     return found
 
@@ -196,7 +211,8 @@ class Oracle:
         conversation = {
             "persistence_enabled": True,
             "storage_path": str(root),
-            "max_turns_per_session": 8,
+            # the smallest bound: a forced compaction keeps 2 turns and folds the rest
+            "max_turns_per_session": 4,
         }
         self.config = MemtierConfig.load(
             redis_url=backend.url, namespace=self.namespace, conversation=conversation
@@ -215,17 +231,20 @@ class Oracle:
             inline_compaction=False,
         )
 
-    def plant(self, turns: list[tuple[int, int, TurnText]]) -> list[ConversationKey]:
-        keys: dict[int, ConversationKey] = {}
-        for n, (member, kind, turn) in enumerate(turns):
-            key = keys.setdefault(
-                member, ConversationKey(f"00000000-0000-4000-8000-{member:012d}", "public")
-            )
-            receipt = self.store.append(key, turn_of(kind, turn.text, n))
-            assert not receipt.truncated, "the generator must stay inside the turn bounds"
-            self.planted += turn.planted
-            self.lookalikes += turn.lookalikes
-        return list(keys.values())
+    def plant(self, sessions: list[list[tuple[int, TurnText]]]) -> dict[ConversationKey, int]:
+        keys: dict[ConversationKey, int] = {}
+        n = 0
+        for member, turns in enumerate(sessions):
+            channel = "im" if member % 2 else "public"
+            key = ConversationKey(f"00000000-0000-4000-8000-{member:012d}", channel)
+            for kind, turn in turns:
+                receipt = self.store.append(key, turn_of(kind, turn.text, n))
+                assert not receipt.truncated, "the generator must stay inside the turn bounds"
+                self.planted += turn.planted
+                self.lookalikes += turn.lookalikes
+                n += 1
+            keys[key] = len(turns)
+        return keys
 
     def wipe(self) -> None:
         names = list(self.client.scan_iter(match=f"*{self.namespace}*", count=500))
@@ -249,8 +268,8 @@ class Oracle:
     def check_files(self, where: str, *, survive: bool) -> None:
         self.check(where, file_values(self.root), survive=survive)
 
-    def run(self, turns: list[tuple[int, int, TurnText]]) -> None:
-        keys = self.plant(turns)
+    def run(self, sessions: list[list[tuple[int, TurnText]]]) -> None:
+        keys = self.plant(sessions)
         self.check_redis("after-append", survive=True)
         first = self.store.flush()
         assert first.sessions == len(keys) and not first.skipped, first
@@ -259,8 +278,11 @@ class Oracle:
         report = self._store().recover()
         assert report.outcome == "restored" and report.restored == len(keys), report
         self.check_redis("after-restore", survive=True)
-        for key in keys:
-            self.store.compact(key, force=True)
+        for key, count in keys.items():
+            outcome = self.store.compact(key, force=True)
+            if count > 2:  # the oldest turns went into a summary
+                assert outcome.status is CompactionStatus.APPLIED and outcome.folded, outcome
+                assert self.store.context(key).summary
         self.check_redis("after-compaction", survive=False)
         self.store.flush()
         self.check_files("after-second-flush", survive=False)
@@ -271,7 +293,7 @@ class Oracle:
         self.wipe()
 
     def cross_check(self, scratch: Path) -> None:
-        found = detect_secrets_findings(self.stages, scratch)
+        found = detect_secrets_findings(self.stages, scratch, self.lookalikes)
         assert not found, f"detect-secrets found {found}"
 
 
@@ -301,8 +323,11 @@ PINNED = {
 }
 
 
-turn_plans = st.lists(
-    st.tuples(st.integers(0, 2), st.integers(0, 3), turn_texts()), min_size=1, max_size=6
+# Sessions (at most 4 turns each: the turn bound), each turn of one of the four kinds.
+session_plans = st.lists(
+    st.lists(st.tuples(st.integers(0, 3), turn_texts()), min_size=1, max_size=4),
+    min_size=1,
+    max_size=2,
 )
 
 
@@ -330,21 +355,23 @@ async def oracle_backend(request: pytest.FixtureRequest) -> Any:
     max_examples=25,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(turns=turn_plans)
+@given(sessions=session_plans)
 @example(
-    turns=[
-        (0, 0, PINNED["escaped_json_assignment"]),
-        (0, 2, PINNED["quoted_truncated_pgp_key"]),
-        (1, 3, PINNED["digest_in_json_then_more"]),
-        (1, 1, PINNED["discord_17_digits"]),
+    sessions=[
+        [
+            (0, PINNED["escaped_json_assignment"]),
+            (2, PINNED["quoted_truncated_pgp_key"]),
+            (3, PINNED["digest_in_json_then_more"]),
+        ],
+        [(1, PINNED["discord_17_digits"]), (2, PINNED["escaped_json_header"])],
     ]
 )
-def test_no_planted_secret_is_stored_anywhere(oracle_backend: Any, turns: Any) -> None:
+def test_no_planted_secret_is_stored_anywhere(oracle_backend: Any, sessions: Any) -> None:
     client = oracle_backend.sync_client()
     with tempfile.TemporaryDirectory(prefix="memtier-oracle-") as tmp:
         oracle = Oracle(oracle_backend, client, Path(tmp) / "data")
         try:
-            oracle.run(turns)
+            oracle.run(sessions)
             oracle.cross_check(Path(tmp))
         finally:
             oracle.wipe()
@@ -367,7 +394,7 @@ def test_sanitized_text_holds_no_planted_secret(turn: TurnText) -> None:
 
 
 @pytest.mark.parametrize("kind", list(SecretKind), ids=[k.value for k in SecretKind])
-@settings(max_examples=40)
+@settings(max_examples=25)
 @given(data=st.data())
 def test_each_kind_in_every_context_is_sanitized_away(kind: SecretKind, data: Any) -> None:
     """Per kind, so that every spelling of every detector meets every context."""
@@ -389,10 +416,9 @@ def test_every_detector_and_readme_kind_has_a_maker() -> None:
 @pytest.mark.parametrize("kind", list(SecretKind), ids=[k.value for k in SecretKind])
 def test_every_maker_plants_its_cores_and_each_is_found_in_clear(kind: SecretKind) -> None:
     """The oracle is not vacuous: each maker's cores are in its text, and the scan finds them."""
-    import random
 
     for variant in range(40):
-        planted = MAKERS[kind](random.Random(variant), variant)
+        planted = MAKERS[kind](secretgen.secret_random(kind.value, variant), variant)
         assert planted.kind is kind and planted.cores
         raw = Stored("raw", {"raw": [planted.text.encode()]})
         assert raw.leaks([planted]), planted
