@@ -442,3 +442,29 @@ def test_detect_secrets_sees_raw_secrets(tmp_path: Path) -> None:
     for planted in known:
         stored = Stored("raw", {"raw": [planted.text.encode()]})
         assert detect_secrets_findings([stored], tmp_path), planted.text
+
+
+def test_the_store_oracle_reports_a_store_that_does_not_redact(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The store oracle is not vacuous: with redaction switched off, it reports the leak."""
+    import fakeredis
+
+    from memtier.memory import core
+    from memtier.redaction import SanitizedText, bound_utf8
+
+    def bound_only(text: str, max_bytes: int) -> SanitizedText:
+        out, cut = bound_utf8(text, max_bytes)
+        return SanitizedText(out, len(out.encode()), (), cut)
+
+    monkeypatch.setattr(core, "sanitize", bound_only)
+
+    class FakeBackend:
+        namespace = "vacuity"
+        url = None
+
+    oracle = Oracle(FakeBackend(), fakeredis.FakeRedis(), tmp_path / "data")
+    turn = pinned((K.GITHUB_TOKEN, 1, 0, "prose"), UUID_LOOKALIKE)
+    leak = r"after-append: secrets stored in clear: \[.github_token"
+    with pytest.raises(AssertionError, match=leak):
+        oracle.run([[(0, turn)]])
