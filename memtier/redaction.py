@@ -33,7 +33,7 @@ patterns.  Text that cannot be encoded as UTF-8 (a lone surrogate) is refused
 by :func:`bound_utf8` and :func:`sanitize` with a
 :class:`~memtier.errors.ValidationError` (code ``invalid_input``).
 
-Every pattern, with an example, is listed in ``docs/redaction-patterns.md``.
+Every pattern, with an example, is listed in README.md (section *Redaction and text bounding*).
 """
 
 from __future__ import annotations
@@ -233,13 +233,40 @@ def _start(first: str, boundary: str = _TOKEN_CHARS) -> str:
 # --- private keys ------------------------------------------------------------------------------
 
 _PEM_LABEL: Final = r"(?:[A-Z0-9]{1,24}[ ]){0,3}PRIVATE[ ]KEY(?:[ ]BLOCK)?"
-# Body: base64, whitespace, JSON-escaped newlines, armor headers (Proc-Type: 4,ENCRYPTED);
-# a dash only when it does not start the END line.  Without an END line the body runs to the
-# first character outside that set (fail closed for truncated pastes).
+# A line break in a key: a real one, or JSON/string-escaped (a service-account file).
+_PEM_BREAK: Final = r"(?:\r?\n|\\r\\n|\\n)"
+# What may start a line of a pasted key besides indentation: Markdown/e-mail quote markers
+# and comment markers ("> MIIE...", "# MIIE...", "// MIIE...").
+_PEM_INDENT: Final = r"[ \t]{0,16}+(?:(?:>|\#|//)[ \t]{0,4}+){0,8}+"
+# A run of base64 key material.  A short one (under 16 characters) must end where a word
+# ends (at a space, a line break, a quote or bracket, an escape, sentence punctuation, or the
+# end): "https" in "https://" is not key material, and swallowing it would hide the URL from
+# its detector.  A run after the first must look like key material (a digit or + / =, or 16+
+# characters), so the prose after a truncated key ("The webhook is ...") is not swallowed.
+_PEM_RUN: Final = (
+    r"(?:[A-Za-z0-9+/=]{16}[A-Za-z0-9+/=]*+"
+    r"|[A-Za-z0-9+/=]{1,15}+(?=[\s\\\"'`,;)\]}>|*]|[.!?:](?:\s|\Z)|\Z))"
+)
+_PEM_MORE: Final = rf"(?=[A-Za-z]*+[0-9+/=]|[A-Za-z0-9+/=]{{16}}){_PEM_RUN}"
+# Armor headers right after the BEGIN line (Proc-Type: 4,ENCRYPTED; PGP's Version: ...), and
+# the one blank line that PGP armor puts after them.
+_PEM_HEADERS: Final = (
+    rf"(?:{_PEM_BREAK}{_PEM_INDENT}[A-Za-z][A-Za-z0-9\-]{{0,40}}+:[ \t][^\r\n\\]{{0,256}}+)*+"
+    rf"(?:[ \t]{{0,16}}+{_PEM_BREAK}{_PEM_INDENT}(?={_PEM_BREAK}))?"
+)
+# Two forms.  With an END line, the body is everything a key block holds up to it: base64,
+# whitespace (blank lines too), escaped newlines, armor headers, quote and comment markers; a
+# dash only when it does not start the END line.  Without one (a truncated paste), the body
+# is base64 runs separated by line breaks or spaces (keys pasted on one line), and ends at
+# the first character that cannot be key material or at a blank line, so every later
+# detector still sees the rest of the text (fail closed for the key, and nothing more).
 _PEM_RE: Final = re.compile(
     rf"-----BEGIN[ ]{_PEM_LABEL}-----"
-    r"(?:[A-Za-z0-9+/=\s\\:,.]|-(?!----))*+"
-    rf"(?:-----END[ ]{_PEM_LABEL}-----)?"
+    r"(?:(?:[A-Za-z0-9+/=\s\\:,.>\#]|-(?!----))*+"
+    rf"-----END[ ]{_PEM_LABEL}-----"
+    rf"|{_PEM_HEADERS}"
+    rf"(?:(?:[ \t]{{0,16}}+{_PEM_BREAK})?{_PEM_INDENT}{_PEM_RUN})?"
+    rf"(?:(?:[ \t]{{0,16}}+{_PEM_BREAK}{_PEM_INDENT}|[ \t]{{1,16}}+){_PEM_MORE})*+)"
 )
 
 # --- URLs --------------------------------------------------------------------------------------
@@ -339,21 +366,31 @@ def _replace_url(m: re.Match[str]) -> tuple[str, tuple[SecretKind, ...]] | None:
 # --- authorization values ----------------------------------------------------------------------
 
 # Header form, including JSON/dict spellings ("Authorization": "Bearer ...").  Parameter-list
-# schemes (Digest, AWS4, OAuth 1.0) lose everything up to the closing quote or end of line.
+# schemes (Digest, AWS4, OAuth 1.0) lose everything up to the closing quote (of the value, or
+# of the string the header stands in) or the end of the line.
 _AUTH_HEADER_BODY: Final = (
-    r"(?i:uthorization)[\"']?[ \t]{0,4}[:=][ \t]{0,4}"
-    r"(?:(?P<dq>\")|(?P<sq>'))?"
+    r"(?i:uthorization)(?:\\{0,3}[\"'])?[ \t]{0,4}[:=][ \t]{0,4}"
+    r"(?:\\{0,3}(?P<dq>\")|(?P<sq>'))?"
     r"(?:(?P<pscheme>(?i:digest|aws4-hmac-sha256|oauth|signature|hoba|mutual|scram-sha-\d{1,3}))"
     r"[ \t]{1,8}"
-    r"(?P<params>(?(dq)(?:[^\"\\\r\n]|\\.)++|(?(sq)[^'\r\n]++|[^\r\n]++)))"
+    r"(?P<params>(?(dq)(?:[^\"\\\r\n]|\\.)++|(?(sq)[^'\r\n]++"
+    # unquoted, in a string ("Authorization: Digest ..." in JSON or code): to its end
+    r"|(?(oq)(?:(?!(?P=oq))[^\\\r\n]|\\.)++|(?(oqx)(?:(?!(?P=oqx))[^\\\r\n]|\\.)++"
+    r"|[^\r\n]++)))))"
     r"|(?:(?P<scheme>(?i:bearer|basic|token|negotiate|ntlm|apikey|api-key|key|sso-key|ssws|jwt"
     r"|dpop|googlelogin|bot))[ \t]{1,8})?"
-    r"(?P<tok>[^\s\"'<>,;]++))"
+    r"(?P<tok>[^\s\"'<>,;\\]++))"
 )
 # One pattern per case of the first letter: a literal first character is what makes the
 # engine skip fast.  (Proxy-)Authorization: a dash may precede the name.
+# The quote, if any, that opens a string the header stands in (oq, or oqx before "Proxy-").
 _AUTH_HEADER_RES: Final = tuple(
-    re.compile(_start(c, "A-Za-z0-9_") + _AUTH_HEADER_BODY) for c in "Aa"
+    re.compile(
+        _start(c, "A-Za-z0-9_")
+        + rf"(?:(?<=(?P<oq>[\"'])[{c}])|(?<=(?P<oqx>[\"'])(?i:proxy)-[{c}]))?"
+        + _AUTH_HEADER_BODY
+    )
+    for c in "Aa"
 )
 _AUTH_SCHEME_WORDS: Final = frozenset(
     re.split(
@@ -561,7 +598,7 @@ _TOKEN_SPECS: Final = (
     *(
         _TokenSpec(
             SecretKind.DISCORD_BOT_TOKEN,
-            _start(c) + r"[A-Za-z0-9_\-]{23,27}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,64}+",
+            _start(c) + r"[A-Za-z0-9_\-]{22,27}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,64}+",
             _discord_bot_valid,
             needles=(c,),
             gate=_DISCORD_GATE_RE,
@@ -646,22 +683,57 @@ _SECRET_NAME_RE: Final = re.compile(
 # matched backwards: this pattern is the name part spelled in reverse, run on the reversed
 # text.  (A forward keyword-first regex costs ~5x more: common letters start many attempts.)
 _KEYWORD_BEFORE_SEP_REVERSED: Final = re.compile(
-    r"[ \t]{0,4}(?P<q0>[\"']?)(?:"
+    r"[ \t]{0,4}(?P<q0>(?:[\"']\\{0,3})?)(?:"
     + "|".join(w[::-1].replace("~", _OPT_DASH) for w in _SECRET_WORDS)
     + ")",
     re.IGNORECASE,
 )
-# The value: quoted (JSON escapes honoured; the closing quote may be missing) or one bare word.
-# Possessive runs: the whole value is always replaced, so a second pass finds nothing.
+# The value: quoted (JSON escapes honoured; the closing quote may be missing) or bare.  A bare
+# value is the rest of its whitespace-delimited token: passwords contain {}()[]<>,&; too
+# (P@ss{w0rd}2024!, Tr0ub4dor&3xtra), so stopping at any of them would store the tail in
+# clear; a query string or connection string loses its following parameters instead (fail
+# closed).  Inside a quoted string ("PASSWORD=x", 'token=y') the bare value also ends at the
+# string's unescaped closing quote (see _assignment_value).  Possessive runs: the whole value
+# is always replaced, so a second pass finds nothing.
 _VALUE_RE: Final = re.compile(
     r"[ \t]{0,4}(?:\"(?P<dq>(?:[^\"\\\r\n]|\\.)++)\"?"
     r"|'(?P<sq>[^'\r\n]++)'?"
-    r"|(?P<bare>[^\s\"'&;,<>()\[\]{}=][^\s\"'&;,<>()\[\]{}]*+))"
+    # quoted with escaped quotes, as in JSON inside a JSON or code string: \"value\"
+    r"|\\{1,3}\"(?P<edq>(?:[^\"\\\r\n]|\\(?!\\{0,2}\")[^\r\n])++)(?:\\{1,3}\")?"
+    r"|(?P<tmpl>\{\{[^{}\r\n]{1,128}+\}\})(?=[\s,;)\]}\"'`]|\Z)"
+    r"|(?P<bare>[^\s\"'=]\S*+))"
 )
+# The same, for a name inside a string opened by that quote ("PASSWORD=x", "a --token=y").
+_VALUE_IN_QUOTES_RES: Final = {
+    q: re.compile(rf"[ \t]{{0,4}}(?P<bare>(?:[^\s{q}\\=]|\\\S)(?:[^\s{q}\\]|\\\S)*+)")
+    for q in "\"'"
+}
+# Values that are clearly not secrets.  Each alternative is a whole value with no stray
+# literal text: "${A} hunter2 ${B}" or "<a>hunter2<b>" is not a placeholder.  ${VAR} takes a
+# plain name only (${DB_PASSWORD:-hunter2} has a literal default); $VAR is upper-case, the
+# environment-variable convention ($ecret99 is a password).
 _NOT_A_VALUE_RE: Final = re.compile(
-    r"true|false|null|none|nil|undefined|\*+|x{3,}|\$\{.*\}|\$[A-Z_][A-Z0-9_]*|<.*>|\{\{.*\}\}",
-    re.IGNORECASE | re.DOTALL,
+    r"(?i:true|false|null|none|nil|undefined)|\*+|[xX]{3,}"
+    r"|\$\{[A-Za-z_][A-Za-z0-9_.]{0,127}\}|\$[A-Z_][A-Z0-9_]{0,127}"
+    r"|<[^<>\r\n]{1,64}>|\{\{[^{}\r\n]{1,128}\}\}"
 )
+# A bare "value" that is really an empty value followed by structure: the next parameter
+# (token=&key=..., password=;Database=x) or closing brackets (f(password=), {password=}).
+_EMPTY_VALUE_RE: Final = re.compile(r"[&;,][A-Za-z_][A-Za-z0-9_.\-]{0,64}+[=:]|[&;,)\]}>]{1,8}\Z")
+# Punctuation that may follow a placeholder value in a sentence or a structure
+# (password=${DB_PASSWORD}, or "token: $TOKEN.") without making it a literal.
+_PLACEHOLDER_TRAILER: Final = ".,;:!?)]}\"'`"
+
+
+def _not_a_value(raw: str) -> bool:
+    for cut in range(4):  # the value itself, then without 1..3 trailing punctuation marks
+        if cut and (len(raw) <= cut or raw[-cut] not in _PLACEHOLDER_TRAILER):
+            return False
+        if _NOT_A_VALUE_RE.fullmatch(raw, 0, len(raw) - cut) is not None:
+            return True
+    return False
+
+
 # AWS secret access keys are 40 base64 characters with no prefix: only in name=value form.
 _AWS_SECRET_NAME_RE: Final = re.compile(
     r"(?:aws[_\-]?secret[_\-]?(?:access[_\-]?)?key|secret[_\-]?access[_\-]?key)\Z", re.IGNORECASE
@@ -678,15 +750,40 @@ def _name_start(text: str, kw_start: int) -> int:
     return start
 
 
+def _assignment_value(text: str, at: int, open_quote: str) -> re.Match[str] | None:
+    """The value after the separator ending at ``at``.
+
+    ``open_quote`` is the quote that opened a string the name stands in (``"PASSWORD=x"``,
+    ``'mysql --password=y'``), or ``""``: there, an unquoted value also ends at that string's
+    unescaped closing quote, which is structure, not password.
+    """
+    if open_quote:
+        value = _VALUE_RE.match(text, at)
+        if value is not None and value.group("edq") is not None:
+            return value  # an escaped quote does not close the string
+        if value is not None and value.group("bare") is None:
+            quote = text[value.start("dq" if value.group("dq") is not None else "sq") - 1]
+            # The string's own closing quote ("PASSWORD=" + pw) leaves no value; another
+            # quote opens a value of its own ("cmd='x'").
+            return None if quote == open_quote else value
+        return _VALUE_IN_QUOTES_RES[open_quote].match(text, at)
+    return _VALUE_RE.match(text, at)
+
+
 def _assignment_kind(
-    text: str, name_end: int, kw_start: int, quoted: bool, sep: str, value: re.Match[str]
+    text: str, name_start: int, name_end: int, quoted: bool, sep: str, value: re.Match[str]
 ) -> tuple[str, SecretKind] | None:
     """Decide whether one ``name<sep>value`` is a secret: (value group, kind) or None."""
-    group = "dq" if value.group("dq") is not None else "sq" if value.group("sq") else "bare"
+    groups = value.groupdict()
+    if groups.get("tmpl") is not None:
+        return None  # a template expression ({{ db_password }}), with its spaces
+    group = next(g for g in ("dq", "sq", "edq", "bare") if groups.get(g) is not None)
     raw = value.group(group)
-    if _is_placeholder(raw) or _NOT_A_VALUE_RE.fullmatch(raw):
+    if _is_placeholder(raw) or _not_a_value(raw):
         return None
-    start = _name_start(text, kw_start)
+    if group == "bare" and _EMPTY_VALUE_RE.match(raw):
+        return None
+    start = name_start
     name = text[start:name_end]
     quoted = quoted or (start > 0 and text[start - 1] in "\"'")
     if name.lower().endswith("pwd") and raw.startswith(("/", "~")):
@@ -725,7 +822,7 @@ def _apply_assignments(text: str, counts: dict[SecretKind, int]) -> str:
         if at < last:
             continue  # inside a value already replaced
         end = at
-        while end > 0 and text[end - 1] in " \t\"'" and at - end < 6:
+        while end > 0 and text[end - 1] in " \t\"'\\" and at - end < 8:
             end -= 1
         if text[max(0, end - 3) : end].lower() not in _WORD_ENDINGS:
             continue
@@ -735,12 +832,18 @@ def _apply_assignments(text: str, counts: dict[SecretKind, int]) -> str:
         if kw is None:
             continue
         sep = text[at : at + 2] if text.startswith((":=", "=>"), at) else text[at]
-        value = _VALUE_RE.match(text, at + len(sep))
+        name_end = size - kw.end("q0")
+        name_start = _name_start(text, size - kw.end())
+        # A quote right before the name opens a string the assignment stands in, unless the
+        # name closes it itself ("password": ...).
+        open_quote = ""
+        if not kw.group("q0") and name_start > 0 and text[name_start - 1] in "\"'":
+            open_quote = text[name_start - 1]
+        value = _assignment_value(text, at + len(sep), open_quote)
         if value is None:
             continue
-        name_end = size - kw.end("q0")
         decided = _assignment_kind(
-            text, name_end, size - kw.end(), bool(kw.group("q0")), sep, value
+            text, name_start, name_end, bool(kw.group("q0")), sep, value
         )
         if decided is None:
             continue
@@ -922,7 +1025,7 @@ def redact_json(
                     and item
                     and not _is_placeholder(item)
                     and _SECRET_NAME_RE.fullmatch(key)
-                    and not _NOT_A_VALUE_RE.fullmatch(item)
+                    and not _not_a_value(item)
                 ):
                     found.add(SecretKind.SECRET_ASSIGNMENT)
                     out[new_key] = placeholder(SecretKind.SECRET_ASSIGNMENT)
