@@ -446,8 +446,10 @@ def build_summary(
     facts = merge_facts(prev_facts, folded)
 
     def doc(f: SummaryFacts | None, text: str) -> bytes:
-        if f is None:  # the minimal summary: no facts
-            return orjson.dumps({"untrusted": untrusted, "text": text})
+        if f is None:
+            # The minimal summary: no facts, so nothing shows which kinds it folded; it is
+            # always marked untrusted (recovery refuses a minimal one that is not).
+            return orjson.dumps({"untrusted": True, "text": text})
         return orjson.dumps(
             {"v": SUMMARY_VERSION, "untrusted": untrusted, **f.to_json(), "text": text}
         )
@@ -484,9 +486,9 @@ def build_summary(
     return out
 
 
-def minimal_summary_bytes(untrusted: bool = True) -> int:
-    """Bytes of the smallest summary there is (no facts, no text)."""
-    return len(orjson.dumps({"untrusted": untrusted, "text": ""}))
+def minimal_summary_bytes() -> int:
+    """Bytes of the smallest summary there is (no facts, no text; always untrusted)."""
+    return len(orjson.dumps({"untrusted": True, "text": ""}))
 
 
 # --------------------------------------------------------------------------- planning

@@ -36,6 +36,7 @@ __all__ = [
 
 NAME_FIELDS: Final = ("tool", "action")
 BODY_FIELDS: Final = ("text", "summary", "outcome")
+MINIMAL_SUMMARY_KEYS: Final = frozenset({"untrusted", "text"})  # compaction's last resort
 SUMMARY_KEYS: Final = frozenset(
     {
         "v",
@@ -136,11 +137,26 @@ def _names(value: Any) -> list[str]:
     return out
 
 
+def _check_texts(texts: list[tuple[str, str]]) -> None:
+    for what, text in texts:
+        _no_controls(what, text)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RecordInvalid("invalid_summary", f"{what} is not UTF-8") from None
+
+
 def check_summary(doc: Any) -> list[tuple[str, str]]:
     """Raise :class:`RecordInvalid` unless ``doc`` is a summary compaction could write.
 
     Returns every string of it (``(what, text)``) for the caller's secret check.
     """
+    if isinstance(doc, dict) and set(doc) == MINIMAL_SUMMARY_KEYS:
+        if doc["untrusted"] is not True or not isinstance(doc["text"], str):
+            raise RecordInvalid("invalid_summary", "a minimal summary is always untrusted")
+        texts = [("summary text", doc["text"])]
+        _check_texts(texts)
+        return texts
     if not isinstance(doc, dict) or set(doc) != SUMMARY_KEYS:
         raise RecordInvalid("invalid_summary", "summary fields")
     counts = doc["counts"]
@@ -162,12 +178,7 @@ def check_summary(doc: Any) -> list[tuple[str, str]]:
     texts = [("summary text", doc["text"])]
     for list_name in ("tools", "actions"):
         texts.extend((f"summary {list_name} name", n) for n in _names(doc[list_name]))
-    for what, text in texts:
-        _no_controls(what, text)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise RecordInvalid("invalid_summary", f"{what} is not UTF-8") from None
+    _check_texts(texts)
     from_untrusted = counts["avatar"] + counts["tool"] + counts["action"] > 0
     if from_untrusted and doc["untrusted"] is not True:
         raise RecordInvalid(

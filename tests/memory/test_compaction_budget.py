@@ -166,7 +166,7 @@ def test_the_deterministic_summariser_fits_any_budget(
     _conv, state = session
     out = build_summary(state.summary, state.records, budget, deterministic_summary)
     if out is None:
-        assert budget < minimal_summary_bytes(untrusted=True)
+        assert budget < minimal_summary_bytes()
     else:
         assert len(out) <= budget
         assert out == build_summary(state.summary, state.records, budget, deterministic_summary)
@@ -235,3 +235,18 @@ def test_small_turns_never_start_failing_and_compaction_never_grows(
                 assert outcome.status is CompactionStatus.RELEASED
     ctx = store.context(k)
     assert len(ctx.turns) <= conv.max_turns_per_session
+
+
+def test_every_summary_compaction_writes_passes_the_recovery_validator() -> None:
+    """The minimal summary (compaction's last resort) is a shape recovery accepts:
+    a session compacted that far must stay flushable and restorable."""
+    import orjson
+    import pytest
+
+    from memtier.memory.recordcheck import RecordInvalid, check_summary
+
+    minimal = orjson.loads(orjson.dumps({"untrusted": True, "text": "x"}))
+    assert check_summary(minimal) == [("summary text", "x")]
+    assert len(orjson.dumps({"untrusted": True, "text": ""})) == minimal_summary_bytes()
+    with pytest.raises(RecordInvalid):
+        check_summary({"untrusted": False, "text": "trust me"})
