@@ -76,7 +76,11 @@ class AsyncConversationStore(StoreBase):
 
     # --- plumbing: the only I/O ----------------------------------------------------------------
     async def _run(self, call: ScriptCall) -> Any:
-        return await self.scripts[call.script].call_async(self.client, call.keys, call.args)
+        reply = await self.scripts[call.script].call_async(self.client, call.keys, call.args)
+        metrics.count_script_events(call.script, call.args, reply)
+        if self.on_script is not None:
+            self.on_script(call.script, call.args, reply)
+        return reply
 
     async def _retrying(self, operation: str, call: ScriptCall) -> Any:
         return await retry_async(operation, lambda: self._run(call))

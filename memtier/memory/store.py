@@ -63,7 +63,11 @@ class ConversationStore(StoreBase):
 
     # --- plumbing: the only I/O ----------------------------------------------------------------
     def _run(self, call: ScriptCall) -> Any:
-        return self.scripts[call.script](self.client, call.keys, call.args)
+        reply = self.scripts[call.script](self.client, call.keys, call.args)
+        metrics.count_script_events(call.script, call.args, reply)
+        if self.on_script is not None:
+            self.on_script(call.script, call.args, reply)
+        return reply
 
     def _retrying(self, operation: str, call: ScriptCall) -> Any:
         return retry_sync(operation, lambda: self._run(call))
