@@ -301,6 +301,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     try:
         check_options(options)
+        _config(options)  # a bad setting fails here, in one line, before any banner
         if options.insecure_dev_auth:
             print(INSECURE_BANNER, file=sys.stderr, flush=True)
             log.warning("insecure development authentication: every request is dev/dev")
