@@ -109,8 +109,9 @@ class StoreBase:
         if receipt.duplicate:  # a retry's first receipt: its events were counted then
             return receipt
         # The events append_turn published (memtier_events_total), from its receipt.
-        if receipt.rotated:
+        if receipt.rotated:  # two events: the old session `expired`, the new one `rotated`
             metrics.EXPIRIES.labels(ReasonCode.ROTATED.value).inc()
+            metrics.count_event(ReasonCode.EXPIRED.value)
             metrics.count_event(ReasonCode.ROTATED.value)
         if receipt.swept:
             metrics.EXPIRIES.labels(ReasonCode.EXPIRED.value).inc(receipt.swept)
