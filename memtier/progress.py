@@ -2,7 +2,8 @@
 
 On a terminal: one line redrawn in place -- sessions done of total, bytes, rate and
 time left.  When stderr is not a TTY (a log file, a pipe, a cron mail): a plain line
-every :data:`PLAIN_INTERVAL_S` seconds and one at the end.  Always on stderr, so
+every :data:`PLAIN_INTERVAL_S` seconds (``MEMTIER_PROGRESS_INTERVAL_S`` overrides both
+intervals) and one at the end.  Always on stderr, so
 the JSON on stdout stays clean; never any conversation content.
 
 :meth:`Progress.observe` reads the replies of the memory scripts the command runs
@@ -12,6 +13,7 @@ know about it.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +23,8 @@ __all__ = ["PLAIN_INTERVAL_S", "TTY_INTERVAL_S", "Progress", "human_bytes"]
 
 TTY_INTERVAL_S: Final = 0.2
 PLAIN_INTERVAL_S: Final = 5.0
+INTERVAL_ENV: Final = "MEMTIER_PROGRESS_INTERVAL_S"
+MIN_INTERVAL_S: Final = 0.05  # a floor: progress never costs more than the work
 
 
 def human_bytes(n: float) -> str:
@@ -55,8 +59,13 @@ class Progress:
         self.total = total
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(self.stream.isatty()) if tty is None else tty
-        default_interval = TTY_INTERVAL_S if self.tty else PLAIN_INTERVAL_S
-        self.interval_s = default_interval if interval_s is None else interval_s
+        if interval_s is None:
+            interval_s = TTY_INTERVAL_S if self.tty else PLAIN_INTERVAL_S
+            try:
+                interval_s = float(os.environ.get(INTERVAL_ENV, interval_s))
+            except ValueError:
+                pass
+        self.interval_s = max(MIN_INTERVAL_S, interval_s)
         self.clock = clock
         self.started = clock()
         self.sessions = 0
