@@ -11,7 +11,7 @@ from memtier.config import MemtierConfig
 from memtier.connection import connect_sync
 from memtier.errors import SessionFullError
 from memtier.memory.base import KeyLike, StoreBase, StoreStats
-from memtier.memory.compaction import CompactionOutcome, compaction_plan
+from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
 from memtier.memory.core import ScriptCall
 from memtier.memory.models import (
     AppendReceipt,
@@ -60,6 +60,27 @@ class ConversationStore(StoreBase):
         if snapshots is not None and recover:
             store.recover()
         return store
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str | None,
+        *,
+        recover: bool = True,
+        summarizer: Summarizer | None = None,
+        inline_compaction: bool = True,
+        **settings: Any,
+    ) -> ConversationStore:
+        """Connect to ``url`` with ``settings`` (any :class:`MemtierConfig` field, e.g.
+        ``namespace="app"``, ``conversation={"persistence_enabled": True}``), as redis-py's
+        ``from_url``; ``MEMTIER_*`` variables fill what is not given.  ``None``:
+        ``MEMTIER_REDIS_URL``, else the embedded in-process Redis.
+        ``with ConversationStore.from_url(url) as store: ...``.
+        """
+        config = MemtierConfig.load(**settings, **({} if url is None else {"redis_url": url}))
+        return cls.from_config(
+            config, recover=recover, summarizer=summarizer, inline_compaction=inline_compaction
+        )
 
     # --- plumbing: the only I/O ----------------------------------------------------------------
     def _run(self, call: ScriptCall) -> Any:
