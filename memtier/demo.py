@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    setup_logging(args, logging.WARNING)
+    setup_logging(args, logging.WARNING, plain=True)  # a demo for people, not log files
     config = load_config(args)
     store = ConversationStore.from_config(config)
     if not store.embedded and config.redis_url:  # the embedded case: memtier.connection says it
