@@ -38,5 +38,9 @@ if ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' >/dev/null 2
     python3 -m venv "$VENV"
 fi
 echo "== bench: pip install -e '.[bench]' into .venv-bench"
-"$PY" -m pip install -q --disable-pip-version-check -e '.[bench]'
+if ! "$PY" -m pip install -q --disable-pip-version-check -e '.[bench]' >"$VENV/pip.log" 2>&1; then
+    tail -n 20 "$VENV/pip.log"
+    echo "== bench: pip install failed (see $VENV/pip.log)"
+    exit 1
+fi
 exec "$PY" -m bench.run "$@"

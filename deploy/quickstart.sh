@@ -23,7 +23,11 @@ if ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' >/dev/null 2
     python3 -m venv "$VENV"
 fi
 echo "== quickstart: pip install -e '.[embedded]' into .venv"
-"$PY" -m pip install -q --disable-pip-version-check -e '.[embedded]'
+if ! "$PY" -m pip install -q --disable-pip-version-check -e '.[embedded]' >"$VENV/pip.log" 2>&1; then
+    tail -n 20 "$VENV/pip.log"
+    echo "== quickstart: pip install failed (see $VENV/pip.log)"
+    exit 1
+fi
 if [ -n "${MEMTIER_REDIS_URL:-}" ]; then
     echo "== quickstart: memtier demo on MEMTIER_REDIS_URL"
 else

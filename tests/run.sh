@@ -110,8 +110,12 @@ if ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' >/dev/null 2
     say "python3 -m venv .venv"
     python3 -m venv "$VENV" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
 fi
-say "pip install -e '.[test]' into .venv"
-"$PY" -m pip install -q --disable-pip-version-check -e '.[test]' || die "pip install failed"
+PIP_LOG=$VENV/pip.log
+say "pip install -e '.[test]' into .venv (log: $PIP_LOG)"
+if ! "$PY" -m pip install -q --disable-pip-version-check -e '.[test]' >"$PIP_LOG" 2>&1; then
+    tail -n 20 "$PIP_LOG"
+    die "pip install failed (see $PIP_LOG)"
+fi
 export PATH="$VENV/bin:$PATH"
 
 # --- lint and types --------------------------------------------------------
