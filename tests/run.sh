@@ -191,7 +191,7 @@ fi
 detail="$passed passed, $failed failed, $errored errors, $skipped skipped; $executed of $collected collected ran"
 summary="$verdict: pytest exit $status: $detail"
 if [ ${#flags[@]} -gt 0 ]; then
-    summary+=" -- $(IFS=';'; echo "${flags[*]}")"
+    summary+=" -- $(printf '%s; ' "${flags[@]}" | sed 's/; $//')"
 fi
 [ "$verdict" = PASSED ] || exit $((status == 0 ? 1 : status))
 exit 0
