@@ -40,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     entry = COMMANDS.get(args[0])
     if entry is None:
-        print(f"memtier: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
+        names = ", ".join(COMMANDS)
+        print(f"memtier: unknown command {args[0]!r} (one of: {names})", file=sys.stderr)
         return 2
     module, func, _ = entry
     try:
@@ -48,7 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ImportError, AttributeError) as exc:
         print(f"memtier {args[0]}: not available in this installation ({exc})", file=sys.stderr)
         return 2
-    return int(target(args[1:]))
+    from memtier.clicommon import guarded
+
+    try:
+        return guarded(args[0], lambda: int(target(args[1:])))
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, one line printed)
+        return exc.code if isinstance(exc.code, int) else 2
+    except KeyboardInterrupt:
+        print(f"memtier {args[0]}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

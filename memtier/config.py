@@ -23,6 +23,13 @@ other; that is a :class:`~memtier.errors.ConfigurationError` naming both fields.
 Every config class raises :class:`~memtier.errors.ConfigurationError` (code
 ``configuration_error``) for invalid input, whether built directly, with
 :meth:`MemtierConfig.load` or from a TOML file -- never pydantic's ``ValidationError``.
+
+Precedence, highest first (as pydantic-settings and twelve-factor users expect):
+explicit arguments (``MemtierConfig.load(**overrides)``, ``from_toml(path,
+**overrides)``, the CLI's ``--redis-url`` / ``--namespace``), then ``MEMTIER_*``
+environment variables, then the TOML file, then the defaults.  Nested tables merge
+field by field: ``MEMTIER_CONVERSATION__MAX_EVENTS`` overrides only that field of the
+file's ``[conversation]`` table.
 """
 
 from __future__ import annotations
@@ -30,13 +37,15 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar, Final, Self
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from memtier import limits
 from memtier.errors import ConfigurationError
@@ -274,6 +283,21 @@ class ThreadsConfig(_ConfigErrors, BaseModel):
         return _check_bound(value, info, cls.BOUNDS)
 
 
+# The TOML data of the from_toml call in progress (a settings source below the
+# environment); empty outside one.
+_TOML_DATA: ContextVar[dict[str, Any] | None] = ContextVar("memtier_toml_data", default=None)
+
+
+class _TomlDataSource(PydanticBaseSettingsSource):
+    """The TOML file's values, as a settings source ranked below the environment."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return (_TOML_DATA.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_TOML_DATA.get() or {})
+
+
 class MemtierConfig(_ConfigErrors, BaseSettings):
     """All of memtier's settings.
 
@@ -295,6 +319,24 @@ class MemtierConfig(_ConfigErrors, BaseSettings):
     partitions: int = Field(default=1, ge=1, le=limits.MAX_PARTITIONS)
     conversation: ConversationConfig = ConversationConfig()
     threads: ThreadsConfig = ThreadsConfig()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments > environment > TOML file (> .env, secrets: unused) > defaults."""
+        return (
+            init_settings,
+            env_settings,
+            _TomlDataSource(settings_cls),
+            dotenv_settings,
+            file_secret_settings,
+        )
 
     @field_validator("redis_url")
     @classmethod
@@ -335,13 +377,20 @@ class MemtierConfig(_ConfigErrors, BaseSettings):
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> MemtierConfig:
-        """Load a TOML file (top-level keys plus ``[conversation]`` and ``[threads]`` tables)."""
+        """Load a TOML file (top-level keys plus ``[conversation]`` and ``[threads]`` tables).
+
+        The file ranks below ``MEMTIER_*`` environment variables, which rank below
+        ``overrides`` (see the module docstring).
+        """
         try:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigurationError(f"cannot read config file {path}: {exc}") from exc
-        data.update(overrides)
-        return cls.load(**data)
+        token = _TOML_DATA.set(data)
+        try:
+            return cls.load(**overrides)
+        finally:
+            _TOML_DATA.reset(token)
 
 
 _PREFIX: Final = "invalid configuration: "

@@ -4,6 +4,10 @@ Several simulated avatars talk to an agent on both channels from a few worker
 threads at once; the demo then prints one key's LLM context, the metadata of
 every session (never content) and the reason-code events.  With no
 ``MEMTIER_REDIS_URL`` it runs on the embedded in-process Redis and says so.
+
+On a real Redis it works in a namespace of its own (``memtier-demo`` unless
+``--namespace``), starts from a clean slate there and shows only the events it
+published after that step.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import logging
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
-from memtier.config import MemtierConfig
+from memtier import limits
+from memtier.clicommon import CliParser, add_common_arguments, guarded, load_config, setup_logging
 from memtier.memory.models import (
     ActionResult,
     AgentResponse,
@@ -46,20 +52,46 @@ def _converse(store: ConversationStore, key: ConversationKey) -> int:
     return len(SCRIPT)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="memtier demo", description=__doc__)
-    parser.add_argument("--redis-url", help="Redis URL (default: MEMTIER_REDIS_URL, else embedded)")
-    parser.add_argument("--namespace", default="memtier-demo")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+DEMO_NAMESPACE = "memtier-demo"
 
-    overrides: dict[str, object] = {"namespace": args.namespace}
-    if args.redis_url:
-        overrides["redis_url"] = args.redis_url
-    config = MemtierConfig.load(**overrides)
+
+def _where(url: str) -> str:
+    """``scheme://host:port/db`` of a Redis URL, without credentials or query."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def _events_end(store: ConversationStore) -> str | None:
+    """The cursor after the newest event now on the stream (bounded: it is capped)."""
+    cursor: str | None = None
+    page_size = int(limits.EVENTS_PAGE.ceiling)
+    for _ in range(int(limits.MAX_EVENTS.ceiling) // page_size + 2):
+        page = store.events(after=cursor, limit=page_size)
+        if not page:
+            break
+        cursor = page[-1].cursor
+    return cursor
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = CliParser(prog="memtier demo", description=__doc__)
+    add_common_arguments(parser)
+    args = parser.parse_args(argv)
+    args.namespace = args.namespace or DEMO_NAMESPACE  # its own, never the app's default
+    return guarded("demo", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    setup_logging(args, logging.WARNING, plain=True)  # a demo for people, not log files
+    config = load_config(args)
     store = ConversationStore.from_config(config)
-    if not store.embedded:  # the embedded case is announced by memtier.connection
-        print(f"memtier demo: using Redis at {config.redis_url} (namespace {config.namespace!r})")
+    if not store.embedded and config.redis_url:  # the embedded case: memtier.connection says it
+        print(
+            f"memtier demo: using Redis at {_where(config.redis_url)}"
+            f" (namespace {config.namespace!r}, its own)"
+        )
 
     keys = [
         ConversationKey(uuid.uuid5(uuid.NAMESPACE_URL, f"memtier-demo-avatar-{n}"), channel)
@@ -68,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for key in keys:  # a clean slate, so the demo is repeatable on a real server
         store.delete(key)
+    since = _events_end(store)  # show only the events of this run, not the clean slate's
     with ThreadPoolExecutor(max_workers=4) as pool:
         appended = sum(pool.map(lambda k: _converse(store, k), keys))
     print(f"\nappended {appended} turns from {AVATARS} avatars on both channels (4 threads)")
@@ -94,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     store.expire(keys[1])
     store.delete(keys[2])
     print("\nevents (reason codes, never content):")
-    for event in store.events():
+    for event in store.events(after=since):
         print(
             f"  {event.timestamp:%H:%M:%S} {event.reason.value:<26} {event.avatar} {event.channel}"
         )

@@ -5,21 +5,33 @@ never avatar, user or channel ids.  Collectors live in the default registry
 so ``memtier serve`` exposes them; with ``PROMETHEUS_MULTIPROC_DIR`` set,
 prometheus-client writes them to per-process files and ``/metrics``
 aggregates them (see :func:`memtier.metrics.render`).
+
+``memtier_active_sessions`` and ``memtier_stored_bytes`` are not plain gauges: they
+come from :data:`STORE_GAUGES`, a collector that reads the partition metas at scrape
+time (one ``partition_stats`` script call per partition, at most once per
+:data:`GAUGE_REFRESH_MIN_S`) through the reader that ``memtier serve`` and
+``memtier worker`` attach; between reads it reports the last values seen (also from
+``stats()``).  ``memtier_events_total`` is counted where the scripts report the
+events they published (:func:`count_script_events`, :func:`count_event`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
-    Gauge,
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
 
 __all__ = [
     "ACTIVE_SESSIONS",
@@ -29,30 +41,111 @@ __all__ = [
     "EVENTS",
     "EVICTIONS",
     "EXPIRIES",
+    "HTTP_REQUESTS",
+    "HTTP_REQUEST_DURATION",
     "RETRIES",
     "SCRIPT_DURATION",
     "SNAPSHOT_FLUSHES",
     "SNAPSHOT_SESSIONS_SKIPPED",
     "STORED_BYTES",
+    "STORE_GAUGES",
     "THREAD_OPERATIONS",
     "THREAD_RUNNER_DURATION",
+    "count_event",
+    "count_script_events",
     "render",
     "serve",
 ]
 
+log = logging.getLogger("memtier.metrics")
+
+GAUGE_REFRESH_MIN_S: Final = 1.0  # scrapes closer together reuse the last read
+
+
 APPENDS = Counter(
     "memtier_appends_total", "Turns appended to conversation memory.", ["role", "outcome"]
 )
-STORED_BYTES = Gauge(
-    "memtier_stored_bytes",
-    "Conversation-memory bytes stored, as last reported by Redis.",
-    multiprocess_mode="livemax",
-)
-ACTIVE_SESSIONS = Gauge(
-    "memtier_active_sessions",
-    "Live conversation-memory sessions, as last reported by Redis.",
-    multiprocess_mode="livemax",
-)
+
+
+class StoreGauges:
+    """``memtier_active_sessions`` / ``memtier_stored_bytes``, read from Redis at scrape time.
+
+    :meth:`attach` a reader returning ``(sessions, bytes)`` (a store's ``stats``); each
+    collection calls it at most once per :data:`GAUGE_REFRESH_MIN_S` and otherwise, or
+    when it fails, reports the last values.  Async hosts (``memtier serve``) refresh
+    with their own async read before rendering and :meth:`set` the result.  Registered
+    in every registry this module builds, never written to multiprocess files: each
+    process reads the same Redis, so there is nothing to aggregate.
+    """
+
+    NAMES: Final = ("memtier_active_sessions", "memtier_stored_bytes")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reader: Callable[[], tuple[int, int]] | None = None
+        self._values = (0, 0)
+        self._read_at = float("-inf")
+
+    def attach(self, reader: Callable[[], tuple[int, int]] | None) -> None:
+        with self._lock:
+            self._reader = reader
+            self._read_at = float("-inf")
+
+    def set(self, sessions: int, nbytes: int) -> None:
+        with self._lock:
+            self._values = (int(sessions), int(nbytes))
+            self._read_at = time.monotonic()
+
+    def due(self) -> bool:
+        with self._lock:
+            return time.monotonic() - self._read_at >= GAUGE_REFRESH_MIN_S
+
+    def values(self) -> tuple[int, int]:
+        with self._lock:
+            reader = self._reader
+        if reader is not None and self.due():
+            try:
+                self.set(*reader())
+            except Exception as exc:  # a scrape must not fail because Redis blinked
+                log.warning("session/byte gauges not refreshed: %s", type(exc).__name__)
+        with self._lock:
+            return self._values
+
+    def _families(self, values: tuple[int, int] | None) -> Iterator[GaugeMetricFamily]:
+        sessions = GaugeMetricFamily(
+            self.NAMES[0], "Live conversation-memory sessions, read from Redis at scrape time."
+        )
+        nbytes = GaugeMetricFamily(
+            self.NAMES[1], "Conversation-memory bytes stored, read from Redis at scrape time."
+        )
+        if values is not None:
+            sessions.add_metric([], values[0])
+            nbytes.add_metric([], values[1])
+        yield sessions
+        yield nbytes
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return self._families(None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        return self._families(self.values())
+
+
+class _GaugeSetter:
+    """``STORED_BYTES.set(n)`` / ``ACTIVE_SESSIONS.set(n)``: feed :data:`STORE_GAUGES`."""
+
+    def __init__(self, index: int) -> None:
+        self._index = index
+
+    def set(self, value: float) -> None:
+        current = list(STORE_GAUGES._values)
+        current[self._index] = int(value)
+        STORE_GAUGES.set(current[0], current[1])
+
+
+STORE_GAUGES = StoreGauges()
+ACTIVE_SESSIONS = _GaugeSetter(0)
+STORED_BYTES = _GaugeSetter(1)
 EVICTIONS = Counter(
     "memtier_evictions_total", "Sessions evicted under pressure, by reason code.", ["reason"]
 )
@@ -85,6 +178,18 @@ SCRIPT_DURATION = Histogram(
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
 
+HTTP_REQUESTS = Counter(
+    "memtier_http_requests_total",
+    "HTTP requests served by memtier serve, by method, route template and status code.",
+    ["method", "route", "status"],
+)
+HTTP_REQUEST_DURATION = Histogram(
+    "memtier_http_request_duration_seconds",
+    "Latency of one HTTP request in memtier serve, seconds, by method and route template.",
+    ["method", "route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+
 THREAD_OPERATIONS = Counter(
     "memtier_thread_operations_total",
     "Conversation-thread service operations, by operation and outcome (ok or error code).",
@@ -98,16 +203,64 @@ THREAD_RUNNER_DURATION = Histogram(
 )
 
 
+def count_event(reason: str, count: int = 1) -> None:
+    """``memtier_events_total{reason}`` += count (reason: a ReasonCode value)."""
+    if count > 0:
+        EVENTS.labels(reason).inc(count)
+
+
+def count_script_events(script: str, args: Sequence[Any], reply: Any) -> None:
+    """Count the events a memory script reports it published (``append_turn``'s are
+    counted from its receipt by the store)."""
+    try:
+        if script == "drop_session" and int(reply[0]) == 1:
+            count_event(_text(args[2]))
+        elif script == "sweep_expired":
+            count_event("expired", int(reply[0]))
+        elif script == "emit_event":
+            count_event(_text(args[0]))
+        elif script == "apply_compaction" and int(reply[0]) == 0:
+            count_event("compacted")
+        elif script == "restore_session":
+            status = int(reply[0])
+            if status == 0:
+                count_event("restored")
+            elif status == 2:
+                count_event("expired")
+            elif status == 3:
+                pressure = "session" if _text(reply[1]) == "sessions" else "aggregate"
+                count_event(f"evicted_{pressure}_pressure")
+    except (IndexError, TypeError, ValueError):  # an unexpected reply: the caller reports it
+        return
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def _registry() -> CollectorRegistry:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        registry.register(STORE_GAUGES)
         return registry
     from prometheus_client import REGISTRY
 
     return REGISTRY
+
+
+def _register_default() -> None:
+    from prometheus_client import REGISTRY
+
+    try:
+        REGISTRY.register(STORE_GAUGES)
+    except ValueError:  # already registered (this module imported a second time)
+        pass
+
+
+_register_default()
 
 
 def serve(port: int, host: str = "127.0.0.1") -> Any:

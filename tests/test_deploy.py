@@ -954,6 +954,22 @@ def test_prometheus_scrapes_memtier_serve(
         status, _ = http("GET", f"{base}/memtier/conversations")
         assert status == 401, "no bearer token must be refused"
 
+        # Conversation memory in the same namespace: serve's session/byte gauges read
+        # the partition metas at scrape time, so they must show these sessions.
+        from memtier.config import MemtierConfig
+        from memtier.memory.models import AvatarMessage, Channel, ConversationKey
+        from memtier.memory.store import ConversationStore
+
+        memory_config = MemtierConfig.load(
+            redis_url=redis_server.url, namespace=env["MEMTIER_NAMESPACE"]
+        )
+        with ConversationStore.from_config(memory_config) as memory:
+            for n in range(3):
+                key = ConversationKey(f"00000000-0000-4000-8000-00000000000{n}", Channel.IM)
+                memory.append(key, AvatarMessage(text=f"hello {n}"))
+            expected = memory.stats()
+        assert expected["sessions"] == 3 and expected["bytes"] > 0
+
         # What serve itself exposes: every memtier_ sample name on /metrics.
         from prometheus_client.parser import text_string_to_metric_families
 
@@ -969,6 +985,20 @@ def test_prometheus_scrapes_memtier_serve(
         known = memtier_series_names()
         assert exposed <= set(known), f"unknown memtier_ series: {sorted(exposed - set(known))}"
         assert "memtier_script_duration_seconds_count" in exposed, "the POST ran no Lua script?"
+        samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text.decode())
+            for sample in family.samples
+        }
+        assert samples[("memtier_active_sessions", ())] == 3
+        assert samples[("memtier_stored_bytes", ())] == expected["bytes"]
+        http_routes = {
+            dict(labels)["route"]
+            for (name, labels), _ in samples.items()
+            if name == "memtier_http_requests_total"
+        }
+        assert "/memtier/conversations/{thread_id}" in http_routes, http_routes
+        assert not any(thread_id in route for route in http_routes), "raw paths as labels"
 
         # Prometheus with the memtier job of deploy/prometheus/prometheus.yml, aimed at
         # this serve, every second, with the real alerting rules loaded.
@@ -1031,6 +1061,24 @@ def test_prometheus_scrapes_memtier_serve(
         assert exposed <= names
         calls = query('sum(memtier_script_duration_seconds_count{job="memtier"})')
         assert calls and float(calls[0]["value"][1]) >= 1
+
+        # The gauges that used to read a flat zero, and the HTTP metrics, as scraped.
+        sessions = query('max(memtier_active_sessions{job="memtier"})')
+        assert sessions and float(sessions[0]["value"][1]) == 3
+        stored = query('max(memtier_stored_bytes{job="memtier"})')
+        assert stored and float(stored[0]["value"][1]) == expected["bytes"]
+        gets = query(
+            'sum(memtier_http_requests_total{job="memtier", method="GET",'
+            ' route="/memtier/conversations/{thread_id}", status="200"})'
+        )
+        assert gets and float(gets[0]["value"][1]) >= 1
+        refused = query('sum(memtier_http_requests_total{job="memtier", status="401"})')
+        assert refused and float(refused[0]["value"][1]) >= 1
+        timed = query(
+            'sum(memtier_http_request_duration_seconds_count{job="memtier",'
+            ' route="/memtier/conversations"})'
+        )
+        assert timed and float(timed[0]["value"][1]) >= 2  # the POST and the refused GET
 
         # Every dashboard query evaluates on real data without error.
         for where, expr in dashboard_exprs(dashboard()):

@@ -99,3 +99,42 @@ def test_installed_wheel_loads_its_packaged_scripts(wheel: Path, tmp_path: Path)
         if names:
             expected[folder.name] = names
     assert report["loaded"] == expected
+
+
+def _metadata(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        return zf.read(name).decode("utf-8")
+
+
+def test_wheel_ships_the_apache_license_pyproject_declares(wheel: Path) -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    license_text = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = [n for n in zf.namelist() if n.endswith("LICENSE") and ".dist-info/" in n]
+        assert shipped, zf.namelist()
+        assert zf.read(shipped[0]).decode("utf-8") == license_text
+    metadata = _metadata(wheel)
+    assert "License: Apache-2.0" in metadata or "License-Expression: Apache-2.0" in metadata
+    assert "Classifier: License :: OSI Approved :: Apache Software License" in metadata
+    assert "Classifier: Typing :: Typed" in metadata
+
+
+def test_httpx_is_a_test_dependency_only(wheel: Path) -> None:
+    requires = [
+        line.removeprefix("Requires-Dist: ")
+        for line in _metadata(wheel).splitlines()
+        if line.startswith("Requires-Dist: ")
+    ]
+    httpx = [r for r in requires if r.startswith("httpx")]
+    assert httpx and all("extra == 'test'" in r or 'extra == "test"' in r for r in httpx), httpx
+
+
+def test_changelog_has_an_unreleased_section() -> None:
+    text = (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert text.startswith("# Changelog") and "## [Unreleased]" in text

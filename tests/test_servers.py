@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 from redis.cluster import RedisCluster
-from servers import Backend, RedisClusterServers, RedisServer, pid_alive
+from servers import Backend, RedisClusterServers, RedisServer, ValkeyClusterServers, pid_alive
 
 import memtier.retry
 from memtier.config import MemtierConfig, parse_redis_url
@@ -219,7 +219,7 @@ def test_retry_testing_switch_is_on() -> None:
 
 
 def test_backend_basics(backend: Backend) -> None:
-    assert backend.kind in {"fake", "real", "cluster"}
+    assert backend.kind in {"fake", "real", "cluster", "valkey", "valkey-cluster"}
     assert backend.namespace.startswith("t") and len(backend.namespace) == 11
     client = backend.sync_client()
     key = "{" + backend.namespace + ":m:0}:s:x"
@@ -231,7 +231,7 @@ def test_backend_basics(backend: Backend) -> None:
     assert config.redis_url == backend.url
     if backend.kind == "fake":
         assert backend.url is None
-    elif backend.kind == "real":
+    elif backend.kind in ("real", "valkey"):
         assert backend.url is not None and backend.url.startswith("redis://")
     else:
         assert backend.url is not None and backend.url.startswith("redis+cluster://")
@@ -319,3 +319,32 @@ def _run_inner_pytest(tmp_path: Path, env_overrides: dict[str, str]) -> str:
         check=False,
     )
     return (done.stdout + done.stderr).decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------- Valkey
+
+
+def test_backend_server_is_the_program_its_kind_names(backend: Backend) -> None:
+    """``valkey*`` backends really are Valkey 9 (INFO server), the others are not."""
+    if backend.is_fake:
+        return
+    info = backend.sync_client().info("server")
+    if backend.is_cluster:  # RedisCluster.info merges per node: {node: info} or flat
+        values = list(info.values())
+        info = values[0] if values and isinstance(values[0], dict) else info
+    if backend.kind.startswith("valkey"):
+        assert str(info.get("server_name")) == "valkey"
+        assert str(info["valkey_version"]).startswith("9.")
+    else:
+        assert "server_name" not in info or str(info["server_name"]) == "redis"
+
+
+@pytest.mark.valkey
+def test_valkey_cluster_has_three_primaries_owning_every_slot(
+    valkey_cluster: ValkeyClusterServers,
+) -> None:
+    assert len(valkey_cluster.primaries()) == 3
+    with valkey_cluster.node_client(valkey_cluster.port) as node:
+        info = node.execute_command("CLUSTER", "INFO")
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    assert "cluster_state:ok" in text and "cluster_slots_assigned:16384" in text

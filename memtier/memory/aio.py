@@ -13,7 +13,7 @@ from memtier.config import MemtierConfig
 from memtier.connection import connect_async
 from memtier.errors import SessionFullError
 from memtier.memory.base import KeyLike, StoreBase, StoreStats
-from memtier.memory.compaction import CompactionOutcome, compaction_plan
+from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
 from memtier.memory.core import ScriptCall
 from memtier.memory.models import (
     AppendReceipt,
@@ -61,6 +61,26 @@ class AsyncConversationStore(StoreBase):
         return store
 
     @classmethod
+    def from_url(
+        cls,
+        url: str | None,
+        *,
+        recover: bool = True,
+        summarizer: Summarizer | None = None,
+        inline_compaction: bool = True,
+        **settings: Any,
+    ) -> AsyncConversationStore:
+        """Connect to ``url`` with ``settings`` (any :class:`MemtierConfig` field, e.g.
+        ``namespace="app"``, ``conversation={"persistence_enabled": True}``), as redis-py's
+        ``from_url``; ``MEMTIER_*`` variables fill what is not given.  No I/O yet:
+        ``async with AsyncConversationStore.from_url(url) as store: ...``.
+        """
+        config = MemtierConfig.load(**settings, **({} if url is None else {"redis_url": url}))
+        return cls.from_config(
+            config, recover=recover, summarizer=summarizer, inline_compaction=inline_compaction
+        )
+
+    @classmethod
     async def open(
         cls, config: MemtierConfig | None = None, *, recover: bool = True, **options: Any
     ) -> AsyncConversationStore:
@@ -81,7 +101,11 @@ class AsyncConversationStore(StoreBase):
 
     # --- plumbing: the only I/O ----------------------------------------------------------------
     async def _run(self, call: ScriptCall) -> Any:
-        return await self.scripts[call.script].call_async(self.client, call.keys, call.args)
+        reply = await self.scripts[call.script].call_async(self.client, call.keys, call.args)
+        metrics.count_script_events(call.script, call.args, reply)
+        if self.on_script is not None:
+            self.on_script(call.script, call.args, reply)
+        return reply
 
     async def _retrying(self, operation: str, call: ScriptCall) -> Any:
         return await retry_async(operation, lambda: self._run(call))
@@ -96,8 +120,13 @@ class AsyncConversationStore(StoreBase):
         """Run a sans-I/O plan (compaction, flush, recovery); its steps run in a thread."""
         return await drive_async(plan, self._execute)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
+        """Close the client's connections (as redis-py's ``aclose``)."""
         await self.client.aclose()
+
+    async def close(self) -> None:
+        """The same as :meth:`aclose` (the older spelling)."""
+        await self.aclose()
 
     async def __aenter__(self) -> AsyncConversationStore:
         await self._startup()

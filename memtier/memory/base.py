@@ -79,6 +79,9 @@ class StoreBase:
         # Snapshot files (memtier.memory.snapshot): None = persistence off.
         self.snapshots = snapshots
         self.last_recovery: RecoveryReport | None = None
+        # Called with (script, args, reply) after each script call: the CLI's progress
+        # display (memtier.progress) hooks in here.  None by default.
+        self.on_script: Callable[[str, Sequence[Any], Any], None] | None = None
 
     # --- append --------------------------------------------------------------------------------
     def _prepare(self, key: KeyLike, turn: Turn) -> PreparedTurn:
@@ -103,18 +106,27 @@ class StoreBase:
             label = "duplicate" if receipt.duplicate else "stored"
             child = _APPEND_COUNTERS[outcome] = metrics.APPENDS.labels(outcome[0].value, label)
         child.inc()
-        if receipt.rotated and not receipt.duplicate:
+        if receipt.duplicate:  # a retry's first receipt: its events were counted then
+            return receipt
+        # The events append_turn published (memtier_events_total), from its receipt.
+        if receipt.rotated:  # two events: the old session `expired`, the new one `rotated`
             metrics.EXPIRIES.labels(ReasonCode.ROTATED.value).inc()
+            metrics.count_event(ReasonCode.EXPIRED.value)
+            metrics.count_event(ReasonCode.ROTATED.value)
         if receipt.swept:
             metrics.EXPIRIES.labels(ReasonCode.EXPIRED.value).inc(receipt.swept)
+            metrics.count_event(ReasonCode.EXPIRED.value, receipt.swept)
         if receipt.evicted_for_sessions:
             metrics.EVICTIONS.labels(ReasonCode.EVICTED_SESSION_PRESSURE.value).inc(
                 receipt.evicted_for_sessions
             )
-        if receipt.evicted > receipt.evicted_for_sessions:
-            metrics.EVICTIONS.labels(ReasonCode.EVICTED_AGGREGATE_PRESSURE.value).inc(
-                receipt.evicted - receipt.evicted_for_sessions
+            metrics.count_event(
+                ReasonCode.EVICTED_SESSION_PRESSURE.value, receipt.evicted_for_sessions
             )
+        if receipt.evicted > receipt.evicted_for_sessions:
+            by_bytes = receipt.evicted - receipt.evicted_for_sessions
+            metrics.EVICTIONS.labels(ReasonCode.EVICTED_AGGREGATE_PRESSURE.value).inc(by_bytes)
+            metrics.count_event(ReasonCode.EVICTED_AGGREGATE_PRESSURE.value, by_bytes)
         return receipt
 
     @staticmethod
@@ -154,8 +166,7 @@ class StoreBase:
     def _stats_result(replies: Sequence[Sequence[Any]]) -> StoreStats:
         sessions = sum(int(r[0]) for r in replies)
         nbytes = sum(int(r[1]) for r in replies)
-        metrics.ACTIVE_SESSIONS.set(sessions)
-        metrics.STORED_BYTES.set(nbytes)
+        metrics.STORE_GAUGES.set(sessions, nbytes)
         return StoreStats(sessions=sessions, bytes=nbytes)
 
     def _event_ranges(

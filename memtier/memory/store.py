@@ -11,7 +11,7 @@ from memtier.config import MemtierConfig
 from memtier.connection import connect_sync
 from memtier.errors import SessionFullError
 from memtier.memory.base import KeyLike, StoreBase, StoreStats
-from memtier.memory.compaction import CompactionOutcome, compaction_plan
+from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
 from memtier.memory.core import ScriptCall
 from memtier.memory.models import (
     AppendReceipt,
@@ -62,6 +62,27 @@ class ConversationStore(StoreBase):
             store.recover()
         return store
 
+    @classmethod
+    def from_url(
+        cls,
+        url: str | None,
+        *,
+        recover: bool = True,
+        summarizer: Summarizer | None = None,
+        inline_compaction: bool = True,
+        **settings: Any,
+    ) -> ConversationStore:
+        """Connect to ``url`` with ``settings`` (any :class:`MemtierConfig` field, e.g.
+        ``namespace="app"``, ``conversation={"persistence_enabled": True}``), as redis-py's
+        ``from_url``; ``MEMTIER_*`` variables fill what is not given.  ``None``:
+        ``MEMTIER_REDIS_URL``, else the embedded in-process Redis.
+        ``with ConversationStore.from_url(url) as store: ...``.
+        """
+        config = MemtierConfig.load(**settings, **({} if url is None else {"redis_url": url}))
+        return cls.from_config(
+            config, recover=recover, summarizer=summarizer, inline_compaction=inline_compaction
+        )
+
     def load_scripts(self) -> None:
         """``SCRIPT LOAD`` every memory script (on Cluster: on every primary).
 
@@ -74,7 +95,11 @@ class ConversationStore(StoreBase):
 
     # --- plumbing: the only I/O ----------------------------------------------------------------
     def _run(self, call: ScriptCall) -> Any:
-        return self.scripts[call.script](self.client, call.keys, call.args)
+        reply = self.scripts[call.script](self.client, call.keys, call.args)
+        metrics.count_script_events(call.script, call.args, reply)
+        if self.on_script is not None:
+            self.on_script(call.script, call.args, reply)
+        return reply
 
     def _retrying(self, operation: str, call: ScriptCall) -> Any:
         return retry_sync(operation, lambda: self._run(call))

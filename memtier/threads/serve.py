@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import ipaddress
 import json
@@ -71,10 +72,16 @@ class ServeOptions:
     base_path: str | None = None
     workers: int = 1
     log_level: str = "info"
+    namespace: str | None = None
+    verbose: int = 0
+    quiet: int = 0
+    log_format: str = "text"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from memtier.clicommon import CliParser
+
+    p = CliParser(
         prog="memtier serve",
         description="Run the conversation-threads HTTP API and /metrics with uvicorn.",
     )
@@ -98,6 +105,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base-path", help="API base path (default /memtier/conversations)")
     p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    # The flags every memtier subcommand shares (memtier.clicommon).
+    p.add_argument("--namespace", help="key namespace (overrides MEMTIER_NAMESPACE and the file)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    p.add_argument("-q", "--quiet", action="count", default=0, help="less log output")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
     return p
 
 
@@ -159,6 +171,8 @@ def _config(options: ServeOptions) -> Any:
     overrides: dict[str, Any] = {}
     if options.redis_url:
         overrides["redis_url"] = options.redis_url
+    if options.namespace:
+        overrides["namespace"] = options.namespace
     if options.config_file:
         return MemtierConfig.from_toml(options.config_file, **overrides)
     return MemtierConfig.load(**overrides)
@@ -173,6 +187,8 @@ def build_app(options: ServeOptions) -> Any:
 
     from memtier import metrics
     from memtier.connection import EMBEDDED_NOTICE, connect_async
+    from memtier.httpmetrics import HttpMetricsMiddleware
+    from memtier.memory.aio import AsyncConversationStore
     from memtier.threads.aio import AsyncConversationService
     from memtier.threads.apikeys import ApiKeys
     from memtier.threads.http import create_conversation_app
@@ -218,7 +234,16 @@ def build_app(options: ServeOptions) -> Any:
             {"status": "not ready", "reason": "thread scripts were not loaded"}, status_code=503
         )
 
+    # memtier_active_sessions / memtier_stored_bytes: read from the partition metas at
+    # scrape time (bounded: one script call per partition, at most once a second).
+    memory = AsyncConversationStore(client, config, embedded=embedded)
+
     async def metrics_endpoint(request: Request) -> Response:
+        if metrics.STORE_GAUGES.due():
+            try:
+                await asyncio.wait_for(memory.stats(), READY_TIMEOUT_S)
+            except Exception as exc:  # the scrape still answers, with the last values
+                log.warning("metrics: session/byte gauges not refreshed: %s", type(exc).__name__)
         return Response(metrics.render(), media_type=metrics.CONTENT_TYPE_LATEST)
 
     @contextlib.asynccontextmanager
@@ -231,15 +256,16 @@ def build_app(options: ServeOptions) -> Any:
         with contextlib.suppress(Exception):
             await service.aclose()
 
-    return Starlette(
-        routes=[
-            Route("/healthz", healthz),
-            Route("/readyz", readyz),
-            Route("/metrics", metrics_endpoint),
-            Mount("/", app=conversations),
-        ],
-        lifespan=lifespan,
-    )
+    routes = [
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics_endpoint),
+        Mount("/", app=conversations),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    # HTTP metrics by route template and status (memtier.httpmetrics), outermost.
+    app.add_middleware(HttpMetricsMiddleware, routes=routes)
+    return app
 
 
 def worker_app() -> Any:
@@ -254,11 +280,20 @@ def main(argv: Sequence[str]) -> int:
         options = parse_args(argv)
     except SystemExit as exc:  # --help or a usage error
         return int(exc.code or 0)
+    if options.verbose or options.quiet:  # -v/-q move --log-level, as on every subcommand
+        levels = ["debug", "info", "warning", "error"]
+        index = levels.index(options.log_level) - options.verbose + options.quiet
+        options = dataclasses.replace(options, log_level=levels[max(0, min(index, 3))])
     if not logging.getLogger().handlers:
+        from memtier.clicommon import JsonFormatter
+
         logging.basicConfig(
             level=options.log_level.upper(),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+        if options.log_format == "json":
+            for handler in logging.getLogger().handlers:
+                handler.setFormatter(JsonFormatter())
     try:
         import uvicorn
     except ImportError:  # pragma: no cover - depends on the install
@@ -266,6 +301,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     try:
         check_options(options)
+        _config(options)  # a bad setting fails here, in one line, before any banner
         if options.insecure_dev_auth:
             print(INSECURE_BANNER, file=sys.stderr, flush=True)
             log.warning("insecure development authentication: every request is dev/dev")

@@ -2,12 +2,17 @@
 
 Configuration comes from ``--config FILE.toml`` and/or ``MEMTIER_*`` environment
 variables (``MEMTIER_REDIS_URL``, ``MEMTIER_CONVERSATION__PERSISTENCE_ENABLED=true``,
-``MEMTIER_CONVERSATION__STORAGE_PATH=/var/lib/memtier`` ...); ``--redis-url`` and
-``--namespace`` override both.  Output is JSON (one object, or one per line), so it
-pipes into ``jq``; it never carries conversation content.
+``MEMTIER_CONVERSATION__STORAGE_PATH=/var/lib/memtier`` ...); the environment overrides
+the file, and ``--redis-url`` / ``--namespace`` override both.  Every subcommand takes
+the same flags (:mod:`memtier.clicommon`): ``-v``/``-q`` and ``--log-format json``.
+Output is JSON (one object, or one per line), so it pipes into ``jq``; it never
+carries conversation content.  ``flush``, ``restore`` and ``inspect sessions`` show
+progress on stderr (:mod:`memtier.progress`).
 
-Exit codes: 0 success, 1 the operation failed (message on stderr), 2 bad usage or
-configuration.
+The worker logs one INFO line per action by default (``-q``: warnings only).
+
+Exit codes: 0 success, 1 the operation failed (one line on stderr), 2 bad usage or
+configuration (one line on stderr).
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import argparse
 import json
 import logging
 import signal
-import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -24,8 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from memtier import metrics
+from memtier.clicommon import (
+    CliParser,
+    add_common_arguments,
+    fail,
+    guarded,
+    load_config,
+    setup_logging,
+)
 from memtier.config import MemtierConfig
-from memtier.errors import ConfigurationError, MemtierError
+from memtier.errors import MemtierError
 from memtier.memory.models import ConversationKey
 from memtier.memory.snapshot import (
     HEADER_BLOCK,
@@ -34,6 +46,7 @@ from memtier.memory.snapshot import (
     verify_generation,
 )
 from memtier.memory.store import ConversationStore
+from memtier.progress import Progress
 from memtier.workers.worker import GROUP, Worker, WorkerOptions
 
 __all__ = ["flush_main", "inspect_main", "restore_main", "worker_main"]
@@ -44,52 +57,49 @@ RESTORE_OK = ("restored", "empty", "live", "done_already", "waited")
 
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"memtier {command}", description=description)
-    parser.add_argument("--config", type=Path, help="TOML configuration file")
-    parser.add_argument("--redis-url", help="overrides redis_url / MEMTIER_REDIS_URL")
-    parser.add_argument("--namespace", help="overrides namespace / MEMTIER_NAMESPACE")
-    parser.add_argument(
-        "--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default), ERROR"
-    )
+    parser = CliParser(prog=f"memtier {command}", description=description)
+    add_common_arguments(parser)
     return parser
 
 
 def _config(args: argparse.Namespace) -> MemtierConfig:
-    overrides: dict[str, Any] = {}
-    if args.redis_url:
-        overrides["redis_url"] = args.redis_url
-    if args.namespace:
-        overrides["namespace"] = args.namespace
-    if args.config is not None:
-        return MemtierConfig.from_toml(args.config, **overrides)
-    return MemtierConfig.load(**overrides)
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    return load_config(args)
 
 
 def _emit(obj: Any) -> None:
     print(json.dumps(obj, default=str, sort_keys=True), flush=True)
 
 
-def _fail(command: str, exc: BaseException | str, code: int = 1) -> int:
-    print(f"memtier {command}: {exc}", file=sys.stderr)
-    return code
+_fail = fail
 
 
 def _open(command: str, args: argparse.Namespace, *, recover: bool) -> ConversationStore | int:
-    try:
-        config = _config(args)
-        return ConversationStore.from_config(config, recover=recover)
-    except ConfigurationError as exc:
-        return _fail(command, exc, 2)
-    except MemtierError as exc:
-        return _fail(command, exc)
+    opened: list[ConversationStore] = []
+
+    def body() -> int:
+        opened.append(ConversationStore.from_config(_config(args), recover=recover))
+        return 0
+
+    code = guarded(command, body)
+    return opened[0] if opened else code
+
+
+def _start_logging(command: str, args: argparse.Namespace, default: int = logging.WARNING) -> int:
+    def body() -> int:
+        setup_logging(args, default)
+        return 0
+
+    return guarded(command, body)
+
+
+def _progress(args: argparse.Namespace, what: str, total: int | None) -> Progress | None:
+    return None if args.no_progress else Progress(what, total)
+
+
+def _add_progress_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress lines on stderr"
+    )
 
 
 # --------------------------------------------------------------------------- worker
@@ -128,14 +138,26 @@ def worker_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
     args = parser.parse_args(list(argv))
-    _setup_logging(args.log_level if args.log_level != "WARNING" else "INFO")
-    if args.metrics_port is not None:
-        server = metrics.serve(args.metrics_port, args.metrics_host)
-        log.info("metrics on http://%s:%d/metrics", args.metrics_host, server.server_port)
+    code = guarded("worker", lambda: _check_worker_args(args))
+    if code:
+        return code
+    code = _start_logging("worker", args, logging.INFO)  # one line per action; -q: warnings
+    if code:
+        return code
     opened = _open("worker", args, recover=True)
     if isinstance(opened, int):
         return opened
     store = opened
+    if args.metrics_port is not None:
+        # memtier_active_sessions / memtier_stored_bytes: read at scrape time (bounded).
+        metrics.STORE_GAUGES.attach(lambda: _gauge_values(store))
+        try:
+            server = metrics.serve(args.metrics_port, args.metrics_host)
+        except OSError as exc:
+            store.close()
+            metrics.STORE_GAUGES.attach(None)
+            return _fail("worker", f"--metrics-port {args.metrics_port}: {exc}", 2)
+        log.info("metrics on http://%s:%d/metrics", args.metrics_host, server.server_port)
     if store.embedded:
         log.warning("worker on the embedded in-process Redis: it only sees its own process")
     if store.last_recovery is not None:
@@ -165,8 +187,26 @@ def worker_main(argv: Sequence[str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        metrics.STORE_GAUGES.attach(None)
         store.close()
     _emit({"consumer": worker.consumer, **asdict(stats)})
+    return 0
+
+
+def _gauge_values(store: ConversationStore) -> tuple[int, int]:
+    stats = store.stats()
+    return stats["sessions"], stats["bytes"]
+
+
+def _check_worker_args(args: argparse.Namespace) -> int:
+    from memtier.errors import ConfigurationError
+
+    if args.batch < 1:
+        raise ConfigurationError("--batch must be at least 1")
+    if args.deadline is not None and args.deadline <= 0:
+        raise ConfigurationError("--deadline must be a positive number of seconds")
+    if args.flush_interval is not None and args.flush_interval < 0:
+        raise ConfigurationError("--flush-interval must be 0 (never) or positive")
     return 0
 
 
@@ -176,8 +216,11 @@ def worker_main(argv: Sequence[str]) -> int:
 def flush_main(argv: Sequence[str]) -> int:
     """Write a new snapshot generation now."""
     parser = _parser("flush", "Write every live session into a new snapshot generation.")
+    _add_progress_flag(parser)
     args = parser.parse_args(list(argv))
-    _setup_logging(args.log_level)
+    code = _start_logging("flush", args)
+    if code:
+        return code
     opened = _open("flush", args, recover=False)
     if isinstance(opened, int):
         return opened
@@ -190,7 +233,12 @@ def flush_main(argv: Sequence[str]) -> int:
                 " (MEMTIER_CONVERSATION__PERSISTENCE_ENABLED=true)",
                 2,
             )
+        progress = _progress(args, "flush", store.stats()["sessions"])
+        if progress is not None:
+            store.on_script = progress.observe
         result = store.flush()
+        if progress is not None:
+            progress.finish()
     except MemtierError as exc:
         return _fail("flush", exc)
     finally:
@@ -220,8 +268,11 @@ def restore_main(argv: Sequence[str]) -> int:
         action="store_true",
         help="only check every generation (read-only: nothing restored or quarantined)",
     )
+    _add_progress_flag(parser)
     args = parser.parse_args(list(argv))
-    _setup_logging(args.log_level)
+    code = _start_logging("restore", args)
+    if code:
+        return code
     opened = _open("restore", args, recover=False)
     if isinstance(opened, int):
         return opened
@@ -249,7 +300,12 @@ def restore_main(argv: Sequence[str]) -> int:
                     row["flush_wall_ms"] = result.header["flush_wall_ms"]
                 _emit(row)
             return 0 if any_valid else 1
+        progress = _progress(args, "restore", _newest_sessions(store))
+        if progress is not None:
+            store.on_script = progress.observe
         report = store.recover(force=args.force, wait_s=args.wait)
+        if progress is not None:
+            progress.finish()
     except MemtierError as exc:
         return _fail("restore", exc)
     finally:
@@ -259,6 +315,15 @@ def restore_main(argv: Sequence[str]) -> int:
 
 
 # --------------------------------------------------------------------------- inspect
+
+
+def _newest_sessions(store: ConversationStore) -> int | None:
+    """Sessions in the newest generation's header (the restore's likely total)."""
+    assert store.snapshots is not None
+    for gen in store.snapshots.generations():
+        sessions = _header_only(gen.path).get("sessions")
+        return int(sessions) if isinstance(sessions, int) else None
+    return None
 
 
 def _header_only(path: Path) -> dict[str, Any]:
@@ -285,8 +350,11 @@ def inspect_main(argv: Sequence[str]) -> int:
     parser.add_argument("--limit", type=int, default=100, help="sessions or events shown")
     parser.add_argument("--verify", action="store_true", help="snapshots: run every check")
     parser.add_argument("--key", help="sessions: only this '<avatar-uuid>:<channel>'")
+    _add_progress_flag(parser)
     args = parser.parse_args(list(argv))
-    _setup_logging(args.log_level)
+    code = _start_logging("inspect", args)
+    if code:
+        return code
     if args.limit < 1:
         return _fail("inspect", "--limit must be at least 1", 2)
     opened = _open("inspect", args, recover=False)
@@ -296,14 +364,20 @@ def inspect_main(argv: Sequence[str]) -> int:
     try:
         if args.what == "sessions":
             wanted = ConversationKey.from_member(args.key) if args.key else None
+            total = min(store.stats()["sessions"], args.limit) if wanted is None else None
+            progress = _progress(args, "inspect", total)
             shown = 0
             for meta in store.iter_metadata():
+                if progress is not None:
+                    progress.advance(0 if wanted else 1, meta.bytes)
                 if wanted and (meta.avatar, meta.channel) != (wanted.avatar, wanted.channel):
                     continue
                 _emit(meta.model_dump(mode="json"))
                 shown += 1
                 if shown >= args.limit:
                     break
+            if progress is not None:
+                progress.finish()
         elif args.what == "stats":
             _emit(dict(store.stats()))
         elif args.what == "events":

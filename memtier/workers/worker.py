@@ -14,7 +14,13 @@ Any number of worker processes, on any number of hosts, share the work:
 * **Expiry sweeps** every ``sweep_interval_s``: expired sessions are removed with an
   ``expired`` event even if nobody touches them again.
 * **Snapshot flushes** every ``flush_interval_s`` when persistence is enabled, and once
-  more on a graceful stop.
+  more on every clean exit -- a stop signal, ``deadline_s`` or the end of a drain -- so
+  the last generation holds the last appends (``flush_on_stop``).
+
+The loop has no round cap: it runs until it is stopped, its deadline passes or its
+drain finds nothing left.  Each action is one INFO line on ``memtier.worker`` (a job
+compacted, sessions swept, a flush with its counts, bytes and time), with the numbers
+also as record extras for ``--log-format json``.
 
 A worker holds no state that Redis or the snapshot files do not have: kill it at any
 moment and start another.
@@ -46,9 +52,8 @@ __all__ = ["GROUP", "Worker", "WorkerOptions", "WorkerStats"]
 log = logging.getLogger("memtier.worker")
 
 GROUP: Final = "memtier-compactors"
-# Hard bounds of the loop (each round does at most this much per partition).
+# Hard bound of one round: at most this many jobs read per partition.
 MAX_BATCH: Final = 256
-MAX_PARTITION_ROUNDS: Final = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -252,6 +257,19 @@ class Worker:
             self.stats.outcomes.get(outcome.status.value, 0) + 1
         )
         metrics.COMPACTIONS.labels(outcome.status.value).inc()
+        log.info(
+            "compaction job %s on partition %d: %s",
+            entry_id,
+            part.partition,
+            outcome.status.value,
+            extra={
+                "action": "compact",
+                "job": entry_id,
+                "partition": part.partition,
+                "outcome": outcome.status.value,
+                "deliveries": deliveries,
+            },
+        )
         return outcome
 
     def compaction_round(self, *, block: bool = True) -> int:
@@ -309,10 +327,24 @@ class Worker:
         now = time.monotonic()
         if force or now >= self._next_sweep:
             self._next_sweep = now + self.options.sweep_interval_s
+            started = time.monotonic()
             try:
-                self.stats.swept += self.store.sweep()
+                swept = self.store.sweep()
             except MemtierError as exc:
                 log.warning("expiry sweep failed: %s", exc)
+            else:
+                self.stats.swept += swept
+                if swept:
+                    log.info(
+                        "expiry sweep: %d expired sessions removed in %.3f s",
+                        swept,
+                        time.monotonic() - started,
+                        extra={
+                            "action": "sweep",
+                            "sessions": swept,
+                            "seconds": round(time.monotonic() - started, 6),
+                        },
+                    )
         if (
             self.store.snapshots is not None
             and self._next_flush is not None
@@ -325,21 +357,33 @@ class Worker:
             self._next_gc = now + max(60.0, self.options.consumer_idle_gc_ms / 1000)
             self._gc_consumers()
 
-    def flush(self) -> None:
+    def flush(self, why: str = "interval") -> None:
         if self.store.snapshots is None:
             return
+        started = time.monotonic()
         try:
             result = self.store.flush()
         except (SnapshotError, MemtierError) as exc:
             self.stats.flush_errors += 1
             log.error("snapshot flush failed (older generations are intact): %s", exc)
             return
+        elapsed = time.monotonic() - started
         self.stats.flushes += 1
         log.info(
-            "snapshot generation %d: %d sessions, %d bytes",
+            "snapshot flush (%s): generation %d, %d sessions, %d bytes in %.3f s",
+            why,
             result.generation,
             result.sessions,
             result.bytes,
+            elapsed,
+            extra={
+                "action": "flush",
+                "reason": why,
+                "generation": result.generation,
+                "sessions": result.sessions,
+                "bytes": result.bytes,
+                "seconds": round(elapsed, 6),
+            },
         )
         if result.skipped:  # also published as snapshot_skipped events and a metric
             log.warning("snapshot generation %d left out %s", result.generation, result.skipped)
@@ -371,25 +415,42 @@ class Worker:
         drain: bool = False,
         deadline_s: float | None = None,
     ) -> WorkerStats:
-        """Work until ``stop`` is set (or, with ``drain``, until no job is queued or claimed).
+        """Work until ``stop`` is set, ``deadline_s`` seconds have passed, or (with ``drain``)
+        no job is queued or claimed.
 
-        ``deadline_s`` bounds a drain (seconds).  A graceful stop flushes once more when
-        persistence is enabled (``flush_on_stop``).
+        No round cap: a service loop ends only on one of those three.  Every one of
+        them is a clean exit, and each flushes once more when persistence is enabled
+        (``flush_on_stop``), so the last generation holds the last appends.  An
+        exception (Redis gone past the retries) is not a clean exit: no final flush.
         """
         stop = stop or threading.Event()
         give_up = time.monotonic() + deadline_s if deadline_s is not None else None
         self.ensure_groups()
-        for _ in range(MAX_PARTITION_ROUNDS):
+        log.info(
+            "worker %s started: %d partitions, persistence %s",
+            self.consumer,
+            len(self.partitions()),
+            "on" if self.store.snapshots is not None else "off",
+            extra={"action": "start", "partitions": len(self.partitions())},
+        )
+        why = "stop"
+        while True:
             if stop.is_set():
+                why = "stop"
                 break
             if give_up is not None and time.monotonic() >= give_up:
+                why = "deadline"
                 break
             handled = self.compaction_round(block=not drain)
             self.maintenance()
             if drain and not handled and self.pending() == 0:
+                why = "drained"
                 break
             if not handled and (drain or len(self.partitions()) > 1):
                 stop.wait(max(0.01, min(self.options.block_ms, self.options.claim_idle_ms) / 1000))
-        if self.options.flush_on_stop and stop.is_set():
-            self.flush()
+        log.info(
+            "worker %s stopping (%s)", self.consumer, why, extra={"action": "stop", "reason": why}
+        )
+        if self.options.flush_on_stop:
+            self.flush(f"final, {why}")
         return self.stats

@@ -48,7 +48,9 @@ def test_worker_serves_metrics_for_prometheus(redis_server: Any, tmp_path: Path)
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
                     body = r.read().decode()
-                if "memtier_script_duration_seconds_count" in body:
+                # The scrape itself runs partition_stats (the session/byte gauges are
+                # read at scrape time): wait for the worker's own sweep instead.
+                if 'script="sweep_expired"' in body:
                     break
             except OSError:
                 pass

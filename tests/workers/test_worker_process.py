@@ -293,15 +293,17 @@ def test_cli_flush_inspect_restore_worker(
             )
             == 0
         )
-        assert _lines(capsys)[-1]["outcomes"] == {"applied": 2}
+        worker_stats = _lines(capsys)[-1]
+        assert worker_stats["outcomes"] == {"applied": 2}
+        assert worker_stats["flushes"] == 1  # the final flush of a drain (generation 1)
 
         assert flush_main(common) == 0
         flushed = _lines(capsys)[-1]
-        assert flushed["generation"] == 1 and flushed["sessions"] == 3
+        assert flushed["generation"] == 2 and flushed["sessions"] == 3
 
         assert inspect_main([*common, "snapshots", "--verify"]) == 0
         snap = _lines(capsys)
-        assert snap[0]["generation"] == 1 and snap[0]["valid"] is True and snap[0]["sessions"] == 3
+        assert snap[0]["generation"] == 2 and snap[0]["valid"] is True and snap[0]["sessions"] == 3
 
         assert restore_main([*common, "--verify"]) == 0
         assert _lines(capsys)[0]["valid"] is True
