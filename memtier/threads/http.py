@@ -101,6 +101,7 @@ __all__ = [
     "create_conversation_app",
     "create_conversation_router",
     "error_response",
+    "http_error",
     "status_table",
 ]
 
@@ -234,6 +235,8 @@ def _parse_body(
         parsed = orjson.loads(body)  # strict: UTF-8 only, no NaN/Infinity, no trailing data
     except orjson.JSONDecodeError:
         return _invalid("invalid request: the body is not valid JSON (UTF-8, no NaN/Infinity)")
+    if parsed is None and not spec.required:
+        return None  # the document allows `null` for an optional body: the same as none
     if not isinstance(parsed, dict):
         return _invalid("invalid request: the body must be a JSON object")
     if not _json_depth_ok(parsed, MAX_JSON_DEPTH):
@@ -522,6 +525,11 @@ def create_conversation_router(
     )
     owner_dep = Depends(_ownership)
     body_dep = Depends(_body)
+    # The document states the configured caps; the service answers a value past them
+    # with limit_exceeded (so they are documented here, not enforced by FastAPI).
+    list_doc: dict[str, Any] = {"maximum": service.limits.list_page}
+    replay_doc: dict[str, Any] = {"maximum": service.limits.replay_page_rows}
+    cursor_doc: dict[str, Any] = {"maxLength": service.limits.cursor_bytes}
     every_link = tuple(name for name, _ in _THREAD_LINKS)
 
     async def call(name: str, *args: Any, **kwargs: Any) -> Any:
@@ -574,8 +582,8 @@ def create_conversation_router(
         operation_id="listConversations",
     )
     async def list_threads(
-        cursor: str | None = Query(default=None),
-        limit: int | None = Query(default=None, ge=1),
+        cursor: str | None = Query(default=None, min_length=1, json_schema_extra=cursor_doc),
+        limit: int | None = Query(default=None, ge=1, json_schema_extra=list_doc),
         owner: Ownership = owner_dep,
     ) -> ThreadPage:
         result: ThreadPage = await call("list", owner, cursor=cursor, limit=limit)
@@ -738,14 +746,52 @@ def create_conversation_router(
     )
     async def events(
         thread_id: str,
-        cursor: str | None = Query(default=None),
-        limit: int | None = Query(default=None, ge=1),
+        cursor: str | None = Query(default=None, min_length=1, json_schema_extra=cursor_doc),
+        limit: int | None = Query(default=None, ge=1, json_schema_extra=replay_doc),
         owner: Ownership = owner_dep,
     ) -> ReplayPage:
         result: ReplayPage = await call("replay", owner, thread_id, cursor=cursor, limit=limit)
         return result
 
     return router
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette/FastAPI's own errors (unknown path, wrong method) in the API's
+    ``{code, message}`` shape with a documented code.  ``memtier serve`` installs it on
+    its outer app too (a path its routes cannot match, e.g. one with a newline, never
+    reaches the mounted API); a host mounting the API can do the same."""
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405:
+        code, message = _C.METHOD_NOT_ALLOWED, "method not allowed on this path"
+    elif exc.status_code == 404:
+        code, message = _C.NOT_FOUND, "no such path"
+    else:
+        code, message = _C.INVALID_REQUEST, "invalid request"
+    error = error_response(ConversationError(code, message))
+    if exc.status_code == 405:
+        # Starlette names only the first route of the path: list every documented method.
+        allow = _documented_methods(request) or (exc.headers or {}).get("Allow", "")
+        if allow:
+            error.headers["allow"] = allow
+    return error
+
+
+def _documented_methods(request: Request) -> str:
+    """``Allow`` for the request's path: the methods its OpenAPI document lists for it."""
+    openapi = getattr(request.app, "openapi", None)
+    if openapi is None:
+        return ""
+    path = request.url.path
+    methods: set[str] = set()
+    for template, item in openapi().get("paths", {}).items():
+        pattern = "".join(
+            "[^/]+" if part.startswith("{") else re.escape(part)
+            for part in re.split(r"(\{[^}]*\})", template)
+        )
+        if re.fullmatch(pattern, path):
+            methods |= {method.upper() for method in item}
+    return ", ".join(sorted(methods))
 
 
 def _fastapi_options() -> dict[str, Any]:
@@ -789,23 +835,6 @@ def create_conversation_app(
     app.include_router(
         create_conversation_router(service, authorize, base_path=base_path, limits=limits)
     )
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        # Responses that are not from the API (unknown path, wrong method) keep the
-        # {code, message} shape with a documented code.
-        assert isinstance(exc, StarletteHTTPException)
-        if exc.status_code == 405:
-            code, message = _C.METHOD_NOT_ALLOWED, "method not allowed on this path"
-        elif exc.status_code == 404:
-            code, message = _C.NOT_FOUND, "no such path"
-        else:
-            code, message = _C.INVALID_REQUEST, "invalid request"
-        error = error_response(ConversationError(code, message))
-        for name in ("allow",):
-            value = (getattr(exc, "headers", None) or {}).get(name.title())
-            if value:
-                error.headers[name] = value
-        return error
 
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)

@@ -271,13 +271,19 @@ class ContinueRequest(RequestModel):
     leaf_id: str | None = Field(default=None, pattern=_ENTRY_ID_PATTERN)
 
 
+_VERSION_NOTE: Final = (
+    "The thread version to compare-and-swap against: a JSON integer literal"
+    " (true, \"1\" and 1.0 are refused)"
+)
+
+
 class BranchRequest(RequestModel):
     leaf_id: str = Field(pattern=_ENTRY_ID_PATTERN)
-    expected_version: int | None = Field(default=None, ge=0)
+    expected_version: int | None = Field(default=None, ge=0, description=_VERSION_NOTE)
 
 
 class ArchiveRequest(RequestModel):
-    expected_version: int | None = Field(default=None, ge=0)
+    expected_version: int | None = Field(default=None, ge=0, description=_VERSION_NOTE)
 
 
 class ExportRequest(RequestModel):

@@ -167,6 +167,7 @@ def _config(options: ServeOptions) -> Any:
 def build_app(options: ServeOptions) -> Any:
     """The ASGI app of one serve process (raises ConfigurationError for bad options)."""
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Mount, Route
@@ -175,7 +176,7 @@ def build_app(options: ServeOptions) -> Any:
     from memtier.connection import EMBEDDED_NOTICE, connect_async
     from memtier.threads.aio import AsyncConversationService
     from memtier.threads.apikeys import ApiKeys
-    from memtier.threads.http import create_conversation_app
+    from memtier.threads.http import create_conversation_app, http_error
     from memtier.threads.models import Ownership
 
     check_options(options)
@@ -239,6 +240,9 @@ def build_app(options: ServeOptions) -> Any:
             Mount("/", app=conversations),
         ],
         lifespan=lifespan,
+        # A path no route matches (one with a newline never matches the mount) still
+        # answers in the API's {code, message} shape.
+        exception_handlers={StarletteHTTPException: http_error},
     )
 
 

@@ -169,3 +169,16 @@ def test_the_documented_links_walk_create_to_delete(served: Any) -> None:
         assert deleted == {"deleted": True, "held": False}
         gone = c.get(f"{BASE}/{thread['id']}")
         assert gone.status_code == 404 and gone.json()["code"] == "not_found"
+
+
+def test_paths_no_route_matches_keep_the_error_shape_on_the_served_app(served: Any) -> None:
+    """Found by schemathesis: a thread id with a newline never matches the API's mount, and
+    the outer app answered a text/plain 404."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=served.url, headers=headers, timeout=60) as c:
+        for path in (f"{BASE}/a%0Ab/export", f"{BASE}/%0Ax", "/nowhere%0Ax"):
+            response = c.post(path, json={})
+            assert response.status_code == 404, (path, response.text)
+            assert response.headers["content-type"] == "application/json"
+            assert response.json() == {"code": "not_found", "message": "no such path"}
+        assert c.get("/healthz").json()["status"] == "ok"

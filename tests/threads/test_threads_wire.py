@@ -125,6 +125,13 @@ def test_required_bodies_need_json_and_optional_bodies_may_be_absent(api: Any) -
         assert c.post(f"{api.url}/{tid}/export", headers=ALICE).status_code == 200
         ok = c.post(f"{api.url}/{tid}/archive", headers={**ALICE, **JSON})
         assert ok.status_code == 200
+        # the document allows `null` for an optional body (found by schemathesis)
+        assert c.post(f"{api.url}/{tid}/export", content=b"null", headers={**ALICE, **JSON})
+        assert c.post(api.url, content=b"null", headers={**ALICE, **JSON}).status_code == 201
+        _error(
+            c.post(f"{api.url}/{tid}/branch", content=b"null", headers={**ALICE, **JSON}),
+            "invalid_request",
+        )
         charset = {"content-type": "application/json; charset=utf-8"}
         assert c.post(api.url, content=b"{}", headers={**ALICE, **charset}).status_code == 201
 
@@ -157,7 +164,11 @@ def test_framework_responses_keep_the_error_shape(api: Any) -> None:
         _error(c.get(api.url + "/x/y/z", headers=ALICE), "not_found")
         wrong = c.put(api.url, headers=ALICE)
         _error(wrong, "method_not_allowed")
-        _error(c.patch(api.url + "/some-id", headers=ALICE), "method_not_allowed")
+        assert wrong.headers["allow"] == "GET, POST"  # every documented method (found by st)
+        other = c.request("OPTIONS", api.url + "/some-id", headers=ALICE)
+        _error(other, "method_not_allowed")
+        assert other.headers["allow"] == "DELETE, GET"
+        _error(c.patch(api.url + "/some-id/events", headers=ALICE), "method_not_allowed")
 
 
 def test_create_answers_201_then_200_with_the_winner_unchanged(api: Any) -> None:
