@@ -87,6 +87,7 @@ def test_bodies_outside_the_document_are_invalid_request(
         b"[]",
         b'"just a string"',
         b'{"metadata": ' + b'{"a": ' * 70 + b"1" + b"}" * 71,  # too deep
+        b'{"metadata": {"a": ' + b"[" * 5000 + b"]" * 5000 + b"}}",  # far too deep
         b"\xef\xbb\xbf{}",  # a BOM is not JSON
     ],
 )
