@@ -451,6 +451,12 @@ class ThreadsCore:
             for ref in (orjson.loads(fields.get("branches") or "[]") or [])
         )
         title = fields.get("title")
+        try:
+            metadata = served_json(orjson.loads(fields.get("metadata") or "{}"), scrub=False)
+        except (MemtierValidationError, orjson.JSONDecodeError):
+            metadata = {}  # a row written by hand beyond the bounds: never served as is
+        if not isinstance(metadata, dict):
+            metadata = {}
         return ConversationThread(
             id=thread_id,
             title=None if title is None else served_text(title, scrub=False),
@@ -460,7 +466,7 @@ class ThreadsCore:
             updated_at=ms_to_datetime(int(fields["updated"])),
             tenant_id=owner.tenant_id,
             user_id=owner.user_id,
-            metadata=served_json(orjson.loads(fields.get("metadata") or "{}"), scrub=False),
+            metadata=metadata,
             version=int(fields["version"]),
             head_id=fields.get("head") or None,
             legal_hold=fields.get("held") == "1",

@@ -135,6 +135,8 @@ def test_every_error_code_has_one_documented_status() -> None:
         "backend_unavailable": 503,
         "thread_busy": 409,
         "request_conflict": 409,
+        "unsupported_media_type": 415,
+        "method_not_allowed": 405,
     }
 
 
