@@ -5,12 +5,15 @@ schemathesis runs through its CLI (``st run``, 4.x) in a subprocess: its example
 fuzzing and stateful phases, positive and negative data, with the checks the issue names.
 Derandomised (``--generation-deterministic``) with a fixed example budget per operation, so
 the run is the same every time and finishes well within two minutes on two cores.  Every
-failure it found was fixed in the API, none is excluded.
+failure it found was fixed in the API, none is excluded (its finds are pinned as tests:
+the outer 404 shape below, the Allow header and the null optional body in
+test_threads_wire.py).  ``schemathesis_hooks.py`` only lets stateful walks start at create.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -89,11 +92,12 @@ def test_schemathesis_finds_nothing_against_the_real_server(served: Any, tmp_pat
         "60",
         "--no-color",
         "--report",
-        "junit",
+        "ndjson",
         "--report-dir",
         str(tmp_path / "report"),
     ]
-    env = {**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_HOOKS": ""}
+    hooks = Path(__file__).with_name("schemathesis_hooks.py")
+    env = {**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_HOOKS": str(hooks)}
     done = subprocess.run(
         command,
         cwd=tmp_path,
@@ -113,6 +117,47 @@ def test_schemathesis_finds_nothing_against_the_real_server(served: Any, tmp_pat
     covered = re.search(r"API Links:\s+(\d+) covered", output)
     assert covered and int(covered.group(1)) >= 10, output  # the stateful walk used the links
     assert "Traceback" not in served.log()
+    # The stateful phase walked from create through the document's own links.
+    walked = _transitions(next((tmp_path / "report").glob("*.ndjson")))
+    from_create = {t for t in walked if t.startswith("POST /memtier/conversations -> [201]")}
+    assert from_create, walked
+    documented = {t.split(" -> ")[1].split("] ", 1)[1] for t in walked}
+    assert len(documented & set(DOCUMENTED_LINKS)) >= 4, walked
+
+
+DOCUMENTED_LINKS = (
+    "GetConversation",
+    "ContinueConversation",
+    "BranchConversation",
+    "ArchiveConversation",
+    "ExportConversation",
+    "ReplayConversation",
+    "DeleteConversation",
+    "BranchFromTurn",
+    "ContinueFromBranch",
+)
+
+
+def _transitions(report: Path) -> set[str]:
+    """Every stateful transition ("<source> -> [<status>] <link> -> <target>") in an ndjson
+    report of ``st run``."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            transition = node.get("transition")
+            if isinstance(transition, dict) and isinstance(transition.get("id"), str):
+                found.add(transition["id"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for line in report.read_text(encoding="utf-8").splitlines():
+        if '"transition"' in line:
+            walk(json.loads(line))
+    return found
 
 
 def _resolve(expression: str, response: dict[str, Any]) -> Any:
