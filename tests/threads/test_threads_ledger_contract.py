@@ -10,6 +10,8 @@ from typing import Any
 import orjson
 import pytest
 import redis.exceptions
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from threadhelpers import OTHER, OWNER, CountingRunner
 
 from memtier.errors import ConversationError
@@ -185,3 +187,54 @@ def test_runner_events_with_paths_stay_scrubbed(make_service: MakeService) -> No
     service.continue_(OWNER, tid, "go")
     event = next(r for r in _ledger(service, tid) if r.type == "tool.call")
     assert event.data == {"file": "[PATH]"}
+
+
+# --- a generated adversary: any sequence of turn outcomes keeps the ledger consistent -------------
+
+_OUTCOMES = st.lists(st.sampled_from(["ok", "fail", "deny"]), min_size=1, max_size=8)
+
+
+@pytest.mark.fake
+@settings(max_examples=60)
+@given(outcomes=_OUTCOMES, branch_after=st.integers(min_value=0, max_value=7))
+@example(outcomes=["fail", "ok"], branch_after=0)  # the case: the id was reused
+@example(outcomes=["deny", "fail", "ok", "ok"], branch_after=2)
+def test_any_sequence_of_turn_outcomes_keeps_entry_ids_unique_and_ledger_exact(
+    outcomes: list[str], branch_after: int
+) -> None:
+    import fakeredis
+
+    from memtier.config import MemtierConfig
+
+    runner = CountingRunner()
+    service = ConversationService(
+        fakeredis.FakeRedis(), MemtierConfig.load(namespace="prop"), runner=runner
+    )
+    tid = service.create(OWNER).id
+    committed: list[str] = []
+    for i, outcome in enumerate(outcomes):
+        runner.fail = {"ok": None, "fail": RuntimeError("x"), "deny": AgentDenied("no")}[outcome]
+        leaf = committed[-1] if i == branch_after and committed else None
+        if leaf is not None:
+            service.branch(OWNER, tid, leaf)
+        try:
+            result = service.continue_(OWNER, tid, f"message {i}", leaf_id=leaf)
+        except ConversationError as exc:
+            assert outcome == "fail" and exc.code == "runner_failed"
+            continue
+        committed += [e.id for e in result.entries]
+    records = service.replay(OWNER, tid).records
+    announced: dict[str, str] = {}
+    for record in records:
+        if record.type in ("user_message", "assistant_message"):
+            entry_id = record.data["entryId"]
+            assert announced.setdefault(entry_id, record.data["content"]) == record.data[
+                "content"
+            ], entry_id  # never two messages under one id
+    said_committed = [i for r in records if r.type == "agent_finished" for i in r.data["entryIds"]]
+    discarded = [i for r in records if r.type in ("error", "agent_denied")
+                 for i in r.data["discardedEntryIds"]]
+    assert said_committed == committed  # the ledger says exactly which entries exist
+    assert not set(discarded) & set(committed)
+    assert set(announced) <= set(committed) | set(discarded)
+    assert len(set(committed)) == len(committed) == 2 * outcomes.count("ok")
