@@ -86,6 +86,8 @@ class ConversationErrorCode(StrEnum):
     BACKEND_UNAVAILABLE = "backend_unavailable"
     THREAD_BUSY = "thread_busy"
     REQUEST_CONFLICT = "request_conflict"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
 
 
 _HTTP_STATUS: dict[str, int] = {
@@ -120,6 +122,8 @@ _HTTP_STATUS: dict[str, int] = {
     ConversationErrorCode.BACKEND_UNAVAILABLE: 503,
     ConversationErrorCode.THREAD_BUSY: 409,
     ConversationErrorCode.REQUEST_CONFLICT: 409,
+    ConversationErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
+    ConversationErrorCode.METHOD_NOT_ALLOWED: 405,
 }
 
 

@@ -55,6 +55,9 @@ nor forge a ``:`` separator, and are SCAN-glob safe)::
     O:r:<thread>     HASH   request id -> run record JSON (idempotent continue)
     O:v:<thread>     STREAM redacted event ledger, ids "<ms>-<seq>", never trimmed
     O:l:<thread>     STRING lease token of the continue running on the thread (PX expiry)
+    O:dx             ZSET   recent deletes, member "<thread id>|<delete token>", score ms:
+                            a retried delete knows its lost first attempt did delete
+                            (bounded: 10 minutes, at most 1,000 members)
 
     {<ns>:threads}:cursor-secret  STRING  HMAC key of replay/list cursors (created once)
 
@@ -240,6 +243,11 @@ class OwnerKeys:
     def index(self) -> str:
         """ZSET of the owner's threads (newest first by lexicographic member order)."""
         return self.prefix + "ix"
+
+    @cached_property
+    def recent_deletes(self) -> str:
+        """ZSET of this owner's recent deletes ("<thread id>|<token>", score ms), bounded."""
+        return self.prefix + "dx"
 
     def thread(self, thread_id: str) -> ThreadKeys:
         if not THREAD_ID_RE.match(thread_id):

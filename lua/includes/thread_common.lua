@@ -20,6 +20,14 @@ local function thread_live(thread_key, marker)
   return rcall('HGET', thread_key, 'marker') == marker
 end
 
+-- True when the thread hash exists, carries the marker and is stored for (tenant, user).
+-- Every script that writes a thread checks this before it writes anything: a row whose
+-- stored owner differs (corruption, a hand-written row) is not-found, never modified.
+local function thread_owned(thread_key, marker, tenant, user)
+  local f = rcall('HMGET', thread_key, 'marker', 'tenant', 'user')
+  return f[1] == marker and f[2] == tenant and f[3] == user
+end
+
 -- { status, field1, value1, ... } : the status followed by the thread hash.
 local function thread_reply(status, thread_key)
   local reply = rcall('HGETALL', thread_key)

@@ -7,9 +7,11 @@
     ARGV[1] marker            thread marker
     ARGV[2] expected_version  the version the caller read (its snapshot)
     ARGV[3] now_ms            wall clock, ms
+    ARGV[4] tenant            owner tenant id (checked against the row before any write)
+    ARGV[5] user              owner user id
 
   Output (checked in this order):
-    { -1 }             NOT_FOUND (missing or deleted: never re-creates the thread)
+    { -1 }             NOT_FOUND (missing, deleted, or stored for another owner)
     { 1, hgetall... }  NOOP: already archived (whatever the version)
     { -2, version }    METADATA_CONFLICT: version moved since the caller's snapshot
     { 0, hgetall... }  archived; version + 1
@@ -22,11 +24,12 @@ local thread_key = KEYS[1]
 local marker = ARGV[1]
 local expected_version = thread_int(ARGV[2])
 local now_ms = ARGV[3]
+local tenant, user = ARGV[4], ARGV[5]
 if not (expected_version and thread_int(now_ms)) then
   return redis.error_reply('memtier: archive: malformed ARGV')
 end
 
-if not thread_live(thread_key, marker) then
+if not thread_owned(thread_key, marker, tenant, user) then
   return { -1 }
 end
 local fields = rcall('HMGET', thread_key, 'version', 'state')

@@ -10,9 +10,12 @@
     ARGV[3] expected_version  the version the caller read (its snapshot)
     ARGV[4] max_branches      active-branch cap
     ARGV[5] now_ms            wall clock, ms
+    ARGV[6] tenant            owner tenant id (checked against the row before any write)
+    ARGV[7] user              owner user id
 
   Output (checked in this order):
-    { -1 }             NOT_FOUND (missing or deleted: a branch never re-creates a thread)
+    { -1 }             NOT_FOUND (missing, deleted, or stored for another owner: a branch
+                       never re-creates a thread nor touches a row it does not own)
     { 1, hgetall... }  NOOP: leaf_id already is a branch ref (refs are append-only; replay-safe)
     { -2, version }    METADATA_CONFLICT: version moved since the caller's snapshot
     { -3 }             THREAD_ARCHIVED
@@ -29,11 +32,12 @@ local marker, leaf_id = ARGV[1], ARGV[2]
 local expected_version = thread_int(ARGV[3])
 local max_branches = thread_int(ARGV[4])
 local now_ms = ARGV[5]
+local tenant, user = ARGV[6], ARGV[7]
 if not (expected_version and max_branches and thread_int(now_ms)) or leaf_id == '' then
   return redis.error_reply('memtier: branch: malformed ARGV')
 end
 
-if not thread_live(thread_key, marker) then
+if not thread_owned(thread_key, marker, tenant, user) then
   return { -1 }
 end
 local fields = rcall('HMGET', thread_key, 'version', 'state', 'branches')

@@ -20,7 +20,10 @@
   Output:
     { 0, hgetall... }  created
     { 1, hgetall... }  EXISTED: the same create already happened (same fingerprint); unchanged
-    { -2 }             METADATA_CONFLICT: the id exists with a different create; unchanged
+    { -2 }             METADATA_CONFLICT: the id exists with a different create, or as a row
+                       of another owner / without the marker; unchanged.  The client reads
+                       first (get-or-create), so it sees this only when it lost a true
+                       create+create race: the row appeared between its read and this write.
     { -6, count }      LIMIT_EXCEEDED: the owner holds max_threads threads
 
   Side effects: the thread hash; one member in the owner index.
@@ -38,7 +41,8 @@ if not (max_threads and thread_int(now_ms)) or (has_title ~= '0' and has_title ~
 end
 
 if rcall('EXISTS', thread_key) == 1 then
-  if thread_live(thread_key, marker) and rcall('HGET', thread_key, 'cfp') == fingerprint then
+  if thread_owned(thread_key, marker, tenant, user)
+      and rcall('HGET', thread_key, 'cfp') == fingerprint then
     return thread_reply(1, thread_key)
   end
   return { -2 }

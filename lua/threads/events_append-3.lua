@@ -22,6 +22,10 @@
     { -10 }         LEASE_LOST: this run no longer holds the thread
 
   Side effects: n stream rows (capacity reserved by run_claim); bytes counter; lease PEXPIRE.
+
+  Ownership: this script writes only for the holder of the lease token, which run_claim
+  hands out after checking the row's stored owner (thread_owned), so it cannot write a row
+  whose owner differs.
 ]]
 --- @include "thread_common"
 

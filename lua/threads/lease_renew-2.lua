@@ -15,6 +15,10 @@
     { -10 }  LEASE_LOST: another token holds the lease, or it expired
 
   Side effects: PEXPIRE of the lease.
+
+  Ownership: this script writes only for the holder of the lease token, which run_claim
+  hands out after checking the row's stored owner (thread_owned), so it cannot write a row
+  whose owner differs.
 ]]
 --- @include "thread_common"
 

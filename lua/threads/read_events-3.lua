@@ -11,9 +11,11 @@
     ARGV[1] marker   thread marker
     ARGV[2] start    "-" for the beginning, or "(<id>" to start after a served row
     ARGV[3] count    rows to read, 1..1001 (page size + 1: the caller learns whether more exist)
+    ARGV[4] tenant   owner tenant id (a row stored for another owner is not-found)
+    ARGV[5] user     owner user id
 
   Output:
-    { -1 }   NOT_FOUND
+    { -1 }   NOT_FOUND (missing, or stored for another owner)
     { 0, running, newest_type, id, type, data, run, redacted, ... }
              running = 1 while a turn holds the lease, else 0;
              newest_type = type of the newest row if written through the redactor, else "";
@@ -27,10 +29,11 @@
 local thread_key, events_key, lease_key = KEYS[1], KEYS[2], KEYS[3]
 local marker, start = ARGV[1], ARGV[2]
 local count = thread_int(ARGV[3])
+local tenant, user = ARGV[4], ARGV[5]
 if not count or count == 0 or count > 1001 then
   return redis.error_reply('memtier: read_events: malformed ARGV')
 end
-if not thread_live(thread_key, marker) then
+if not thread_owned(thread_key, marker, tenant, user) then
   return { -1 }
 end
 local function field(row, name)

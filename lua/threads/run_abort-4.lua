@@ -21,6 +21,10 @@
     { -10 }  LEASE_LOST: this run no longer holds the thread (nothing written)
 
   Side effects: one ledger row; run record deleted; lease deleted.
+
+  Ownership: this script writes only for the holder of the lease token, which run_claim
+  hands out after checking the row's stored owner (thread_owned), so it cannot write a row
+  whose owner differs.
 ]]
 --- @include "thread_common"
 

@@ -22,9 +22,11 @@
     ARGV[11] max_bytes        stored bytes one thread may hold
     ARGV[12] turn_bytes       bytes one turn may add at most (reserved up front)
     ARGV[13] record           run record JSON {"s":"running","tok":token,"fp":...,"at":ms}
+    ARGV[14] tenant           owner tenant id (checked against the row before any write)
+    ARGV[15] user             owner user id
 
   Output (checked in this order):
-    { -1 }                     NOT_FOUND
+    { -1 }                     NOT_FOUND (missing, or stored for another owner)
     { -9 }                     REQUEST_CONFLICT: request_id was used with another fingerprint
     { 3, record_json }         DONE: this request already completed; record carries the result
     { -8 }                     REQUEST_IN_PROGRESS: its first attempt still holds the lease
@@ -32,12 +34,17 @@
     { -5 }                     UNKNOWN_LEAF: leaf_id is not a recorded branch ref
     { -6, what }               LIMIT_EXCEEDED: "entries" | "events" | "bytes" would pass a cap
     { -7 }                     THREAD_BUSY: another request's run holds the lease
-    { 4, base, count, id... }  CLAIMED: base = entry the turn hangs off ("" = none);
-                               count = entries so far; ids = path base -> root (bounded by count)
+    { 4, base, count, first, id... }
+                               CLAIMED: base = entry the turn hangs off ("" = none);
+                               count = entries so far; first = the number of the turn's first
+                               entry id ("e<first>", then "e<first+1>"): allocated from the
+                               thread's entry-id sequence, never reused even when a turn fails;
+                               ids = path base -> root (bounded by count)
     A record whose token no longer holds the lease (its process died; the lease expired)
     is abandoned and claimed again.  A replay of our own claim (same token) returns CLAIMED.
 
-  Side effects: lease SET PX lease_ms; run record; eseq reset (emit batches of this run).
+  Side effects: lease SET PX lease_ms; run record; eseq reset (emit batches of this run);
+  eidseq advanced by turn_entries.
 ]]
 --- @include "thread_common"
 
@@ -50,12 +57,13 @@ local max_entries, turn_entries = thread_int(ARGV[7]), thread_int(ARGV[8])
 local max_events, turn_events = thread_int(ARGV[9]), thread_int(ARGV[10])
 local max_bytes, turn_bytes = thread_int(ARGV[11]), thread_int(ARGV[12])
 local record = ARGV[13]
+local tenant, user = ARGV[14], ARGV[15]
 if not (lease_ms and max_entries and turn_entries and max_events and turn_events
         and max_bytes and turn_bytes) or lease_ms == 0 or request_id == '' or token == '' then
   return redis.error_reply('memtier: run_claim: malformed ARGV')
 end
 
-if not thread_live(thread_key, marker) then
+if not thread_owned(thread_key, marker, tenant, user) then
   return { -1 }
 end
 local holder = rcall('GET', lease_key)
@@ -115,7 +123,12 @@ if not own_replay then
   rcall('HSET', thread_key, 'eseq', 0)
 end
 
-local reply = { 4, base, count }
+-- Entry ids come from a sequence that only grows ("eidseq"; threads written before it
+-- existed start from their entry count): an aborted or denied turn's ids stay unused.
+local first = (tonumber(rcall('HGET', thread_key, 'eidseq')) or count) + 1
+rcall('HSET', thread_key, 'eidseq', first + turn_entries - 1)
+
+local reply = { 4, base, count, first }
 local cursor = base
 local steps = 0
 while cursor and cursor ~= '' and steps < count do  -- a path is never longer than count

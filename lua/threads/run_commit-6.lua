@@ -14,7 +14,7 @@
     ARGV[2] token           the run's token (must hold the lease)
     ARGV[3] request_id      the run's request id
     ARGV[4] now_ms          wall clock, ms
-    ARGV[5] expected_count  entries count seen by run_claim (entry ids were derived from it)
+    ARGV[5] expected_count  entries count seen by run_claim (nothing else was committed since)
     ARGV[6] new_head        "" = head unchanged; else the turn's last entry
     ARGV[7] done_record     run record JSON {"s":"done","tok":...,"fp":...,"res":{...}}
     ARGV[8] n_entries       entries of this turn
@@ -30,6 +30,10 @@
 
   Side effects: entries, parents, head, entries count, bytes, updated, ledger rows,
   run record; the lease is deleted.
+
+  Ownership: this script writes only for the holder of the lease token, which run_claim
+  hands out after checking the row's stored owner (thread_owned), so it cannot write a row
+  whose owner differs.
 ]]
 --- @include "thread_common"
 

@@ -33,12 +33,16 @@ Ledger ids are ``<ms>-<seq>`` with ``ms = max(now_ms, newest row)``, so
 ``(timestamp, id)`` order never goes backwards even when hosts' clocks
 disagree (skew only shifts displayed times).
 
-*create.*  Create-only: an existing id is never overwritten.  A repeat of the
-same create (same title, metadata and request id: a fingerprint stored with
-the thread) returns the existing thread; a different create of the same id --
-the loser of a create+create race -- gets ``metadata_conflict``.  The outcome
-depends on the requests, not on timing.  Without an explicit id, a request id
-derives the id, so retried creates are idempotent too.
+*create.*  Get-or-create (the spec's behaviour): with an explicit id (or one
+derived from a request id: an RFC 4122 version-5 UUID under a fixed,
+documented namespace) the flow first reads the thread and returns it unchanged
+when it exists, whatever the new body says (HTTP 200).  Otherwise the write is
+create-only; the script refuses an existing row, so the only loser is a true
+create+create race (the row appeared between the read and the write) with
+another body: ``metadata_conflict``.  A replay of the same create (same
+fingerprint of title, metadata, request id) returns the thread.  Ids given to
+create follow a grammar every client can address (no ``.``/``..``, no route
+segment names).
 
 *branch / archive.*  Compare-and-swap on ``version`` inside Lua, against the
 caller's ``expectedVersion`` or a snapshot read just before.  Checks, in
@@ -92,7 +96,10 @@ of a deployment accepts every other's cursors (whoever can read Redis can
 mint cursors, but can read the data anyway).  Export counts the JSON of the
 thread, the envelope and each page and stops at page granularity.
 
-*Redaction.*  Messages, replies and titles go through
+*Redaction.*  Rows are checked again on read: ledger data is path-scrubbed and
+redacted before replay/export serve it, and export scrubs local paths from the
+thread's title and metadata; titles and metadata are secret-redacted on every
+read.  On write, messages, replies and titles go through
 :func:`memtier.redaction.sanitize`; metadata and runner event data through
 :func:`memtier.redaction.redact_json`, after absolute local paths (and
 ``file://`` URLs) became ``[PATH]`` and raw payload fields (``raw``,
@@ -102,8 +109,21 @@ thread, the envelope and each page and stops at page granularity.
 *Retries.*  One layer (:mod:`memtier.retry`); every write script is replay-safe:
 create (fingerprint), branch (existing ref = no-op), archive (no-op), hold
 (idempotent), run_claim (own token), events_append (batch seq), run_commit
-(done record with our token), run_abort (token check); a ``delete`` whose
-reply was lost and whose retry finds nothing reports ``deleted``.
+(done record with our token), run_abort (token check); a ``delete`` carries
+one random token for all its attempts and records it in the owner's bounded
+recent-deletes set, so a retry whose first attempt's reply was lost reports
+``deleted``, while a retry whose first attempt never reached Redis reports
+``not_found`` for a missing or another owner's thread.
+
+*Ownership inside the scripts.*  Besides the hash tag, every script that writes
+a thread (create, branch, archive, hold, delete, run_claim) and read_events
+compares the row's stored tenant and user with the caller's before doing
+anything; the run scripts after run_claim act only with the lease token it
+handed out.
+
+*Entry ids* come from a per-thread sequence that only grows (``eidseq``,
+advanced by run_claim): a failed or denied turn's ids are never reused, and its
+closing row lists them as ``discardedEntryIds`` with ``entryIds: []``.
 
 *Bounds* (fixed, :mod:`memtier.limits`): 256 KiB per message, 16 KiB of
 metadata, 16 KiB per runner event and 256 events per turn (the rest counted in

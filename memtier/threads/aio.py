@@ -238,6 +238,28 @@ class AsyncConversationService:
             ),
         )
 
+    async def create_or_get(
+        self,
+        ownership: Ownership,
+        *,
+        title: str | None = None,
+        thread_id: str | None = None,
+        request_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> tuple[ConversationThread, bool]:
+        """``(thread, created)``: like :meth:`create`, and says whether this call created it
+        (the HTTP API answers 201 for a new thread, 200 for an existing one)."""
+        return await self._drive(
+            "create",
+            self.core.create_or_get(
+                ownership,
+                title=title,
+                thread_id=thread_id,
+                request_id=request_id,
+                metadata=metadata,
+            ),
+        )
+
     async def get(self, ownership: Ownership, thread_id: str) -> ConversationThread:
         return await self._drive("get", self.core.get(ownership, thread_id))
 

@@ -39,7 +39,13 @@ from memtier.errors import (
     ValidationError as MemtierValidationError,
 )
 from memtier.keys import THREAD_ID_RE, OwnerKeys, ThreadKeys, ThreadKeyspace
-from memtier.redaction import SanitizedText, contains_secret, redact_json, sanitize
+from memtier.redaction import (
+    SanitizedText,
+    contains_secret,
+    redact_json,
+    redact_text,
+    sanitize,
+)
 from memtier.threads.cursor import CursorCodec, CursorKind
 from memtier.threads.models import (
     MARKER,
@@ -221,6 +227,23 @@ _LOCAL_PATH_RE: Final = re.compile(
 )
 PATH_PLACEHOLDER: Final = "[PATH]"
 
+# Ids derived from a create's requestId: RFC 4122 version-5 UUIDs (SHA-1, name = the
+# request id's UTF-8 bytes) under this fixed namespace (docs/threads.md), itself
+# uuid5(NAMESPACE_URL, "https://memtier.dev/threads/create-request-id").
+REQUEST_ID_NAMESPACE: Final = uuid.uuid5(
+    uuid.NAMESPACE_URL, "https://memtier.dev/threads/create-request-id"
+)
+# The grammar of an id given to create: 1..128 of [A-Za-z0-9_.-], not starting with "."
+# (so never "." or "..", which clients normalise away in URLs), and not a route segment
+# of the HTTP API (``{base}/openapi.json`` would shadow ``GET {base}/{id}``).
+CREATE_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.\-]{0,127}\Z")
+RESERVED_THREAD_IDS: Final = frozenset(
+    {"openapi.json", "events", "continue", "branch", "archive", "export", "docs", "redoc"}
+)
+# A retried delete finds its own lost first attempt by a token remembered this long.
+_RECENT_DELETE_MS: Final = 10 * 60 * 1000
+_RECENT_DELETES_MAX: Final = 1_000
+
 
 def _s(value: Any) -> str:
     if isinstance(value, bytes):
@@ -268,6 +291,7 @@ class TurnState:
     token: str
     fingerprint: str
     entry_count: int
+    first_entry: int  # number of the turn's first entry id, from the never-reused sequence
     seq: int = 1  # emit batches; 1 = the agent_started batch
     kept: int = 0
     dropped: int = 0
@@ -426,16 +450,23 @@ class ThreadsCore:
             BranchRef(leaf_id=str(ref["leafId"]), created_at=ms_to_datetime(int(ref["createdAt"])))
             for ref in (orjson.loads(fields.get("branches") or "[]") or [])
         )
+        title = fields.get("title")
+        try:
+            metadata = served_json(orjson.loads(fields.get("metadata") or "{}"), scrub=False)
+        except (MemtierValidationError, orjson.JSONDecodeError):
+            metadata = {}  # a row written by hand beyond the bounds: never served as is
+        if not isinstance(metadata, dict):
+            metadata = {}
         return ConversationThread(
             id=thread_id,
-            title=fields.get("title"),
+            title=None if title is None else served_text(title, scrub=False),
             state=ThreadState(fields.get("state", "active")),
             branches=branches,
             created_at=ms_to_datetime(int(fields["created"])),
             updated_at=ms_to_datetime(int(fields["updated"])),
             tenant_id=owner.tenant_id,
             user_id=owner.user_id,
-            metadata=orjson.loads(fields.get("metadata") or "{}"),
+            metadata=metadata,
             version=int(fields["version"]),
             head_id=fields.get("head") or None,
             legal_hold=fields.get("held") == "1",
@@ -500,21 +531,43 @@ class ThreadsCore:
         request_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> Flow[ConversationThread]:
+        thread, _ = yield from self.create_or_get(
+            owner, title=title, thread_id=thread_id, request_id=request_id, metadata=metadata
+        )
+        return thread
+
+    def create_or_get(
+        self,
+        owner: Ownership,
+        *,
+        title: str | None = None,
+        thread_id: str | None = None,
+        request_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Flow[tuple[ConversationThread, bool]]:
+        """``(thread, created)``: get-or-create when an id is given or derived."""
         okeys = self.owner_keys(owner)
         clean_title = self._title(title)
         rid = self._request_id(request_id)
         meta = self._metadata(metadata)
         if thread_id is not None:
-            if not isinstance(thread_id, str) or not THREAD_ID_RE.match(thread_id):
-                raise ConversationError(Code.INVALID_REQUEST, "id must match [A-Za-z0-9_.-]{1,128}")
-            tid = thread_id
+            tid = create_thread_id(thread_id)
         elif rid is not None:
             # Idempotent without an explicit id: the id derives from the request id.
-            digest = hashlib.sha256(b"memtier.create\x00" + rid.encode("utf-8")).digest()
-            tid = f"conv_{uuid.UUID(bytes=digest[:16])}"
+            tid = f"conv_{uuid.uuid5(REQUEST_ID_NAMESPACE, rid)}"
         else:
             tid = f"conv_{uuid.uuid4()}"
         keys = okeys.thread(tid)
+        if thread_id is not None or rid is not None:
+            # Get-or-create (spec): an existing thread is returned unchanged, whatever
+            # this body says.  Only when the row appears between this read and the
+            # create-only write below (a true create+create race) is there a loser.
+            raw = yield CommandOp("hgetall", (keys.thread,))
+            if raw:
+                try:
+                    return self._thread_from_hgetall(raw, owner, tid), False
+                except ConversationError:
+                    pass  # not a live thread of this owner: the create-only write decides
         now = self.clock()
         fingerprint = _sha256([clean_title, meta, rid])
         reply = yield ScriptOp(
@@ -534,8 +587,15 @@ class ThreadsCore:
                 limits.THREADS_PER_OWNER,
             ),
         )
-        _, thread = self._thread_reply(reply, owner, tid, (ThreadStatus.OK, ThreadStatus.EXISTED))
-        return thread
+        if int(reply[0]) == ThreadStatus.METADATA_CONFLICT:
+            raise ConversationError(
+                Code.METADATA_CONFLICT,
+                "a concurrent create of this id won the race; get the thread (do not retry)",
+            )
+        status, thread = self._thread_reply(
+            reply, owner, tid, (ThreadStatus.OK, ThreadStatus.EXISTED)
+        )
+        return thread, status == ThreadStatus.OK
 
     def get(self, owner: Ownership, thread_id: str) -> Flow[ConversationThread]:
         keys = self.thread_keys(owner, thread_id)
@@ -599,7 +659,15 @@ class ThreadsCore:
         reply = yield ScriptOp(
             "branch",
             (keys.thread, keys.parents),
-            (MARKER, leaf, version, self.config.max_active_branches, self.clock()),
+            (
+                MARKER,
+                leaf,
+                version,
+                self.config.max_active_branches,
+                self.clock(),
+                owner.tenant_id,
+                owner.user_id,
+            ),
         )
         _, thread = self._thread_reply(
             reply, owner, thread_id, (ThreadStatus.OK, ThreadStatus.EXISTED)
@@ -611,7 +679,11 @@ class ThreadsCore:
     ) -> Flow[ConversationThread]:
         keys = self.thread_keys(owner, thread_id)
         version = yield from self._expected_version(keys, owner, thread_id, expected_version)
-        reply = yield ScriptOp("archive", (keys.thread,), (MARKER, version, self.clock()))
+        reply = yield ScriptOp(
+            "archive",
+            (keys.thread,),
+            (MARKER, version, self.clock(), owner.tenant_id, owner.user_id),
+        )
         _, thread = self._thread_reply(
             reply, owner, thread_id, (ThreadStatus.OK, ThreadStatus.EXISTED)
         )
@@ -623,7 +695,9 @@ class ThreadsCore:
         """The caller's version, or the one of a fresh snapshot (the CAS compares against it)."""
         if given is not None:
             if isinstance(given, bool) or not isinstance(given, int) or given < 0:
-                raise ConversationError(Code.INVALID_REQUEST, "expectedVersion must be >= 0")
+                raise ConversationError(
+                    Code.INVALID_REQUEST, "expectedVersion must be an integer >= 0"
+                )
             return given
         raw = yield CommandOp("hgetall", (keys.thread,))
         return self._thread_from_hgetall(raw, owner, thread_id).version
@@ -632,20 +706,35 @@ class ThreadsCore:
         self, owner: Ownership, thread_id: str, held: bool
     ) -> Flow[ConversationThread]:
         keys = self.thread_keys(owner, thread_id)
-        reply = yield ScriptOp("hold", (keys.thread,), (MARKER, "1" if held else "0"))
+        reply = yield ScriptOp(
+            "hold", (keys.thread,), (MARKER, "1" if held else "0", owner.tenant_id, owner.user_id)
+        )
         _, thread = self._thread_reply(reply, owner, thread_id, (ThreadStatus.OK,))
         return thread
 
     def delete(self, owner: Ownership, thread_id: str) -> Flow[DeleteResult]:
         okeys = self.owner_keys(owner)
         keys = self.thread_keys(owner, thread_id)
-        attempts = [0]
-        reply = yield ScriptOp("delete", (*keys.all(), okeys.index), (MARKER,), attempts=attempts)
+        # Every attempt of this call carries one token: a retry after a lost reply learns
+        # from the recent-deletes set that its first attempt deleted the thread, and never
+        # claims a delete that did not happen (a missing or another owner's thread).
+        token = secrets.token_hex(16)
+        reply = yield ScriptOp(
+            "delete",
+            (*keys.all(), okeys.index, okeys.recent_deletes),
+            (
+                MARKER,
+                owner.tenant_id,
+                owner.user_id,
+                thread_id,
+                token,
+                self.clock(),
+                _RECENT_DELETE_MS,
+                _RECENT_DELETES_MAX,
+            ),
+        )
         status = int(reply[0])
         if status == ThreadStatus.NOT_FOUND:
-            if attempts[0] > 1:
-                # An earlier attempt whose reply was lost already deleted it.
-                return DeleteResult(deleted=True, held=False)
             raise self._status_error(status)
         held = int(reply[1]) == 1
         return DeleteResult(deleted=not held, held=held)
@@ -653,12 +742,14 @@ class ThreadsCore:
     # --- ledger: replay and export ---------------------------------------------------------------
 
     def _read_events(
-        self, keys: ThreadKeys, position: str | None, count: int
+        self, owner: Ownership, keys: ThreadKeys, position: str | None, count: int
     ) -> Flow[tuple[list[EventRecord], bool, str | None, bool, str]]:
         """One page: (records, more, last position, a turn is running, newest row's type)."""
         start = "-" if position is None else "(" + position
         reply = yield ScriptOp(
-            "read_events", (keys.thread, keys.events, keys.lease), (MARKER, start, count + 1)
+            "read_events",
+            (keys.thread, keys.events, keys.lease),
+            (MARKER, start, count + 1, owner.tenant_id, owner.user_id),
         )
         if int(reply[0]) != ThreadStatus.OK:
             raise self._status_error(int(reply[0]))
@@ -679,6 +770,12 @@ class ThreadsCore:
             except orjson.JSONDecodeError:
                 continue
             if not isinstance(payload, dict):
+                continue
+            try:
+                # Checked on read too: a row written by an older version or by hand may
+                # still hold a secret or a local path; it is redacted before it is served.
+                payload = served_json(payload, scrub=True)
+            except (MemtierValidationError, TypeError, ValueError):
                 continue
             records.append(
                 EventRecord(
@@ -737,7 +834,9 @@ class ThreadsCore:
         keys = self.thread_keys(owner, thread_id)
         n = self._page_size(limit, self.config.replay_page_rows)
         position, cursor_error = yield from self._ledger_position(owner, thread_id, cursor)
-        records, more, last, running, newest_type = yield from self._read_events(keys, position, n)
+        records, more, last, running, newest_type = yield from self._read_events(
+            owner, keys, position, n
+        )
         if cursor_error is not None:
             raise cursor_error
         # More may come while rows remain or a turn still holds the lease (it is writing).
@@ -753,7 +852,7 @@ class ThreadsCore:
         keys = self.thread_keys(owner, thread_id)
         position, cursor_error = yield from self._ledger_position(owner, thread_id, cursor)
         raw = yield CommandOp("hgetall", (keys.thread,))
-        thread = self._thread_from_hgetall(raw, owner, thread_id)
+        thread = exported_thread(self._thread_from_hgetall(raw, owner, thread_id))
         if cursor_error is not None:
             raise cursor_error
         cap = self.config.export_bytes
@@ -764,7 +863,7 @@ class ThreadsCore:
         more = False
         for page in range(self.config.export_pages):
             records, more, last, _, _ = yield from self._read_events(
-                keys, position, self.config.replay_page_rows
+                owner, keys, position, self.config.replay_page_rows
             )
             size = sum(len(orjson.dumps(r.to_wire())) + 1 for r in records)
             if used + size > cap:
@@ -826,6 +925,8 @@ class ThreadsCore:
                 limits.THREAD_MAX_BYTES,
                 _TURN_BYTES,
                 record,
+                owner.tenant_id,
+                owner.user_id,
             ),
         )
         started = self.monotonic()
@@ -852,8 +953,8 @@ class ThreadsCore:
         else:
             raise self._status_error(ThreadStatus.THREAD_BUSY)
 
-        base, count = _s(reply[1]), int(reply[2])
-        path = [_s(x) for x in reply[3:]]
+        base, count, first = _s(reply[1]), int(reply[2]), int(reply[3])
+        path = [_s(x) for x in reply[4:]]
         path.reverse()  # root first
         raw_thread = yield CommandOp("hgetall", (keys.thread,))
         thread = self._thread_from_hgetall(raw_thread, owner, thread_id)
@@ -871,8 +972,9 @@ class ThreadsCore:
             token=token,
             fingerprint=fingerprint,
             entry_count=count,
+            first_entry=first,
         )
-        user_entry_id = f"e{count + 1}"
+        user_entry_id = f"e{first}"
         opening = [
             ("agent_started", {"requestId": rid, "leafId": base or None}),
             ("user_message", self._message_event(user_entry_id, text, truncated)),
@@ -887,7 +989,14 @@ class ThreadsCore:
             if _is_denial(exc):
                 result = yield from self._commit(state, None, _denial_reason(exc))
                 return result
-            error = {"code": Code.RUNNER_FAILED.value, "errorType": type(exc).__name__}
+            error = {
+                "code": Code.RUNNER_FAILED.value,
+                "errorType": type(exc).__name__,
+                # The ledger says what was committed: nothing.  The user_message row's
+                # entryId is discarded and never reused by a later turn.
+                "entryIds": [],
+                "discardedEntryIds": self._turn_entry_ids(state),
+            }
             abort = yield ScriptOp(
                 "run_abort",
                 (keys.thread, keys.runs, keys.lease, keys.events),
@@ -908,6 +1017,10 @@ class ThreadsCore:
         return result
 
     @staticmethod
+    def _turn_entry_ids(state: TurnState) -> list[str]:
+        return [f"e{state.first_entry + i}" for i in range(_ENTRIES_PER_TURN)]
+
+    @staticmethod
     def _message_event(entry_id: str, text: str, truncated: bool) -> dict[str, Any]:
         """A message on the ledger: already redacted; local paths become ``[PATH]`` here
         (the entry itself keeps the text the agent works with)."""
@@ -924,7 +1037,7 @@ class ThreadsCore:
         events: list[tuple[str, dict[str, Any]]] = []
         if content is not None:
             reply_text = self._sanitize(content, limits.THREAD_MESSAGE_BYTES)
-            user_id, asst_id = f"e{state.entry_count + 1}", f"e{state.entry_count + 2}"
+            user_id, asst_id = self._turn_entry_ids(state)
             user: dict[str, Any] = {
                 "id": user_id,
                 "parentId": state.base,
@@ -968,7 +1081,13 @@ class ThreadsCore:
             new_head = asst_id
         else:
             reason = self._sanitize(scrub_paths(denied or "denied"), 1024).text
-            events.append(("agent_denied", {"requestId": state.request_id, "reason": reason}))
+            denied_row = {
+                "requestId": state.request_id,
+                "reason": reason,
+                "entryIds": [],
+                "discardedEntryIds": self._turn_entry_ids(state),
+            }
+            events.append(("agent_denied", denied_row))
             res = {"status": ContinueStatus.DENIED.value, "reason": reason, "entryIds": []}
             new_head = ""
         done = _json(
@@ -1155,3 +1274,56 @@ def outcome_of(exc: BaseException | None) -> str:
     if isinstance(exc, MemtierError):
         return exc.code
     return "error"
+
+
+_MAX_SERVED_DEPTH: Final = 32
+
+
+def served_text(text: str, *, scrub: bool) -> str:
+    """A stored string as it may be served: secrets redacted (and local paths if ``scrub``)."""
+    cleaned = redact_text(text)
+    return scrub_paths(cleaned) if scrub else cleaned
+
+
+def served_json(value: Any, *, scrub: bool) -> Any:
+    """A stored JSON value as it may be served: every string (keys too) redacted, local
+    paths scrubbed if ``scrub``; sensitive key names lose their values (redact_json)."""
+    redacted, _ = redact_json(_scrub_json(value, 0) if scrub else value, max_depth=32)
+    return redacted
+
+
+def _scrub_json(node: Any, depth: int) -> Any:
+    if depth > _MAX_SERVED_DEPTH:
+        raise MemtierValidationError("JSON value nested too deeply")
+    if isinstance(node, str):
+        return scrub_paths(node)
+    if isinstance(node, list | tuple):
+        return [_scrub_json(item, depth + 1) for item in node]
+    if isinstance(node, Mapping):
+        return {scrub_paths(str(k)): _scrub_json(v, depth + 1) for k, v in node.items()}
+    return node
+
+
+def exported_thread(thread: ConversationThread) -> ConversationThread:
+    """The thread as export serves it: no local paths in its title or metadata."""
+    return thread.model_copy(
+        update={
+            "title": None if thread.title is None else scrub_paths(thread.title),
+            "metadata": _scrub_json(thread.metadata, 0),
+        }
+    )
+
+
+def create_thread_id(thread_id: Any) -> str:
+    """An id given to create, checked against the documented grammar (``invalid_request``)."""
+    if (
+        not isinstance(thread_id, str)
+        or not CREATE_ID_RE.match(thread_id)
+        or thread_id.lower() in RESERVED_THREAD_IDS
+    ):
+        raise ConversationError(
+            Code.INVALID_REQUEST,
+            "id must match [A-Za-z0-9_-][A-Za-z0-9_.-]{0,127} and not be a route name"
+            " (openapi.json, events, continue, branch, archive, export)",
+        )
+    return thread_id

@@ -235,27 +235,56 @@ class ErrorBody(WireModel):
 # --- request bodies (HTTP) -----------------------------------------------------------------------
 
 
-class CreateThreadRequest(WireModel):
+class RequestModel(BaseModel):
+    """Base of the HTTP request bodies: exactly the documented camelCase fields.
+
+    No snake_case aliases (``populate_by_name`` off), unknown fields refused, strict
+    types (``expectedVersion`` is an integer: ``true``, ``"1"`` and ``1.0`` are refused).
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=False, frozen=True, extra="forbid", strict=True
+    )
+
+
+# The documented grammar of an id given to create (memtier.threads.core.create_thread_id
+# also refuses the route names, which a JSON-schema pattern cannot express).
+CREATE_ID_PATTERN: Final = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$"
+ROUTE_NAMES: Final = ("openapi.json", "events", "continue", "branch", "archive", "export")
+_ENTRY_ID_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,128}$"
+
+
+class CreateThreadRequest(RequestModel):
     title: str | None = None
-    id: str | None = None
-    request_id: str | None = None
+    id: str | None = Field(
+        default=None,
+        pattern=CREATE_ID_PATTERN,
+        json_schema_extra={"not": {"enum": list(ROUTE_NAMES)}},
+    )
+    request_id: str | None = Field(default=None, min_length=1)
     metadata: dict[str, Any] | None = None
 
 
-class ContinueRequest(WireModel):
-    message: str
-    request_id: str | None = None
-    leaf_id: str | None = None
+class ContinueRequest(RequestModel):
+    message: str = Field(min_length=1)
+    request_id: str | None = Field(default=None, min_length=1)
+    leaf_id: str | None = Field(default=None, pattern=_ENTRY_ID_PATTERN)
 
 
-class BranchRequest(WireModel):
-    leaf_id: str
-    expected_version: int | None = Field(default=None, ge=0)
+_VERSION_NOTE: Final = (
+    "The thread version to compare-and-swap against: a JSON integer literal"
+    " (true, \"1\" and 1.0 are refused)"
+)
 
 
-class ArchiveRequest(WireModel):
-    expected_version: int | None = Field(default=None, ge=0)
+class BranchRequest(RequestModel):
+    leaf_id: str = Field(pattern=_ENTRY_ID_PATTERN)
+    expected_version: int | None = Field(default=None, ge=0, description=_VERSION_NOTE)
 
 
-class ExportRequest(WireModel):
+class ArchiveRequest(RequestModel):
+    expected_version: int | None = Field(default=None, ge=0, description=_VERSION_NOTE)
+
+
+class ExportRequest(RequestModel):
     cursor: str | None = None

@@ -181,6 +181,7 @@ def _config(options: ServeOptions) -> Any:
 def build_app(options: ServeOptions) -> Any:
     """The ASGI app of one serve process (raises ConfigurationError for bad options)."""
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Mount, Route
@@ -191,7 +192,7 @@ def build_app(options: ServeOptions) -> Any:
     from memtier.memory.aio import AsyncConversationStore
     from memtier.threads.aio import AsyncConversationService
     from memtier.threads.apikeys import ApiKeys
-    from memtier.threads.http import create_conversation_app
+    from memtier.threads.http import create_conversation_app, http_error
     from memtier.threads.models import Ownership
 
     check_options(options)
@@ -262,7 +263,13 @@ def build_app(options: ServeOptions) -> Any:
         Route("/metrics", metrics_endpoint),
         Mount("/", app=conversations),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        # A path no route matches (one with a newline never matches the mount) still
+        # answers in the API's {code, message} shape.
+        exception_handlers={StarletteHTTPException: http_error},
+    )
     # HTTP metrics by route template and status (memtier.httpmetrics), outermost.
     app.add_middleware(HttpMetricsMiddleware, routes=routes)
     return app

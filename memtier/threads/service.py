@@ -238,15 +238,39 @@ class ConversationService:
     ) -> ConversationThread:
         """Create a thread (``conv_<uuid>`` id unless ``thread_id`` is given).
 
-        Create-only and idempotent: repeating the same create (same id, title,
-        metadata and request id) returns the existing thread; a different create
-        of an existing id raises ``metadata_conflict`` and changes nothing.
-        Without ``thread_id`` but with ``request_id`` the id derives from the
-        request id, so retries return the same thread.
+        Get-or-create when an id is given: an existing thread is returned
+        unchanged, whatever title or metadata this call passes; only the loser of
+        a true concurrent create+create race (the thread appeared between this
+        call's read and its create-only write, with another body) gets
+        ``metadata_conflict``.  Without ``thread_id`` but with ``request_id`` the
+        id derives from the request id (a UUID v5, docs/threads.md), so retries
+        return the same thread.
         """
         return self._drive(
             "create",
             self.core.create(
+                ownership,
+                title=title,
+                thread_id=thread_id,
+                request_id=request_id,
+                metadata=metadata,
+            ),
+        )
+
+    def create_or_get(
+        self,
+        ownership: Ownership,
+        *,
+        title: str | None = None,
+        thread_id: str | None = None,
+        request_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> tuple[ConversationThread, bool]:
+        """``(thread, created)``: like :meth:`create`, and says whether this call created it
+        (the HTTP API answers 201 for a new thread, 200 for an existing one)."""
+        return self._drive(
+            "create",
+            self.core.create_or_get(
                 ownership,
                 title=title,
                 thread_id=thread_id,

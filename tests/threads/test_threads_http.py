@@ -135,6 +135,8 @@ def test_every_error_code_has_one_documented_status() -> None:
         "backend_unavailable": 503,
         "thread_busy": 409,
         "request_conflict": 409,
+        "unsupported_media_type": 415,
+        "method_not_allowed": 405,
     }
 
 
@@ -167,7 +169,10 @@ def test_every_error_code_over_http(backend: Any) -> None:
         check(c.get(f"{url}/missing", headers=ALICE), "not_found")
         created = c.post(url, json={"id": "fixed", "title": "a"}, headers=ALICE)
         assert created.status_code == 201
-        check(c.post(url, json={"id": "fixed", "title": "b"}, headers=ALICE), "metadata_conflict")
+        again = c.post(url, json={"id": "fixed", "title": "b", "metadata": {"x": 1}}, headers=ALICE)
+        assert again.status_code == 200 and again.json() == created.json()  # get-or-create
+        check(c.post(url, content=b'{"title": "x"}', headers=ALICE), "unsupported_media_type")
+        check(c.put(url, headers=ALICE), "method_not_allowed")
         gate.set()
         tid = _thread(c, url, turns=2)
         gate.clear()
@@ -414,9 +419,15 @@ def test_openapi_document_is_served_valid_and_matches_responses(api: Any) -> Non
         schemas = doc["components"]["schemas"]
         thread_props = set(schemas["ConversationThread"]["properties"])
         assert {"id", "createdAt", "updatedAt", "tenantId", "userId", "branches"} <= thread_props
-        assert set(schemas["ErrorBody"]["required"]) == {"code", "message"}
-        for op in (doc["paths"][base + "/{thread_id}"]["get"], doc["paths"][base]["post"]):
-            assert {"401", "503"} <= set(op["responses"])
+        for path in doc["paths"].values():
+            for op in path.values():
+                assert {"400", "401", "503"} <= set(op["responses"])
+                assert "422" not in op["responses"]
+                assert op["security"] == [{"bearerAuth": []}]
+        assert doc["components"]["securitySchemes"]["bearerAuth"] == {
+            "type": "http",
+            "scheme": "bearer",
+        }
 
         def check(instance: Any, schema_name: str) -> None:
             schema = {**schemas[schema_name], "components": doc["components"]}
@@ -430,7 +441,10 @@ def test_openapi_document_is_served_valid_and_matches_responses(api: Any) -> Non
         check(c.get(f"{api.url}/{tid}/events", headers=ALICE).json(), "ReplayPage")
         check(c.get(api.url, headers=ALICE).json(), "ThreadPage")
         check(c.post(f"{api.url}/{tid}/export", headers=ALICE).json(), "ExportResult")
-        check(c.get(f"{api.url}/nope", headers=ALICE).json(), "ErrorBody")
+        error = c.get(f"{api.url}/nope", headers=ALICE)
+        op = doc["paths"][base + "/{thread_id}"]["get"]
+        schema = op["responses"]["404"]["content"]["application/json"]["schema"]
+        OAS31Validator(schema).validate(error.json())
 
 
 # --- in-process (ASGI transport): a sync service, and configuration errors -----------------------

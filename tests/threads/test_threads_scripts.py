@@ -17,6 +17,7 @@ from memtier.threads.models import MARKER
 
 SCRIPTS = load_registry("threads")
 NOW = 1_700_000_000_000
+OWNER = ("acme", "alice")
 
 
 class Harness:
@@ -71,6 +72,7 @@ class Harness:
             kw.get("max_bytes", 10**9),
             kw.get("turn_bytes", 1000),
             record,
+            *kw.get("owner", ("acme", "alice")),
         )
 
     def commit(self, request_id: str = "r1", token: str = "tok1", count: int = 0) -> list[Any]:
@@ -115,7 +117,7 @@ def test_every_script_is_registered_with_its_key_count() -> None:
         "archive": 1,
         "branch": 2,
         "create": 2,
-        "delete": 7,
+        "delete": 8,
         "events_append": 3,
         "hold": 1,
         "lease_renew": 2,
@@ -129,7 +131,12 @@ def test_every_script_is_registered_with_its_key_count() -> None:
 def test_all_keys_of_an_owner_share_one_slot() -> None:
     for tenant, user in [("acme", "alice"), ("t", "u+x@example.com"), ("a.b-c_d", "0")]:
         owner = ThreadKeyspace("ns").owner(tenant, user)
-        keys = [owner.index, *owner.thread("conv_1").all(), *owner.thread("other").all()]
+        keys = [
+            owner.index,
+            owner.recent_deletes,
+            *owner.thread("conv_1").all(),
+            *owner.thread("other").all(),
+        ]
         assert len({key_slot(k.encode()) for k in keys}) == 1
     assert ThreadKeyspace("ns").owner("acme", "alice").tag == "{ns:o:acme:alice}"
 
@@ -151,50 +158,64 @@ def test_create(h: Harness) -> None:
 
 def test_branch(h: Harness) -> None:
     k = (h.keys.thread, h.keys.parents)
-    assert h.run("branch", k, MARKER, "e1", 1, 16, NOW) == [S.NOT_FOUND]
+    assert h.run("branch", k, MARKER, "e1", 1, 16, NOW, *OWNER) == [S.NOT_FOUND]
     h.create()
     h.turn("r1", "t1", 0)
-    assert h.run("branch", k, MARKER, "e9", 1, 16, NOW) == [S.UNKNOWN_LEAF]
-    assert h.run("branch", k, MARKER, "e2", 1, 0, NOW) == [S.BRANCH_LIMIT, 0]
-    ok = h.run("branch", k, MARKER, "e2", 1, 16, NOW)
+    assert h.run("branch", k, MARKER, "e9", 1, 16, NOW, *OWNER) == [S.UNKNOWN_LEAF]
+    assert h.run("branch", k, MARKER, "e2", 1, 0, NOW, *OWNER) == [S.BRANCH_LIMIT, 0]
+    ok = h.run("branch", k, MARKER, "e2", 1, 16, NOW, *OWNER)
     assert ok[0] == S.OK and h.fields()["version"] == "2"
     assert json.loads(h.fields()["branches"]) == [{"leafId": "e2", "createdAt": str(NOW)}]
-    assert h.run("branch", k, MARKER, "e2", 0, 16, NOW)[0] == S.EXISTED  # already a ref
-    assert h.run("branch", k, MARKER, "e1", 1, 16, NOW) == [S.METADATA_CONFLICT, 2]
+    assert h.run("branch", k, MARKER, "e2", 0, 16, NOW, *OWNER)[0] == S.EXISTED  # already a ref
+    assert h.run("branch", k, MARKER, "e1", 1, 16, NOW, *OWNER) == [S.METADATA_CONFLICT, 2]
     h.client.hset(h.keys.thread, "state", "archived")
-    assert h.run("branch", k, MARKER, "e1", 2, 16, NOW) == [S.THREAD_ARCHIVED]
+    assert h.run("branch", k, MARKER, "e1", 2, 16, NOW, *OWNER) == [S.THREAD_ARCHIVED]
     with pytest.raises(ScriptError):
-        h.run("branch", k, MARKER, "", 1, 16, NOW)
+        h.run("branch", k, MARKER, "", 1, 16, NOW, *OWNER)
 
 
 def test_archive(h: Harness) -> None:
     k = (h.keys.thread,)
-    assert h.run("archive", k, MARKER, 1, NOW) == [S.NOT_FOUND]
+    assert h.run("archive", k, MARKER, 1, NOW, *OWNER) == [S.NOT_FOUND]
     h.create()
-    assert h.run("archive", k, MARKER, 7, NOW) == [S.METADATA_CONFLICT, 1]
-    assert h.run("archive", k, MARKER, 1, NOW + 5)[0] == S.OK
+    assert h.run("archive", k, MARKER, 7, NOW, *OWNER) == [S.METADATA_CONFLICT, 1]
+    assert h.run("archive", k, MARKER, 1, NOW + 5, *OWNER)[0] == S.OK
     assert h.fields()["state"] == "archived" and h.fields()["version"] == "2"
-    assert h.run("archive", k, MARKER, 0, NOW)[0] == S.EXISTED
+    assert h.run("archive", k, MARKER, 0, NOW, *OWNER)[0] == S.EXISTED
     assert h.fields()["version"] == "2"
     with pytest.raises(ScriptError):
-        h.run("archive", k, MARKER, -1, NOW)
+        h.run("archive", k, MARKER, -1, NOW, *OWNER)
 
 
 def test_hold_and_delete(h: Harness) -> None:
     k = h.keys
-    all_keys = (*k.all(), h.owner.index)
-    assert h.run("hold", (k.thread,), MARKER, "1") == [S.NOT_FOUND]
-    assert h.run("delete", all_keys, MARKER) == [S.NOT_FOUND]
+    all_keys = (*k.all(), h.owner.index, h.owner.recent_deletes)
+
+    def delete(token: str = "d1", now: int = NOW) -> list[Any]:
+        return h.run("delete", all_keys, MARKER, *OWNER, "conv_1", token, now, 600_000, 3)
+
+    assert h.run("hold", (k.thread,), MARKER, "1", *OWNER) == [S.NOT_FOUND]
+    assert delete() == [S.NOT_FOUND]
     h.create()
     h.turn("r1", "t1", 0)
-    assert h.run("hold", (k.thread,), MARKER, "1")[0] == S.OK
-    assert h.run("delete", all_keys, MARKER) == [0, 1]  # held: nothing removed
+    assert h.run("hold", (k.thread,), MARKER, "1", *OWNER)[0] == S.OK
+    assert delete() == [0, 1]  # held: nothing removed
     assert h.client.exists(k.thread, k.entries, k.parents, k.runs, k.events) == 5
-    h.run("hold", (k.thread,), MARKER, "0")
-    assert h.run("delete", all_keys, MARKER) == [0, 0]
-    assert h.client.exists(*all_keys) == 0
+    h.run("hold", (k.thread,), MARKER, "0", *OWNER)
+    assert delete() == [0, 0]
+    assert h.client.exists(*all_keys[:-1]) == 0
+    assert delete() == [0, 0, 1]  # a retry of the same delete (its reply was lost)
+    assert delete("d2") == [S.NOT_FOUND]  # another delete: the thread is gone
+    # the recent-deletes set is bounded by age and by size
+    for i in range(5):
+        h.create()
+        assert h.run("delete", all_keys, MARKER, *OWNER, "conv_1", f"x{i}", NOW + 1, 600_000, 3)
+    assert h.client.zcard(h.owner.recent_deletes) == 3
+    h.create()
+    assert delete("late", NOW + 700_000) == [0, 0]
+    assert h.client.zrange(h.owner.recent_deletes, 0, -1) == [b"conv_1|late"]
     with pytest.raises(ScriptError):
-        h.run("hold", (k.thread,), MARKER, "yes")
+        h.run("hold", (k.thread,), MARKER, "yes", *OWNER)
 
 
 def test_run_claim_outcomes(h: Harness) -> None:
@@ -209,8 +230,10 @@ def test_run_claim_outcomes(h: Harness) -> None:
     assert h.claim("r2", "t2", max_events=10) == [S.LIMIT_EXCEEDED, "events"]
     assert h.claim("r2", "t2", max_bytes=10, turn_bytes=100) == [S.LIMIT_EXCEEDED, "bytes"]
     claimed = h.claim("r2", "t2")
-    assert claimed == [S.CLAIMED, "e2", 2, "e2", "e1"]  # base, count, path base -> root
-    assert h.claim("r2", "t2") == claimed  # a replay of our own claim
+    # base, count, first entry number (from the never-reused id sequence), path base -> root
+    assert claimed == [S.CLAIMED, "e2", 2, 3, "e2", "e1"]
+    replayed = h.claim("r2", "t2")  # a replay of our own claim: the same turn, fresh ids
+    assert replayed[:3] == claimed[:3] and replayed[3] == 5 and replayed[4:] == claimed[4:]
     assert h.claim("r2", "t3") == [S.REQUEST_IN_PROGRESS]  # a duplicate while it runs
     assert h.claim("r3", "t4") == [S.THREAD_BUSY]  # another request while it runs
     h.client.delete(h.keys.lease)  # the first attempt died: its lease expired
@@ -282,20 +305,49 @@ def test_run_abort_outcomes(h: Harness) -> None:
 def test_read_events(h: Harness) -> None:
     k = h.keys
     read = (k.thread, k.events, k.lease)
-    assert h.run("read_events", read, MARKER, "-", 10) == [S.NOT_FOUND]
+    assert h.run("read_events", read, MARKER, "-", 10, *OWNER) == [S.NOT_FOUND]
     h.create()
-    assert h.run("read_events", read, MARKER, "-", 10) == [S.OK, 0, ""]
+    assert h.run("read_events", read, MARKER, "-", 10, *OWNER) == [S.OK, 0, ""]
     h.turn("r1", "t1", 0)
-    assert h.run("read_events", read, MARKER, "-", 10)[:3] == [S.OK, 0, "agent_finished"]
+    assert h.run("read_events", read, MARKER, "-", 10, *OWNER)[:3] == [S.OK, 0, "agent_finished"]
     h.claim("r2", "t2")
-    assert h.run("read_events", read, MARKER, "-", 10)[1] == 1  # a turn holds the lease
+    assert h.run("read_events", read, MARKER, "-", 10, *OWNER)[1] == 1  # a turn holds the lease
     h.client.xadd(k.events, {"type": "raw", "data": "{}"})  # not written by the service
-    reply = h.run("read_events", read, MARKER, "-", 10)
+    reply = h.run("read_events", read, MARKER, "-", 10, *OWNER)
     assert reply[:3] == [S.OK, 1, ""]  # the newest row is not a redacted one
     rows = [reply[3 + 5 * i : 8 + 5 * i] for i in range((len(reply) - 3) // 5)]
     assert [(r[1], r[3], r[4]) for r in rows] == [("agent_finished", "r1", "1"), ("raw", "", "")]
-    after = h.run("read_events", read, MARKER, "(" + rows[0][0], 10)
+    after = h.run("read_events", read, MARKER, "(" + rows[0][0], 10, *OWNER)
     assert after[4] == "raw" and len(after) == 8
-    assert h.run("read_events", read, MARKER, "(0-0", 1)[3] == rows[0][0]
+    assert h.run("read_events", read, MARKER, "(0-0", 1, *OWNER)[3] == rows[0][0]
     with pytest.raises(ScriptError):
-        h.run("read_events", read, MARKER, "-", 0)
+        h.run("read_events", read, MARKER, "-", 0, *OWNER)
+
+
+@pytest.mark.parametrize("stored_owner", [("evil", "alice"), ("acme", "mallory")])
+def test_every_writing_script_checks_the_stored_owner_before_it_writes(
+    h: Harness, stored_owner: tuple[str, str]
+) -> None:
+    """A row under the caller's key whose stored owner differs (corruption, a hand-written
+    row) is not-found to every script, and no script changes a byte of it."""
+    h.create()
+    h.turn("r1", "t1", 0)
+    h.client.hset(h.keys.thread, mapping={"tenant": stored_owner[0], "user": stored_owner[1]})
+    k = h.keys
+    before = {key: h.client.dump(key) for key in (*k.all(), h.owner.index)}
+    all_keys = (*k.all(), h.owner.index, h.owner.recent_deletes)
+    assert h.run("branch", (k.thread, k.parents), MARKER, "e2", 1, 16, NOW, *OWNER) == [
+        S.NOT_FOUND
+    ]
+    assert h.run("archive", (k.thread,), MARKER, 1, NOW, *OWNER) == [S.NOT_FOUND]
+    assert h.run("hold", (k.thread,), MARKER, "1", *OWNER) == [S.NOT_FOUND]
+    assert h.run("delete", all_keys, MARKER, *OWNER, "conv_1", "d", NOW, 600_000, 10) == [
+        S.NOT_FOUND
+    ]
+    assert h.claim("r2", "t2") == [S.NOT_FOUND]
+    assert h.run("read_events", (k.thread, k.events, k.lease), MARKER, "-", 10, *OWNER) == [
+        S.NOT_FOUND
+    ]
+    assert h.create() == [S.METADATA_CONFLICT]  # same fingerprint, but not this owner's row
+    assert {key: h.client.dump(key) for key in before} == before
+    assert h.client.exists(h.owner.recent_deletes) == 0

@@ -46,15 +46,79 @@ def test_create_returns_the_spec_shape(service: ConversationService) -> None:
     assert service.get(OWNER, thread.id) == thread
 
 
-def test_create_with_explicit_id_is_create_only_and_idempotent(
-    service: ConversationService,
-) -> None:
+def test_create_with_explicit_id_is_get_or_create(service: ConversationService) -> None:
+    """Spec: a sequential duplicate returns the existing thread unchanged, whatever its body."""
     first = service.create(OWNER, thread_id="plan-1", title="one", request_id="r1")
-    again = service.create(OWNER, thread_id="plan-1", title="one", request_id="r1")
-    assert again == first
-    conflict = err(lambda: service.create(OWNER, thread_id="plan-1", title="two"))
-    assert conflict.code == "metadata_conflict" and conflict.http_status == 409
-    assert service.get(OWNER, "plan-1").title == "one"  # never overwritten
+    bodies: list[dict[str, Any]] = [
+        {},
+        {"title": "one", "request_id": "r1"},
+        {"title": "two"},
+        {"title": "one", "metadata": {"x": 1}},
+        {"request_id": "another"},
+    ]
+    for body in bodies:
+        thread, created = service.create_or_get(OWNER, thread_id="plan-1", **body)
+        assert not created and thread == first, body
+        assert service.create(OWNER, thread_id="plan-1", **body) == first
+    assert service.get(OWNER, "plan-1") == first  # never overwritten
+    _, created = service.create_or_get(OWNER, thread_id="plan-2")
+    assert created
+
+
+def test_only_the_loser_of_a_true_create_race_gets_metadata_conflict(
+    make_service: MakeService,
+) -> None:
+    """The rival's create lands between this create's read and its create-only write."""
+    from memtier.threads.core import ScriptOp
+
+    service, rival = make_service(), make_service()
+    real = service._execute
+
+    def racing(body: dict[str, Any]) -> Any:
+        def execute(operation: str, op: Any) -> Any:
+            if isinstance(op, ScriptOp) and op.script == "create":
+                rival.create(OWNER, **body)
+            return real(operation, op)
+
+        return execute
+
+    service._execute = racing({"thread_id": "raced", "title": "winner"})  # type: ignore[method-assign]
+    lost = err(lambda: service.create(OWNER, thread_id="raced", title="loser"))
+    assert lost.code == "metadata_conflict" and lost.http_status == 409
+    assert "won the race" in lost.message and "do not retry" in lost.message
+    assert service.get(OWNER, "raced").title == "winner"
+    # an identical concurrent create is no conflict: both get the one thread
+    service._execute = racing({"thread_id": "same", "title": "t"})  # type: ignore[method-assign]
+    thread, created = service.create_or_get(OWNER, thread_id="same", title="t")
+    assert not created and thread == service.get(OWNER, "same")
+
+
+def test_request_id_derived_ids_are_rfc4122_version_5(service: ConversationService) -> None:
+    import uuid
+
+    from memtier.threads.core import REQUEST_ID_NAMESPACE
+
+    thread = service.create(OWNER, request_id="ui-create-1")
+    assert thread.id.startswith("conv_")
+    derived = uuid.UUID(thread.id.removeprefix("conv_"))
+    assert derived.version == 5 and derived.variant == uuid.RFC_4122
+    assert derived == uuid.uuid5(REQUEST_ID_NAMESPACE, "ui-create-1")
+    assert str(REQUEST_ID_NAMESPACE) == "1cb70487-82fe-5c2f-9bfb-44f9d172d9a6"  # documented
+    random_id = uuid.UUID(service.create(OWNER).id.removeprefix("conv_"))
+    assert random_id.version == 4
+
+
+@pytest.mark.parametrize(
+    "bad_id",
+    [".", "..", "...", ".hidden", "openapi.json", "events", "continue", "branch", "archive",
+     "export", "EVENTS", "a/b", "", "x" * 129],
+)
+def test_create_refuses_ids_clients_cannot_address(
+    service: ConversationService, bad_id: str
+) -> None:
+    refused = err(lambda: service.create(OWNER, thread_id=bad_id))
+    assert refused.code == "invalid_request"
+    assert service.list(OWNER).items == ()
 
 
 def test_create_with_request_id_only_is_idempotent(service: ConversationService) -> None:
@@ -339,7 +403,14 @@ def test_delete_removes_every_key_of_the_thread(backend: Any, service: Conversat
     assert err(lambda: service.get(OWNER, tid)).code == "not_found"
     assert err(lambda: service.delete(OWNER, tid)).code == "not_found"
     service.delete(OWNER, keep)
-    assert scan_keys(backend, client, owner_pattern) == []  # nothing of the owner is left
+    # nothing of the owner is left but the recent-deletes set (ids and random tokens, so a
+    # retried delete knows what its lost first attempt did), which expires by itself
+    recent = keyspace.owner("acme", "alice").recent_deletes
+    assert scan_keys(backend, client, owner_pattern) == [recent]
+    assert 0 < client.pttl(recent) <= 10 * 60 * 1000
+    assert sorted(m.decode().split("|")[0] for m in client.zrange(recent, 0, -1)) == sorted(
+        [keep, tid]
+    )
 
 
 def test_legal_hold_blocks_delete_until_released(
@@ -353,8 +424,8 @@ def test_legal_hold_blocks_delete_until_released(
     assert not service.release_legal_hold(OWNER, tid).legal_hold
     assert service.delete(OWNER, tid).model_dump() == {"deleted": True, "held": False}
     client = backend.sync_client()
-    pattern = ThreadKeyspace(service.config.namespace).owner("acme", "alice").pattern()
-    assert scan_keys(backend, client, pattern) == []
+    okeys = ThreadKeyspace(service.config.namespace).owner("acme", "alice")
+    assert scan_keys(backend, client, okeys.pattern()) == [okeys.recent_deletes]
 
 
 # --- ownership ----------------------------------------------------------------------------------
