@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from functools import partial
 from typing import Any, TypeVar
@@ -9,7 +10,7 @@ from typing import Any, TypeVar
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
 from memtier.connection import connect_sync
-from memtier.errors import SessionFullError
+from memtier.errors import BackendError, SessionFullError
 from memtier.memory.base import KeyLike, StoreBase, StoreStats
 from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
 from memtier.memory.core import ScriptCall
@@ -25,6 +26,8 @@ from memtier.memory.models import (
 from memtier.memory.persistence import FlushResult, RecoveryReport, flush_plan, snapshot_dir_for
 from memtier.memory.plans import Command, Plan, drive_sync
 from memtier.retry import retry_sync
+
+log = logging.getLogger("memtier")
 
 __all__ = ["ConversationStore", "StoreStats"]
 
@@ -57,7 +60,10 @@ class ConversationStore(StoreBase):
         client, embedded = connect_sync(config)
         snapshots = snapshot_dir_for(config) if config.conversation.persistence_enabled else None
         store = cls(client, config, embedded=embedded, snapshots=snapshots, **options)
-        store.load_scripts()
+        try:
+            store.load_scripts()
+        except BackendError as exc:  # Redis not up yet: scripts load on first use instead
+            log.warning("memtier: could not preload the Lua scripts (%s); loading on demand", exc)
         if snapshots is not None and recover:
             store.recover()
         return store

@@ -338,19 +338,9 @@ def _oracle_backends() -> list[Any]:
     ]
 
 
-@pytest.fixture(params=_oracle_backends())
-async def oracle_backend(request: pytest.FixtureRequest) -> Any:
-    """The ``backend`` fixture's fake and real standalone halves (the cluster adds nothing
-    here: redaction runs in the client, before any key is chosen)."""
-    from conftest import _make_backend
-
-    made = _make_backend(request, request.param)
-    try:
-        yield made
-    finally:
-        await made.aclose()
-
-
+# The `backend` fixture's fake and real standalone halves (the cluster adds nothing here:
+# redaction runs in the client, before any key is chosen).
+@pytest.mark.parametrize("backend", _oracle_backends(), indirect=True)
 @settings(
     max_examples=25,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -366,7 +356,8 @@ async def oracle_backend(request: pytest.FixtureRequest) -> Any:
         [(1, PINNED["discord_17_digits"]), (2, PINNED["escaped_json_header"])],
     ]
 )
-def test_no_planted_secret_is_stored_anywhere(oracle_backend: Any, sessions: Any) -> None:
+def test_no_planted_secret_is_stored_anywhere(backend: Any, sessions: Any) -> None:
+    oracle_backend = backend
     client = oracle_backend.sync_client()
     with tempfile.TemporaryDirectory(prefix="memtier-oracle-") as tmp:
         oracle = Oracle(oracle_backend, client, Path(tmp) / "data")

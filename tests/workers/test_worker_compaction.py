@@ -135,11 +135,21 @@ def test_summary_keeps_the_facts_that_matter() -> None:
 
 def test_summary_of_agent_turns_only_is_trusted_and_untrusted_stays_untrusted() -> None:
     conv = ConversationConfig(max_turns_per_session=10)
+    text = "hello from the agent, " * 10  # enough bytes for a summary with its facts
     agent_only = tuple(
-        StoredTurn(i, i, i, 5, False, "agent", f"t{i}", {"text": "hello"}) for i in range(1, 11)
+        StoredTurn(i, i, i, len(text), False, "agent", f"t{i}", {"text": text})
+        for i in range(1, 11)
     )
     plan = plan_compaction(_state(agent_only), conv)
     assert plan is not None and orjson.loads(plan.summary)["untrusted"] is False
+    # A summary too small for its facts (the minimal one) never claims to be trusted:
+    # nothing in it would show which kinds of turns it folded.
+    tiny = tuple(
+        StoredTurn(i, i, i, 5, False, "agent", f"t{i}", {"text": "hello"}) for i in range(1, 11)
+    )
+    plan = plan_compaction(_state(tiny), conv)
+    assert plan is not None and set(orjson.loads(plan.summary)) == {"untrusted", "text"}
+    assert orjson.loads(plan.summary)["untrusted"] is True
     # An untrusted previous summary keeps the next one untrusted, even over agent turns.
     prev = build_summary(None, _records(4), conv.max_summary_bytes)
     assert prev is not None

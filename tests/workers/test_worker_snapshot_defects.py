@@ -55,18 +55,22 @@ def _events(store: Any, reason: ReasonCode) -> list[Any]:
 
 def test_a_name_that_sanitises_to_empty_is_refused_at_append(backend: Any, tmp_path: Path) -> None:
     store = persistent_store(backend, tmp_path)
-    for turn in (
-        ToolSummary(tool="\x00", summary="x"),
-        ActionResult(action="\x01\x02", outcome="y"),
-    ):
-        with pytest.raises(ValidationError) as info:
-            store.append(key(1), turn)
-        assert info.value.code == "invalid_input"
+    # The name grammar refuses such names when the turn is built (before any I/O), and
+    # append's shared record check refuses one that slipped past the model.
+    with pytest.raises(ValidationError) as info:
+        ToolSummary(tool="\x00", summary="x")
+    assert info.value.code == "invalid_name"
+    with pytest.raises(ValidationError) as info:
+        ActionResult(action="\x01\x02", outcome="y")
+    assert info.value.code == "invalid_name"
+    forged = ToolSummary.model_construct(tool="\x00", summary="x", turn_id=None)
+    with pytest.raises(ValidationError):
+        store.append(key(1), forged)
     # A caller's turn id is stored as given: one that looks like a key is refused.
     with pytest.raises(ValidationError):
         store.append(key(1), AvatarMessage(text="hi", turn_id="AKIAIOSFODNN7EXAMPLE"))
     # What sanitising leaves storable is stored, and every stored session flushes.
-    store.append(key(1), ToolSummary(tool="se\x00arch", summary="ok\x07"))
+    store.append(key(1), ToolSummary(tool="search", summary="ok\x07"))
     result = store.flush()
     assert result.sessions == 1 and result.skipped == {}
 
@@ -286,8 +290,8 @@ def test_recovery_refuses_a_summary_of_avatar_turns_marked_trusted(
 
     store = persistent_store(backend, tmp_path, Clock(), max_turns_per_session=8)
     k = key(7)
-    for i in range(12):
-        store.append(k, AvatarMessage(text=f"hi {i}"))
+    for i in range(12):  # long enough that the summary keeps its facts (counts)
+        store.append(k, AvatarMessage(text=f"hi {i} " + "words " * 20))
     path = Path(store.flush().path)
 
     def trusted(i: int, obj: dict[str, Any]) -> dict[str, Any]:
