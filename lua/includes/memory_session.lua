@@ -5,7 +5,8 @@
   memtier/memory/state.py (iter_sessions):
     member, n_fields, field_1, value_1, ..., n_records, record_1, ...
   It reads the hash and the whole turns list inside the calling script, so the copy is
-  a consistent point in time (never half of an append or of a compaction).
+  a consistent point in time (never half of an append or of a compaction), and returns
+  the number of hash fields and records it copied.
 ]]
 
 -- The inactivity TTL (ms) of a member's channel.
@@ -30,4 +31,5 @@ local function memtier_read_session(s_key, t_key, member, out)
   local recs = redis.call('LRANGE', t_key, 0, -1)
   out[#out + 1] = #recs
   for i = 1, #recs do out[#out + 1] = recs[i] end
+  return #h + #recs -- the reply elements it added (callers bound their work by it)
 end

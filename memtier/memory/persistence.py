@@ -276,11 +276,20 @@ def flush_plan(
                     batch_bytes += nbytes
                 if batch:
                     pages.append(batch)
-                for members in pages:
+                while pages:  # bounded: every call with a session consumes one member
+                    members = pages.pop(0)
                     reply = yield snapshot_page_call(core, part, members)
                     clocks.append(int(reply[0]))
                     walls.append(int(reply[1]))
-                    for state in iter_sessions(reply):
+                    states = list(iter_sessions(reply))
+                    if states:
+                        # The script stops after the session that passes its work bound:
+                        # the members after the last one returned go again (the ones
+                        # before it that it skipped were read and are not live).
+                        rest = members[members.index(states[-1].member) + 1 :]
+                        if rest:
+                            pages.insert(0, rest)
+                    for state in states:
                         line = session_to_json(state)
                         try:
                             validate_session(line)
