@@ -121,7 +121,9 @@ _HTTP_STATUS: dict[str, int] = {
     ConversationErrorCode.RUNNER_FAILED: 502,
     ConversationErrorCode.BACKEND_UNAVAILABLE: 503,
     ConversationErrorCode.THREAD_BUSY: 409,
-    ConversationErrorCode.REQUEST_CONFLICT: 409,
+    # The IETF Idempotency-Key draft (draft-ietf-httpapi-idempotency-key-header): a key
+    # reused with another payload is 422; a request still running under the key is 409.
+    ConversationErrorCode.REQUEST_CONFLICT: 422,
     ConversationErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ConversationErrorCode.METHOD_NOT_ALLOWED: 405,
 }

@@ -72,7 +72,7 @@ the token still holds it.  Hence:
   result without running the agent again; arriving while the first attempt
   runs, it waits up to ``inflight_wait_s`` (30 s) for that result, then gets
   ``request_in_progress`` (409) and can retry later.  The same request id with
-  another message is ``request_conflict`` (409);
+  another message is ``request_conflict`` (422, as the IETF Idempotency-Key draft);
 - the runner is called once per request id while the process running it is
   alive and keeps its lease; if that process dies (or stalls longer than the
   lease), the lease expires and a retry takes the abandoned run over:

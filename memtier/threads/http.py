@@ -372,6 +372,7 @@ _STATUS_DESCRIPTIONS: dict[int, str] = {
     409: "Conflict",
     413: "Too large",
     415: "Unsupported media type (send application/json)",
+    422: "The request id was already used for a different request (do not retry as is)",
     502: "The agent runner failed",
     503: "The storage backend is unavailable; retry later",
 }
@@ -859,7 +860,9 @@ def _finish_document(document: dict[str, Any]) -> dict[str, Any]:
     listed under ``x-memtier-error-codes`` (docs/threads.md has the same table)."""
     for path in document.get("paths", {}).values():
         for operation in path.values():
-            operation.get("responses", {}).pop("422", None)
+            responses = operation.get("responses", {})
+            if "HTTPValidationError" in str(responses.get("422", "")):  # FastAPI's, not ours
+                responses.pop("422")
     schemas = document.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)

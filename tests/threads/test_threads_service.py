@@ -257,7 +257,7 @@ def test_continue_request_id_returns_the_first_result(make_service: MakeService)
     again = service.continue_(OWNER, thread.id, "hello", request_id="req-1")
     assert again == first and runner.calls == 1
     conflict = err(lambda: service.continue_(OWNER, thread.id, "other", request_id="req-1"))
-    assert conflict.code == "request_conflict" and conflict.http_status == 409
+    assert conflict.code == "request_conflict" and conflict.http_status == 422
     assert len(service.replay(OWNER, thread.id).records) == 4  # one turn's rows, once
 
 
