@@ -7,9 +7,11 @@ and :class:`AsyncConversationStore` -- and durable conversation threads
 """
 
 from memtier._version import __version__
-from memtier.config import ConversationConfig, MemtierConfig, ThreadsConfig
+from memtier.config import ConversationConfig, MemtierConfig, RedisConfig, ThreadsConfig
 from memtier.errors import (
+    BackendBusyError,
     BackendError,
+    BackendRefusedError,
     CapacityError,
     ConfigurationError,
     ConversationError,
@@ -17,6 +19,7 @@ from memtier.errors import (
     ErrorCode,
     InvalidCursorError,
     MemtierError,
+    OutcomeUnknownError,
     ScriptError,
     SessionFullError,
     SnapshotError,
@@ -74,7 +77,9 @@ __all__ = [
     "AsyncConversationService",
     "AsyncConversationStore",
     "AvatarMessage",
+    "BackendBusyError",
     "BackendError",
+    "BackendRefusedError",
     "CapacityError",
     "Channel",
     "CompactionOutcome",
@@ -99,9 +104,11 @@ __all__ = [
     "MemtierConfig",
     "MemtierError",
     "MetadataPage",
+    "OutcomeUnknownError",
     "Ownership",
     "ReasonCode",
     "RecoveryReport",
+    "RedisConfig",
     "ReplayPage",
     "Role",
     "ScriptError",

@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from memtier import limits
 from memtier.errors import ConfigurationError
 
-__all__ = ["ConversationConfig", "MemtierConfig", "ThreadsConfig", "parse_redis_url"]
+__all__ = ["ConversationConfig", "MemtierConfig", "RedisConfig", "ThreadsConfig", "parse_redis_url"]
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -131,6 +131,35 @@ class ThreadsConfig(BaseModel):
         return _check_bound(value, info, cls.BOUNDS)
 
 
+class RedisConfig(BaseModel):
+    """The ``[redis]`` section: connection pool, socket deadlines and the retry horizon.
+
+    ``MEMTIER_REDIS__MAX_CONNECTIONS=100`` and so on.  Each has a default and a hard
+    ceiling in :mod:`memtier.limits`; configuration may only lower it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    BOUNDS: ClassVar[dict[str, limits.Bound]] = {
+        "max_connections": limits.REDIS_MAX_CONNECTIONS,
+        "pool_timeout_seconds": limits.REDIS_POOL_TIMEOUT_SECONDS,
+        "socket_timeout_seconds": limits.REDIS_SOCKET_TIMEOUT_SECONDS,
+        "connect_timeout_seconds": limits.REDIS_CONNECT_TIMEOUT_SECONDS,
+        "retry_horizon_seconds": limits.RETRY_HORIZON_SECONDS,
+    }
+
+    max_connections: int = int(limits.REDIS_MAX_CONNECTIONS.default)
+    pool_timeout_seconds: float = limits.REDIS_POOL_TIMEOUT_SECONDS.default
+    socket_timeout_seconds: float = limits.REDIS_SOCKET_TIMEOUT_SECONDS.default
+    connect_timeout_seconds: float = limits.REDIS_CONNECT_TIMEOUT_SECONDS.default
+    retry_horizon_seconds: float = limits.RETRY_HORIZON_SECONDS.default
+
+    @field_validator(*BOUNDS.keys())
+    @classmethod
+    def _within_ceiling(cls, value: float, info: ValidationInfo) -> float:
+        return _check_bound(value, info, cls.BOUNDS)
+
+
 class MemtierConfig(BaseSettings):
     """All of memtier's settings.
 
@@ -151,6 +180,7 @@ class MemtierConfig(BaseSettings):
     partitions: int = Field(default=1, ge=1, le=limits.MAX_PARTITIONS)
     conversation: ConversationConfig = ConversationConfig()
     threads: ThreadsConfig = ThreadsConfig()
+    redis: RedisConfig = RedisConfig()
 
     @field_validator("redis_url")
     @classmethod
@@ -184,7 +214,7 @@ class MemtierConfig(BaseSettings):
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> MemtierConfig:
-        """Load a TOML file (top-level keys plus ``[conversation]`` and ``[threads]`` tables)."""
+        """Load a TOML file (top-level keys plus ``[conversation]``, ``[threads]``, ``[redis]``)."""
         try:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError) as exc:
