@@ -1,0 +1,142 @@
+"""Helpers of the concurrency-burst tests: a manual failover on the fixture cluster, and back.
+
+Only servers the fixtures started are touched (their ports come from the fixture), and
+every wait is a bounded poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from redis.crc import key_slot
+from servers import RedisClusterServers
+
+FAILOVER_TIMEOUT_S = 60.0
+POLL_S = 0.05
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def slot_owner(cluster: RedisClusterServers, key: str) -> tuple[int, int]:
+    """(primary port, one replica port) of the shard that holds ``key``'s slot."""
+    slot = key_slot(key.encode())
+    with cluster.node_client(cluster.port) as conn:
+        lines = _text(conn.execute_command("CLUSTER", "NODES")).splitlines()
+    ids: dict[str, int] = {}
+    primary_id = None
+    rows = [line.split() for line in lines if line.strip()]
+    for row in rows:
+        ids[row[0]] = int(row[1].split("@")[0].rsplit(":", 1)[1])
+        if "master" not in row[2]:
+            continue
+        for spec in row[8:]:
+            if spec.startswith("["):
+                continue  # a slot being migrated
+            low, _, high = spec.partition("-")
+            if int(low) <= slot <= int(high or low):
+                primary_id = row[0]
+    assert primary_id is not None, f"no primary owns slot {slot}"
+    replicas = [ids[row[0]] for row in rows if row[3] == primary_id and "slave" in row[2]]
+    assert replicas, f"the primary of slot {slot} has no replica"
+    return ids[primary_id], replicas[0]
+
+
+def role(cluster: RedisClusterServers, port: int) -> str:
+    with cluster.node_client(port, socket_timeout=5) as conn:
+        return _text(conn.execute_command("ROLE")[0])
+
+
+def healthy(cluster: RedisClusterServers, primaries: set[int]) -> bool:
+    """Every node says cluster_state:ok, ``primaries`` are the primaries, replicas linked."""
+    for port in cluster.ports:
+        with cluster.node_client(port, socket_timeout=5) as conn:
+            info = _text(conn.execute_command("CLUSTER", "INFO"))
+            if "cluster_state:ok" not in info:
+                return False
+            replication = conn.info("replication")
+        is_primary = replication.get("role") == "master"
+        if is_primary != (port in primaries):
+            return False
+        if not is_primary and replication.get("master_link_status") != "up":
+            return False
+    return True
+
+
+def wait_for(what: str, check: Any, timeout_s: float = FAILOVER_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception as exc:  # a node busy with the failover: poll again
+            last = exc
+        time.sleep(POLL_S)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
+
+
+def failover_to(cluster: RedisClusterServers, replica: int) -> None:
+    """``CLUSTER FAILOVER`` on ``replica`` (coordinated, no data loss); wait until it leads."""
+    with cluster.node_client(replica) as conn:
+        conn.execute_command("CLUSTER", "FAILOVER")
+    wait_for(f"node {replica} to become primary", lambda: role(cluster, replica) == "master")
+
+
+@contextlib.contextmanager
+def restored_topology(cluster: RedisClusterServers) -> Iterator[None]:
+    """Whatever the body failed over, the same nodes are primaries afterwards, all healthy."""
+    primaries = set(cluster.primaries())
+    try:
+        yield
+    finally:
+        for port in sorted(primaries):
+            if role(cluster, port) != "master":
+                failover_to(cluster, port)
+        wait_for("the cluster topology to be restored", lambda: healthy(cluster, primaries))
+
+
+class FailoverAfter:
+    """Fails the shard of ``key`` over to its replica once ``after`` calls have finished.
+
+    Call :meth:`done` after each call (from any thread); the failover runs in its own
+    thread so the burst goes on meanwhile.  :meth:`join` waits for it (and re-raises).
+    """
+
+    def __init__(self, cluster: RedisClusterServers, key: str, after: int) -> None:
+        self.cluster = cluster
+        self.primary, self.replica = slot_owner(cluster, key)
+        self.after = after
+        self._count = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.finished = threading.Event()
+
+    def done(self) -> None:
+        with self._lock:
+            self._count += 1
+            if self._count != self.after or self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="burst-failover")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            failover_to(self.cluster, self.replica)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self.finished.set()
+
+    def join(self) -> None:
+        assert self._thread is not None, "the burst ended before the failover started"
+        self._thread.join(FAILOVER_TIMEOUT_S * 2)
+        assert not self._thread.is_alive(), "the failover thread hangs"
+        if self._error is not None:
+            raise self._error
