@@ -17,6 +17,8 @@ from servers import RedisClusterServers
 
 FAILOVER_TIMEOUT_S = 60.0
 POLL_S = 0.05
+FAILOVER_ATTEMPTS = 5
+MANUAL_FAILOVER_S = 12.0  # Redis gives a manual failover 5 s; a loaded box needs more
 
 
 def _text(value: Any) -> str:
@@ -42,9 +44,18 @@ def slot_owner(cluster: RedisClusterServers, key: str) -> tuple[int, int]:
             if int(low) <= slot <= int(high or low):
                 primary_id = row[0]
     assert primary_id is not None, f"no primary owns slot {slot}"
-    replicas = [ids[row[0]] for row in rows if row[3] == primary_id and "slave" in row[2]]
+    primary = ids[primary_id]
+    replicas = replicas_of(cluster, primary)  # ROLE on the primary itself: never stale
     assert replicas, f"the primary of slot {slot} has no replica"
-    return ids[primary_id], replicas[0]
+    return primary, replicas[0]
+
+
+def replicas_of(cluster: RedisClusterServers, primary: int) -> list[int]:
+    with cluster.node_client(primary, socket_timeout=5) as conn:
+        reply = conn.execute_command("ROLE")
+    if _text(reply[0]) != "master":
+        return []
+    return [int(_text(r[1])) for r in reply[2]]
 
 
 def role(cluster: RedisClusterServers, port: int) -> str:
@@ -65,6 +76,8 @@ def healthy(cluster: RedisClusterServers, primaries: set[int]) -> bool:
             return False
         if not is_primary and replication.get("master_link_status") != "up":
             return False
+        if is_primary and not replicas_of(cluster, port):
+            return False
     return True
 
 
@@ -81,11 +94,41 @@ def wait_for(what: str, check: Any, timeout_s: float = FAILOVER_TIMEOUT_S) -> No
     raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
 
 
+def _linked(cluster: RedisClusterServers, replica: int) -> bool:
+    with cluster.node_client(replica, socket_timeout=5) as conn:
+        replication = conn.info("replication")
+    return bool(
+        replication.get("role") == "slave" and replication.get("master_link_status") == "up"
+    )
+
+
 def failover_to(cluster: RedisClusterServers, replica: int) -> None:
-    """``CLUSTER FAILOVER`` on ``replica`` (coordinated, no data loss); wait until it leads."""
-    with cluster.node_client(replica) as conn:
-        conn.execute_command("CLUSTER", "FAILOVER")
-    wait_for(f"node {replica} to become primary", lambda: role(cluster, replica) == "master")
+    """``CLUSTER FAILOVER`` on ``replica`` (coordinated, no data loss); wait until it leads.
+
+    A manual failover is given up by Redis after 5 s (say, while the replica is still
+    syncing after the previous one): wait for its replication link, then ask again, a
+    bounded number of times.
+    """
+    for _ in range(FAILOVER_ATTEMPTS):
+        if role(cluster, replica) == "master":
+            return
+        wait_for(f"node {replica}'s replication link", lambda: _linked(cluster, replica))
+        with cluster.node_client(replica) as conn:
+            conn.execute_command("CLUSTER", "FAILOVER")
+        with contextlib.suppress(AssertionError):
+            wait_for(
+                f"node {replica} to become primary",
+                lambda: role(cluster, replica) == "master",
+                timeout_s=MANUAL_FAILOVER_S,
+            )
+    if role(cluster, replica) != "master":
+        raise AssertionError(f"node {replica} never became primary")
+
+
+def settled(cluster: RedisClusterServers) -> bool:
+    """No failover under way: the primaries of a moment ago are healthy, with replicas."""
+    primaries = {port for port in cluster.ports if role(cluster, port) == "master"}
+    return len(primaries) == cluster.PRIMARIES and healthy(cluster, primaries)
 
 
 @contextlib.contextmanager
@@ -95,8 +138,13 @@ def restored_topology(cluster: RedisClusterServers) -> Iterator[None]:
     try:
         yield
     finally:
-        for port in sorted(primaries):
-            if role(cluster, port) != "master":
+        for _ in range(FAILOVER_ATTEMPTS):
+            # A node just demoted still says "master" for a moment: settle first.
+            wait_for("the cluster to settle", lambda: settled(cluster))
+            demoted = [port for port in sorted(primaries) if role(cluster, port) != "master"]
+            if not demoted:
+                break
+            for port in demoted:
                 failover_to(cluster, port)
         wait_for("the cluster topology to be restored", lambda: healthy(cluster, primaries))
 
