@@ -55,7 +55,9 @@ class AsyncBridge:
 
         self._bridge_store = store
         self._bridge_loop = asyncio.new_event_loop()
-        self._bridge_thread = threading.Thread(target=self._bridge_loop.run_forever, name="async-bridge")
+        self._bridge_thread = threading.Thread(
+            target=self._bridge_loop.run_forever, name="async-bridge"
+        )
         self._bridge_thread.start()
 
     def _bridge_run(self, awaitable: Any) -> Any:
