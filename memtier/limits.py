@@ -88,6 +88,9 @@ REDIS_CONNECT_TIMEOUT_SECONDS: Final = Bound(2.0, 30.0, 0.05, "s")
 RETRY_HORIZON_SECONDS: Final = Bound(20.0, 120.0, 0.0, "s")
 # ... and never more than this many attempts in all, whatever the horizon.
 RETRY_MAX_ATTEMPTS: Final = 40
+# How long an operator delete/expire keeps its result for its own retries: longer than the
+# longest retry horizon, so a retry after a lost reply reports what the first attempt did.
+DROP_RECEIPT_MS: Final = 300_000
 
 # --- conversation threads (spec "frozen limits": default / hard cap) -------------------------
 THREAD_LIST_PAGE: Final = Bound(50, 200, 1, "threads")

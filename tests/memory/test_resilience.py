@@ -257,3 +257,42 @@ def test_eviction_and_expiry_metrics_carry_reason_codes(backend: Any) -> None:
     assert after[sess] - before.get(sess, 0.0) == 2
     assert after[expired] - before.get(expired, 0.0) == 1
     assert store.stats()["sessions"] == 2
+
+
+@pytest.mark.parametrize("operation", ["delete", "expire"])
+def test_operator_drop_after_a_lost_reply_reports_what_it_did(backend: Any, operation: str) -> None:
+    """D11: the first attempt deleted the session and its reply was lost; the retry must
+    report True (it did delete), not False (nothing left to delete).  One event only."""
+    store = sync_store(backend, Clock())
+    store.append(key(1), AvatarMessage(text="doomed"))
+    flaky = FlakyClient(backend.sync_client(), lose_reply=1)
+    operator = ConversationStore(flaky, store.config, clock=Clock())
+    assert getattr(operator, operation)(key(1)) is True
+    assert flaky.calls == 2  # the retry ran, and found the first attempt's receipt
+    assert store.context(key(1)).session_id is None
+    events = [e.reason.value for e in store.events(limit=100)]
+    assert events.count(f"operator_{operation}d") == 1
+    # a fresh call on the now absent key: False (its own operation id, no receipt)
+    assert getattr(operator, operation)(key(1)) is False
+
+
+def test_operator_drop_never_sent_then_retried_reports_absent_key(backend: Any) -> None:
+    """The retry of a drop whose first attempt never reached Redis reports the truth."""
+    flaky = FlakyClient(backend.sync_client(), fail_before=1)
+    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    assert store.delete(key(9)) is False
+    store.append(key(9), AvatarMessage(text="x"))
+    flaky.fail_before = 1
+    assert store.delete(key(9)) is True
+
+
+def test_drop_receipt_is_bounded_in_time(backend: Any) -> None:
+    store = sync_store(backend, Clock())
+    store.append(key(1), AvatarMessage(text="x"))
+    client = backend.sync_client()
+    call = store._drop_call(key(1), __import__("memtier").ReasonCode.OPERATOR_DELETED)
+    receipt = call.args[-2]
+    assert isinstance(receipt, str) and receipt.startswith(store.core.partition_for(key(1)).prefix)
+    assert int(store._retrying("delete", call)[0]) == 1
+    assert 0 < client.pttl(receipt) <= retry.limits.DROP_RECEIPT_MS
+    assert int(store._retrying("delete", call)[0]) == 1  # the same call again: same answer
