@@ -35,6 +35,10 @@ def store_api(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     :class:`~memtier.AsyncConversationStore` behind a sync bridge (memhelpers.AsyncBridge).
     """
     bridges: list[memhelpers.AsyncBridge] = []
+    if "backend" in request.fixturenames:
+        # Set the backend up inside this fixture so it is torn down after the bridges:
+        # its clients must be closed in the bridge's loop first, not in the test's.
+        request.getfixturevalue("backend")
     if request.param == "async":
         monkeypatch.setitem(globals(), "sync_store", partial(memhelpers.bridged_store, bridges))
     try:
