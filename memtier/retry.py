@@ -130,7 +130,7 @@ class Fault(enum.Enum):
 _TRANSIENT_PREFIXES = ("LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY")
 # Error replies that refuse a command for good: an operator must act.  Matched anywhere
 # in the message: inside a script Redis prefixes them ("ERR Error running script ...").
-_REFUSED_MARKERS = ("OOM ", "MISCONF", "NOPERM", "NOAUTH", "WRONGPASS", "NOSCRIPT_DENIED")
+_REFUSED_MARKERS = ("OOM ", "MISCONF", "NOPERM", "NOAUTH", "WRONGPASS")
 # redis-py's wording for a connection that was never made, and for an exhausted pool.
 _CONNECT_MARKERS = ("connecting to", "Timeout connecting", "Connection refused")
 _POOL_MARKERS = ("No connection available", "Too many connections")
