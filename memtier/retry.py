@@ -12,7 +12,8 @@ What a failure means decides what happens (:func:`classify`):
 * **not applied, transient** -- LOADING, BUSY, TRYAGAIN, CLUSTERDOWN, MASTERDOWN,
   READONLY, a refused connect: retried.
 * **outcome unknown** -- a timeout or a connection lost after the command may
-  have been sent, or any fault of the client library itself (a non-redis
+  have been sent, redis-py's cluster errors (``RedisClusterException``: a
+  topology change), or any fault of the client library itself (a non-redis
   exception such as redis-py's cold-start ``AttributeError``): retried (a
   client-library fault at most :data:`CLIENT_FAULT_ATTEMPTS` times).  When the
   retries run out after such an attempt the caller gets
@@ -144,6 +145,10 @@ def classify(exc: BaseException) -> Fault:
         return Fault.NOT_APPLIED
     if isinstance(exc, MemtierError) or not isinstance(exc, Exception):
         return Fault.PASS_THROUGH
+    if isinstance(exc, rexc.SlotNotCoveredError):  # no node to send to: nothing sent
+        return Fault.NOT_APPLIED
+    if isinstance(exc, rexc.RedisClusterException):  # a topology change (no RedisError)
+        return Fault.UNKNOWN
     if not isinstance(exc, rexc.RedisError):
         return Fault.CLIENT_FAULT
     text = str(exc)

@@ -188,6 +188,8 @@ def test_busy_after_a_lost_reply_is_outcome_unknown(mode: str) -> None:
         (rexc.AuthenticationError("WRONGPASS invalid username-password pair"), retry.Fault.REFUSED),
         (rexc.MaxConnectionsError(), retry.Fault.BUSY),
         (rexc.ResponseError("WRONGTYPE Operation against a key"), retry.Fault.ERROR),
+        (rexc.SlotNotCoveredError("slot 1 not covered"), retry.Fault.NOT_APPLIED),
+        (rexc.RedisClusterException("Redis Cluster cannot be connected."), retry.Fault.UNKNOWN),
         (AttributeError("x"), retry.Fault.CLIENT_FAULT),
         (OSError("x"), retry.Fault.CLIENT_FAULT),
         (ValidationError("x"), retry.Fault.PASS_THROUGH),
