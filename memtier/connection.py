@@ -116,7 +116,7 @@ def connect_sync(config: MemtierConfig) -> tuple[Any, bool]:
         retry_on_error=[],
         **options,
     )
-    return Redis.from_pool(pool), False
+    return _owning(Redis, pool), False
 
 
 def connect_async(config: MemtierConfig) -> tuple[Any, bool]:
@@ -142,7 +142,17 @@ def connect_async(config: MemtierConfig) -> tuple[Any, bool]:
         retry_on_error=[],
         **options,
     )
-    return Redis.from_pool(pool), False
+    return _owning(Redis, pool), False
+
+
+def _owning(cls: Any, pool: Any) -> Any:
+    """A client that closes ``pool`` when it is closed (``from_pool`` where redis-py has it)."""
+    from_pool = getattr(cls, "from_pool", None)
+    if from_pool is not None:
+        return from_pool(pool)
+    client = cls(connection_pool=pool)  # redis-py 5.0.0: the same, by hand
+    client.auto_close_connection_pool = True
+    return client
 
 
 def _busy(limit: int, timeout_s: float) -> BackendBusyError:
