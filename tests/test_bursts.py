@@ -3,7 +3,8 @@
 On fakeredis, a real redis-server and a real Redis Cluster; conversation memory and
 threads; from many threads (sync API) and from one event loop (asyncio API); and the same
 bursts while the cluster shard that holds the keys fails over (``CLUSTER FAILOVER`` on
-its replica; the topology is restored afterwards).
+its replica; a healthy topology is restored afterwards, the original primaries if Redis
+agrees to fail back).
 
 Each burst checks: every call returns or raises a *typed* memtier error (nothing else);
 a healthy burst succeeds entirely; during a failover, every retryable failure retried
