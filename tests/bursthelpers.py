@@ -27,7 +27,22 @@ def _text(value: Any) -> str:
 
 
 def slot_owner(cluster: RedisClusterServers, key: str) -> tuple[int, int]:
-    """(primary port, one replica port) of the shard that holds ``key``'s slot."""
+    """(primary port, one replica port) of the shard that holds ``key``'s slot.
+
+    Polled until the slot map of one node agrees with the primary's own ``ROLE`` (right
+    after a failover, a node's ``CLUSTER NODES`` may still show the old primary).
+    """
+    found: list[tuple[int, int]] = []
+
+    def agreed() -> bool:
+        found[:] = [_slot_owner_now(cluster, key)]
+        return True
+
+    wait_for(f"the owner of {key!r}", agreed)
+    return found[0]
+
+
+def _slot_owner_now(cluster: RedisClusterServers, key: str) -> tuple[int, int]:
     slot = key_slot(key.encode())
     with cluster.node_client(cluster.port) as conn:
         lines = _text(conn.execute_command("CLUSTER", "NODES")).splitlines()
