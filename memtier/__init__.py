@@ -7,9 +7,11 @@ and :class:`AsyncConversationStore` -- and durable conversation threads
 """
 
 from memtier._version import __version__
-from memtier.config import ConversationConfig, MemtierConfig, ThreadsConfig
+from memtier.config import ConversationConfig, MemtierConfig, RedisConfig, ThreadsConfig
 from memtier.errors import (
+    BackendBusyError,
     BackendError,
+    BackendRefusedError,
     CapacityError,
     ConfigurationError,
     ConversationError,
@@ -18,6 +20,7 @@ from memtier.errors import (
     InvalidCursorError,
     InvalidNameError,
     MemtierError,
+    OutcomeUnknownError,
     ScriptError,
     SessionFullError,
     SnapshotError,
@@ -75,7 +78,9 @@ __all__ = [
     "AsyncConversationService",
     "AsyncConversationStore",
     "AvatarMessage",
+    "BackendBusyError",
     "BackendError",
+    "BackendRefusedError",
     "CapacityError",
     "Channel",
     "CompactionOutcome",
@@ -101,9 +106,11 @@ __all__ = [
     "MemtierConfig",
     "MemtierError",
     "MetadataPage",
+    "OutcomeUnknownError",
     "Ownership",
     "ReasonCode",
     "RecoveryReport",
+    "RedisConfig",
     "ReplayPage",
     "Role",
     "ScriptError",

@@ -54,6 +54,7 @@ __all__ = [
     "LIMIT_DEPENDENCIES",
     "ConversationConfig",
     "MemtierConfig",
+    "RedisConfig",
     "ThreadsConfig",
     "parse_redis_url",
 ]
@@ -283,6 +284,37 @@ class ThreadsConfig(_ConfigErrors, BaseModel):
         return _check_bound(value, info, cls.BOUNDS)
 
 
+class RedisConfig(BaseModel):
+    """The ``[redis]`` section: connection pool, socket deadlines and the retry horizon.
+
+    ``MEMTIER_REDIS__MAX_CONNECTIONS=100`` and so on.  Each has a default and a hard
+    ceiling in :mod:`memtier.limits`; configuration may only lower it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    BOUNDS: ClassVar[dict[str, limits.Bound]] = {
+        "max_connections": limits.REDIS_MAX_CONNECTIONS,
+        "pool_timeout_seconds": limits.REDIS_POOL_TIMEOUT_SECONDS,
+        "socket_timeout_seconds": limits.REDIS_SOCKET_TIMEOUT_SECONDS,
+        "connect_timeout_seconds": limits.REDIS_CONNECT_TIMEOUT_SECONDS,
+        "retry_horizon_seconds": limits.RETRY_HORIZON_SECONDS,
+    }
+
+    max_connections: int = int(limits.REDIS_MAX_CONNECTIONS.default)
+    pool_timeout_seconds: float = limits.REDIS_POOL_TIMEOUT_SECONDS.default
+    socket_timeout_seconds: float = limits.REDIS_SOCKET_TIMEOUT_SECONDS.default
+    connect_timeout_seconds: float = limits.REDIS_CONNECT_TIMEOUT_SECONDS.default
+    retry_horizon_seconds: float = limits.RETRY_HORIZON_SECONDS.default
+
+    @field_validator(*BOUNDS.keys())
+    @classmethod
+    def _within_ceiling(cls, value: float, info: ValidationInfo) -> float:
+        return _check_bound(value, info, cls.BOUNDS)
+
+
+
+
 # The TOML data of the from_toml call in progress (a settings source below the
 # environment); empty outside one.
 _TOML_DATA: ContextVar[dict[str, Any] | None] = ContextVar("memtier_toml_data", default=None)
@@ -319,6 +351,7 @@ class MemtierConfig(_ConfigErrors, BaseSettings):
     partitions: int = Field(default=1, ge=1, le=limits.MAX_PARTITIONS)
     conversation: ConversationConfig = ConversationConfig()
     threads: ThreadsConfig = ThreadsConfig()
+    redis: RedisConfig = RedisConfig()
 
     @classmethod
     def settings_customise_sources(
@@ -377,7 +410,7 @@ class MemtierConfig(_ConfigErrors, BaseSettings):
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> MemtierConfig:
-        """Load a TOML file (top-level keys plus ``[conversation]`` and ``[threads]`` tables).
+        """Load a TOML file (top-level keys plus ``[conversation]``, ``[threads]``, ``[redis]``).
 
         The file ranks below ``MEMTIER_*`` environment variables, which rank below
         ``overrides`` (see the module docstring).

@@ -7,19 +7,48 @@ the demo and tests: it lives in this process only.
 
 redis-py's own command retries are switched off (``Retry(NoBackoff(), 0)``):
 memtier retries once, in :mod:`memtier.retry`.
+
+Every client memtier builds gets memtier's own deadlines and pool bound from the
+``[redis]`` section (:class:`~memtier.config.RedisConfig`), whatever redis-py's
+defaults are (redis-py < 8 had no socket timeout at all):
+
+* ``socket_timeout_seconds`` / ``connect_timeout_seconds`` -- per reply / per connect;
+* ``max_connections`` -- connections per node (standalone: a
+  ``BlockingConnectionPool`` that waits ``pool_timeout_seconds`` for a free one).
+
+:class:`SyncClientGuard` / :class:`AsyncClientGuard` sit in front of every command a
+store or service sends: at most ``max_connections`` commands in flight (callers wait
+up to ``pool_timeout_seconds`` for a slot, then get
+:class:`~memtier.errors.BackendBusyError`; never redis-py's ``MaxConnectionsError``),
+and the asyncio guard initialises a cluster client exactly once, under an
+``asyncio.Lock``, before the first command and again after redis-py marked its slot
+map stale (a failover, a topology change).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from redis.backoff import NoBackoff
 
-from memtier.config import MemtierConfig, parse_redis_url
-from memtier.errors import ConfigurationError
+from memtier.config import MemtierConfig, RedisConfig, parse_redis_url
+from memtier.errors import BackendBusyError, BackendError, ConfigurationError, TransientBackendError
 
-__all__ = ["EMBEDDED_NOTICE", "connect_async", "connect_sync", "embedded_server"]
+__all__ = [
+    "EMBEDDED_NOTICE",
+    "AsyncClientGuard",
+    "SyncClientGuard",
+    "client_options",
+    "connect_async",
+    "connect_sync",
+    "embedded_server",
+]
+
+T = TypeVar("T")
 
 log = logging.getLogger("memtier")
 
@@ -46,9 +75,22 @@ def embedded_server() -> Any:
     return _EMBEDDED
 
 
+def client_options(settings: RedisConfig) -> dict[str, Any]:
+    """The redis-py keyword arguments memtier sets on every client it builds."""
+    return {
+        "socket_timeout": settings.socket_timeout_seconds,
+        "socket_connect_timeout": settings.connect_timeout_seconds,
+        "max_connections": settings.max_connections,
+    }
+
+
 def connect_sync(config: MemtierConfig) -> tuple[Any, bool]:
-    """Return ``(client, embedded)`` for the configured Redis."""
-    from redis import Redis
+    """Return ``(client, embedded)`` for the configured Redis.
+
+    A cluster client reads the slot map here (redis-py's sync cluster client connects in
+    its constructor); a cluster that cannot be reached raises BackendError.
+    """
+    from redis import BlockingConnectionPool, Redis
     from redis.cluster import RedisCluster
     from redis.retry import Retry
 
@@ -58,14 +100,29 @@ def connect_sync(config: MemtierConfig) -> tuple[Any, bool]:
         log.warning(EMBEDDED_NOTICE)
         return fakeredis.FakeRedis(server=embedded_server()), True
     is_cluster, url = parse_redis_url(config.redis_url)
+    options = client_options(config.redis)
     if is_cluster:
-        return RedisCluster.from_url(url, retry=Retry(NoBackoff(), 0)), False
-    return Redis.from_url(url, retry=Retry(NoBackoff(), 0), retry_on_error=[]), False
+        try:
+            return RedisCluster.from_url(url, retry=Retry(NoBackoff(), 0), **options), False
+        except Exception as exc:  # redis-py raises RedisClusterException (not a RedisError)
+            raise BackendError(
+                f"cannot read the Redis Cluster slot map: {type(exc).__name__}: {exc}",
+                error_type=type(exc).__name__,
+            ) from exc
+    pool = BlockingConnectionPool.from_url(
+        url,
+        timeout=config.redis.pool_timeout_seconds,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_error=[],
+        **options,
+    )
+    return _owning(Redis, pool), False
 
 
 def connect_async(config: MemtierConfig) -> tuple[Any, bool]:
-    """Asyncio twin of :func:`connect_sync`."""
-    from redis.asyncio import Redis
+    """Asyncio twin of :func:`connect_sync` (no I/O: a cluster client is initialised by
+    :class:`AsyncClientGuard` before its first command)."""
+    from redis.asyncio import BlockingConnectionPool, Redis
     from redis.asyncio.cluster import RedisCluster
     from redis.asyncio.retry import Retry
 
@@ -75,6 +132,125 @@ def connect_async(config: MemtierConfig) -> tuple[Any, bool]:
         log.warning(EMBEDDED_NOTICE)
         return fakeredis.FakeAsyncRedis(server=embedded_server()), True
     is_cluster, url = parse_redis_url(config.redis_url)
+    options = client_options(config.redis)
     if is_cluster:
-        return RedisCluster.from_url(url, retry=Retry(NoBackoff(), 0)), False
-    return Redis.from_url(url, retry=Retry(NoBackoff(), 0), retry_on_error=[]), False
+        return RedisCluster.from_url(url, retry=Retry(NoBackoff(), 0), **options), False
+    pool = BlockingConnectionPool.from_url(
+        url,
+        timeout=config.redis.pool_timeout_seconds,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_error=[],
+        **options,
+    )
+    return _owning(Redis, pool), False
+
+
+def _owning(cls: Any, pool: Any) -> Any:
+    """A client that closes ``pool`` when it is closed (``from_pool`` where redis-py has it)."""
+    from_pool = getattr(cls, "from_pool", None)
+    if from_pool is not None:
+        return from_pool(pool)
+    client = cls(connection_pool=pool)  # redis-py 5.0.0: the same, by hand
+    client.auto_close_connection_pool = True
+    return client
+
+
+def _busy(limit: int, timeout_s: float) -> BackendBusyError:
+    return BackendBusyError(
+        f"no Redis connection free within {timeout_s:g} s ({limit} in use):"
+        " raise MEMTIER_REDIS__MAX_CONNECTIONS or send fewer concurrent calls",
+        max_connections=limit,
+    )
+
+
+class SyncClientGuard:
+    """Back-pressure for a sync client shared by many threads.
+
+    At most ``max_connections`` commands in flight; a caller beyond it waits up to
+    ``pool_timeout_seconds`` for a slot, then gets BackendBusyError (retryable,
+    nothing was sent).  With one connection per command in flight, no node's pool can
+    be exhausted (redis-py's sync cluster pools would raise MaxConnectionsError).
+    """
+
+    def __init__(self, settings: RedisConfig) -> None:
+        self.limit = settings.max_connections
+        self.timeout_s = settings.pool_timeout_seconds
+        self._slots = threading.BoundedSemaphore(self.limit)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        if not self._slots.acquire(timeout=self.timeout_s):
+            raise _busy(self.limit, self.timeout_s)
+        try:
+            return fn()
+        finally:
+            self._slots.release()
+
+
+class AsyncClientGuard:
+    """One asyncio client's life cycle and back-pressure.
+
+    * :meth:`open` initialises the client exactly once (a cluster client reads its slot
+      map and opens its node clients) under an ``asyncio.Lock``: concurrent first calls
+      wait for that one initialisation instead of racing it (redis-py's cold cluster
+      client fails such a race with ``AttributeError``).  After redis-py marked the
+      slot map stale (a connection error during a failover) the next call re-opens it,
+      under the same lock.
+    * :meth:`call` bounds the commands in flight as :class:`SyncClientGuard` does (the
+      asyncio cluster client has no blocking pool: it raises MaxConnectionsError).
+    """
+
+    def __init__(self, client: Any, settings: RedisConfig) -> None:
+        self.client = client
+        self.limit = settings.max_connections
+        self.timeout_s = settings.pool_timeout_seconds
+        self._slots = asyncio.Semaphore(self.limit)
+        self._lock = asyncio.Lock()
+        self._opened = False
+        self.opens = 0  # initialisations performed (tests read it)
+
+    def _stale(self) -> bool:
+        # redis-py's asyncio RedisCluster sets ``_initialize`` until initialize() ran and
+        # again when a node failed; a standalone client has no such attribute.
+        return not self._opened or getattr(self.client, "_initialize", False) is True
+
+    async def open(self) -> None:
+        """Initialise the client now (idempotent; concurrent callers share one)."""
+        if not self._stale():
+            return
+        async with self._lock:
+            if not self._stale():
+                return
+            initialize = getattr(self.client, "initialize", None)
+            if initialize is not None:
+                try:
+                    await initialize()
+                except Exception as exc:
+                    # RedisClusterException is no RedisError: type it (retried: nothing sent).
+                    raise TransientBackendError(
+                        f"cannot initialise the Redis client: {type(exc).__name__}: {exc}",
+                        error_type=type(exc).__name__,
+                    ) from exc
+            self._opened = True
+            self.opens += 1
+
+    async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        if self._stale():
+            await self.open()
+        if self._slots.locked():  # wait, bounded; the free path skips the timer
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise _busy(self.limit, self.timeout_s) from None
+        else:
+            await self._slots.acquire()
+        try:
+            return await fn()
+        finally:
+            self._slots.release()
+
+    async def aclose(self) -> None:
+        """Close the client; a later call opens it again."""
+        async with self._lock:
+            self._opened = False
+            await self.client.aclose()

@@ -11,8 +11,15 @@
     │   └── InvalidNameError         invalid_name         a tool/action name outside the grammar
     ├── CapacityError                capacity_exceeded    a bound refused the write
     │   └── SessionFullError         session_full         turn/byte/tool bounds of a session
-    ├── BackendError                 backend_unavailable  Redis failed after bounded retries
-    │   └── TransientBackendError    backend_transient    one transient failure (retried)
+    ├── BackendError                 backend_unavailable  Redis failed after bounded retries;
+    │   │                                                 no attempt can have been applied
+    │   ├── TransientBackendError    backend_transient    one transient failure (retried)
+    │   ├── OutcomeUnknownError      outcome_unknown      an attempt may have been applied (its
+    │   │                                                 reply was lost): retry with the same id
+    │   ├── BackendRefusedError      backend_refused      Redis refused the command, nothing
+    │   │                                                 applied: OOM, MISCONF, NOPERM, NOAUTH
+    │   └── BackendBusyError         backend_busy         no free connection within the pool
+    │                                                     timeout (back-pressure): nothing sent
     ├── ScriptError                  script_error         a script rejected its ARGV (a bug)
     ├── SnapshotError                snapshot_error       writing/reading a snapshot generation
     └── ConversationError            (threads)            one code per ConversationErrorCode
@@ -29,7 +36,9 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 __all__ = [
+    "BackendBusyError",
     "BackendError",
+    "BackendRefusedError",
     "CapacityError",
     "ConfigurationError",
     "ConversationError",
@@ -38,6 +47,7 @@ __all__ = [
     "InvalidCursorError",
     "InvalidNameError",
     "MemtierError",
+    "OutcomeUnknownError",
     "ScriptError",
     "SessionFullError",
     "SnapshotError",
@@ -64,6 +74,9 @@ class ErrorCode(StrEnum):
     BACKEND_TRANSIENT = "backend_transient"
     SCRIPT_ERROR = "script_error"
     SNAPSHOT_ERROR = "snapshot_error"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    BACKEND_REFUSED = "backend_refused"
+    BACKEND_BUSY = "backend_busy"
 
 
 class ConversationErrorCode(StrEnum):
@@ -104,6 +117,9 @@ _HTTP_STATUS: dict[str, int] = {
     ErrorCode.BACKEND_TRANSIENT: 503,
     ErrorCode.SCRIPT_ERROR: 500,
     ErrorCode.SNAPSHOT_ERROR: 500,
+    ErrorCode.OUTCOME_UNKNOWN: 503,
+    ErrorCode.BACKEND_REFUSED: 507,
+    ErrorCode.BACKEND_BUSY: 503,
     # threads
     ConversationErrorCode.INVALID_REQUEST: 400,
     ConversationErrorCode.UNAUTHORIZED: 401,
@@ -225,6 +241,34 @@ class TransientBackendError(BackendError):
     """One transient Redis failure: reset, timeout, LOADING, BUSY, TRYAGAIN, CLUSTERDOWN."""
 
     default_code = ErrorCode.BACKEND_TRANSIENT
+    retryable = True
+
+
+class OutcomeUnknownError(BackendError):
+    """Retries ran out after an attempt whose reply was lost: it may have been applied.
+
+    Retrying the same call with the same turn id / request id is safe and tells which
+    (a duplicate receipt, or the first result).  Raised instead of
+    :class:`BackendError` only when some attempt may have reached Redis.
+    """
+
+    default_code = ErrorCode.OUTCOME_UNKNOWN
+    retryable = True
+
+
+class BackendRefusedError(BackendError):
+    """Redis refused the command and applied nothing: OOM, MISCONF, NOPERM, NOAUTH.
+
+    Not retryable unchanged: an operator has to act (memory, disk, ACL, credentials).
+    """
+
+    default_code = ErrorCode.BACKEND_REFUSED
+
+
+class BackendBusyError(BackendError):
+    """Back-pressure: no connection became free within the pool timeout; nothing was sent."""
+
+    default_code = ErrorCode.BACKEND_BUSY
     retryable = True
 
 

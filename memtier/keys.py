@@ -27,6 +27,8 @@ Memory layout of one partition (``T`` = the partition's hash tag)::
     T:events         STREAM reason-code events, MAXLEN-bounded, never content
     T:compact        STREAM compaction jobs for ``memtier worker`` (consumer group
                             ``memtier-compactors``; a session's ``cq`` names its queued job)
+    T:op:<op id>     STRING result of one operator delete/expire ("1:<bytes>" | "0"), PX
+                            expiry: its retry after a lost reply returns the same result
 
 Snapshot restore of a namespace (its own hash tag, one script handles both)::
 
@@ -141,6 +143,10 @@ class PartitionKeys:
     @cached_property
     def compact(self) -> str:
         return self.prefix + "compact"
+
+    def drop_receipt(self, op_id: str) -> str:
+        """``T:op:<op id>``: the result of one operator drop, for its retries (same slot)."""
+        return f"{self.prefix}op:{op_id}"
 
     def session(self, member: str) -> SessionKeys:
         p = self.prefix

@@ -108,6 +108,24 @@ EVENTS_PAGE: Final = Bound(100, 1_000, 1, "events per page")
 # A compaction job is queued when a session passes this fraction of any of its bounds.
 COMPACTION_TRIGGER_PERCENT: Final = 80
 
+# --- the Redis connection (MEMTIER_REDIS__*) --------------------------------------------------
+# Connections per Redis node (and commands in flight per store or service): callers beyond it
+# wait up to the pool timeout for a free connection (back-pressure), then get backend_busy.
+REDIS_MAX_CONNECTIONS: Final = Bound(50, 1_000, 1, "connections per node")
+REDIS_POOL_TIMEOUT_SECONDS: Final = Bound(10.0, 60.0, 0.001, "s")
+# memtier's own socket deadlines (redis-py < 8 had none): a reply or a connect slower than
+# this is a timeout (an unknown outcome, retried).  Above the worker's XREADGROUP block.
+REDIS_SOCKET_TIMEOUT_SECONDS: Final = Bound(5.0, 60.0, 0.05, "s")
+REDIS_CONNECT_TIMEOUT_SECONDS: Final = Bound(2.0, 30.0, 0.05, "s")
+# Transient failures are retried until this long after the first attempt: Redis Cluster's
+# default cluster-node-timeout (15 s) plus a margin, so a primary's failover is covered.
+RETRY_HORIZON_SECONDS: Final = Bound(20.0, 120.0, 0.0, "s")
+# ... and never more than this many attempts in all, whatever the horizon.
+RETRY_MAX_ATTEMPTS: Final = 40
+# How long an operator delete/expire keeps its result for its own retries: longer than the
+# longest retry horizon, so a retry after a lost reply reports what the first attempt did.
+DROP_RECEIPT_MS: Final = 300_000
+
 # --- conversation threads (spec "frozen limits": default / hard cap) -------------------------
 THREAD_LIST_PAGE: Final = Bound(50, 200, 1, "threads")
 REPLAY_PAGE_ROWS: Final = Bound(100, 500, 1, "rows")

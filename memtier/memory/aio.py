@@ -4,14 +4,14 @@ Same names, same semantics, same I/O-free base; only the I/O awaits."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from functools import partial
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
-from memtier.connection import connect_async
-from memtier.errors import SessionFullError
+from memtier.connection import AsyncClientGuard, connect_async
+from memtier.errors import BackendError, SessionFullError
 from memtier.memory.base import KeyLike, StoreBase, StoreStats
 from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
 from memtier.memory.core import ScriptCall
@@ -26,11 +26,25 @@ from memtier.memory.models import (
 )
 from memtier.memory.persistence import FlushResult, RecoveryReport, flush_plan, snapshot_dir_for
 from memtier.memory.plans import Command, Plan, drive_async
-from memtier.retry import retry_async
+from memtier.retry import RetryPolicy, retry_async
+
+log = logging.getLogger("memtier")
 
 __all__ = ["AsyncConversationStore"]
 
 T = TypeVar("T")
+
+
+class _OpenMethod:
+    """``await AsyncConversationStore.open(config)`` builds and opens a store;
+    ``await store.open()`` opens one that exists (both return the store)."""
+
+    def __get__(
+        self, store: AsyncConversationStore | None, owner: type[AsyncConversationStore]
+    ) -> Callable[..., Awaitable[AsyncConversationStore]]:
+        if store is None:
+            return owner._open_new
+        return store._open
 
 
 class AsyncConversationStore(StoreBase):
@@ -38,9 +52,23 @@ class AsyncConversationStore(StoreBase):
 
     Build it with :meth:`from_config` / :meth:`open`, or from an existing asyncio
     redis-py client (``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``).
+
+    Life cycle: ``async with AsyncConversationStore.from_config(config) as store:``, or
+    ``store = await AsyncConversationStore.open(config)`` / ``await store.open()`` and
+    ``await store.close()``.  Opening initialises the client exactly once (a cluster
+    client reads its slot map) and runs the restore on start; a store that was never
+    opened opens its client lazily on the first call, once, however many calls start
+    together.  At most ``redis.max_connections`` calls are in flight; the others wait up
+    to ``redis.pool_timeout_seconds`` for a slot (then ``backend_busy``).
     """
 
     _recover_on_enter = False
+    open = _OpenMethod()
+
+    def __init__(self, client: Any, config: MemtierConfig | None = None, **options: Any) -> None:
+        super().__init__(client, config, **options)
+        self.guard = AsyncClientGuard(client, self.config.redis)
+        self.retry_policy = RetryPolicy.from_config(self.config)
 
     @classmethod
     def from_config(
@@ -81,56 +109,73 @@ class AsyncConversationStore(StoreBase):
         )
 
     @classmethod
-    async def open(
+    async def _open_new(
         cls, config: MemtierConfig | None = None, *, recover: bool = True, **options: Any
     ) -> AsyncConversationStore:
-        """:meth:`from_config`, then the restore on start (the twin of the sync factory)."""
-        store = cls.from_config(config, recover=recover, **options)
-        await store._startup()
-        return store
+        """:meth:`from_config`, then :meth:`open` (the twin of the sync factory)."""
+        return await cls.from_config(config, recover=recover, **options)._open()
 
     async def load_scripts(self) -> None:
         """``SCRIPT LOAD`` every memory script (see the sync store's :meth:`load_scripts`)."""
-        await retry_async("load_scripts", lambda: self.scripts.load_all_async(self.client))
+        script_registry = self.scripts
+        await retry_async(
+            "load_scripts",
+            lambda: self.guard.call(lambda: script_registry.load_all_async(self.client)),
+            self.retry_policy,
+        )
 
-    async def _startup(self) -> None:
-        await self.load_scripts()
+    async def _open(self) -> AsyncConversationStore:
+        """Initialise the client (once) and run the restore on start if one is pending."""
+        await retry_async("open", self.guard.open, self.retry_policy)
+        try:
+            await self.load_scripts()
+        except BackendError as exc:  # scripts then load on first use (NOSCRIPT)
+            log.warning("memtier: could not preload the Lua scripts (%s); loading on demand", exc)
         if self._recover_on_enter:
             self._recover_on_enter = False
             await self.recover()
+        return self
 
     # --- plumbing: the only I/O ----------------------------------------------------------------
     async def _run(self, call: ScriptCall) -> Any:
-        reply = await self.scripts[call.script].call_async(self.client, call.keys, call.args)
+        script = self.scripts[call.script]
+        reply = await self.guard.call(lambda: script.call_async(self.client, call.keys, call.args))
         metrics.count_script_events(call.script, call.args, reply)
         if self.on_script is not None:
             self.on_script(call.script, call.args, reply)
         return reply
 
     async def _retrying(self, operation: str, call: ScriptCall) -> Any:
-        return await retry_async(operation, lambda: self._run(call))
+        return await retry_async(operation, lambda: self._run(call), self.retry_policy)
+
+    async def _command(self, operation: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One plain redis-py call, guarded and retried like a script."""
+        bound = getattr(self.client, method)
+        return await retry_async(
+            operation, lambda: self.guard.call(lambda: bound(*args, **kwargs)), self.retry_policy
+        )
 
     async def _execute(self, request: ScriptCall | Command) -> Any:
         if isinstance(request, ScriptCall):
             return await self._retrying(request.script, request)
-        method = getattr(self.client, request.method)
-        return await retry_async(request.method, lambda: method(*request.args, **request.kwargs))
+        return await self._command(
+            request.method, request.method, *request.args, **request.kwargs
+        )
 
     async def _drive(self, plan: Plan[T]) -> T:
         """Run a sans-I/O plan (compaction, flush, recovery); its steps run in a thread."""
         return await drive_async(plan, self._execute)
 
-    async def aclose(self) -> None:
-        """Close the client's connections (as redis-py's ``aclose``)."""
-        await self.client.aclose()
-
     async def close(self) -> None:
-        """The same as :meth:`aclose` (the older spelling)."""
-        await self.aclose()
+        """Close the client (a later call opens it again)."""
+        await self.guard.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client's connections (as redis-py's ``aclose``); same as :meth:`close`."""
+        await self.close()
 
     async def __aenter__(self) -> AsyncConversationStore:
-        await self._startup()
-        return self
+        return await self._open()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
@@ -230,10 +275,7 @@ class AsyncConversationStore(StoreBase):
         Each :class:`Event` carries ``cursor``: pass the last one back as ``after``.
         """
         start, count, ranges = self._event_ranges(after, limit)
-        pages = [
-            await retry_async("events", partial(self.client.xrange, k, lo, "+", count))
-            for k, lo in ranges
-        ]
+        pages = [await self._command("events", "xrange", k, lo, "+", count) for k, lo in ranges]
         return self.core.merge_events(pages, start, count)
 
     # --- compaction and snapshots --------------------------------------------------------------

@@ -8,6 +8,7 @@ retry around it), so the two APIs cannot drift.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -151,7 +152,12 @@ class StoreBase:
         return MetadataPage(sessions=tuple(sessions), cursor=cursor)
 
     def _drop_call(self, key: KeyLike, reason: ReasonCode) -> ScriptCall:
-        return self.core.drop_call(self.core.coerce_key(key), reason)
+        """An operator drop with its own operation id: every retry of this one call (after
+        a lost reply) finds the first attempt's receipt and returns the same result."""
+        ckey = self.core.coerce_key(key)
+        call = self.core.drop_call(ckey, reason)
+        receipt = self.core.partition_for(ckey).drop_receipt(secrets.token_urlsafe(16))
+        return ScriptCall(call.script, call.keys, (*call.args, receipt, limits.DROP_RECEIPT_MS))
 
     @staticmethod
     def _count_swept(total: int) -> int:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from functools import partial
 from typing import Any, TypeVar
 
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
-from memtier.connection import connect_sync
+from memtier.connection import SyncClientGuard, connect_sync
 from memtier.errors import BackendError, SessionFullError
 from memtier.memory.base import KeyLike, StoreBase, StoreStats
 from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
@@ -25,7 +24,7 @@ from memtier.memory.models import (
 )
 from memtier.memory.persistence import FlushResult, RecoveryReport, flush_plan, snapshot_dir_for
 from memtier.memory.plans import Command, Plan, drive_sync
-from memtier.retry import retry_sync
+from memtier.retry import RetryPolicy, retry_sync
 
 log = logging.getLogger("memtier")
 
@@ -42,7 +41,16 @@ class ConversationStore(StoreBase):
     (standalone or :class:`redis.cluster.RedisCluster`):
     ``ConversationStore(client, config)``.  :class:`~memtier.AsyncConversationStore`
     is the asyncio twin with the same methods.
+
+    The client may be shared by many threads: at most ``redis.max_connections`` calls
+    are in flight at once, the others wait up to ``redis.pool_timeout_seconds`` for a
+    slot (then ``backend_busy``).
     """
+
+    def __init__(self, client: Any, config: MemtierConfig | None = None, **options: Any) -> None:
+        super().__init__(client, config, **options)
+        self.guard = SyncClientGuard(self.config.redis)
+        self.retry_policy = RetryPolicy.from_config(self.config)
 
     @classmethod
     def from_config(
@@ -101,20 +109,27 @@ class ConversationStore(StoreBase):
 
     # --- plumbing: the only I/O ----------------------------------------------------------------
     def _run(self, call: ScriptCall) -> Any:
-        reply = self.scripts[call.script](self.client, call.keys, call.args)
+        script = self.scripts[call.script]
+        reply = self.guard.call(lambda: script(self.client, call.keys, call.args))
         metrics.count_script_events(call.script, call.args, reply)
         if self.on_script is not None:
             self.on_script(call.script, call.args, reply)
         return reply
 
     def _retrying(self, operation: str, call: ScriptCall) -> Any:
-        return retry_sync(operation, lambda: self._run(call))
+        return retry_sync(operation, lambda: self._run(call), self.retry_policy)
+
+    def _command(self, operation: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One plain redis-py call, guarded and retried like a script."""
+        bound = getattr(self.client, method)
+        return retry_sync(
+            operation, lambda: self.guard.call(lambda: bound(*args, **kwargs)), self.retry_policy
+        )
 
     def _execute(self, request: ScriptCall | Command) -> Any:
         if isinstance(request, ScriptCall):
             return self._retrying(request.script, request)
-        method = getattr(self.client, request.method)
-        return retry_sync(request.method, lambda: method(*request.args, **request.kwargs))
+        return self._command(request.method, request.method, *request.args, **request.kwargs)
 
     def _drive(self, plan: Plan[T]) -> T:
         """Run a sans-I/O plan (compaction, flush, recovery) on this store's client."""
@@ -219,9 +234,7 @@ class ConversationStore(StoreBase):
         Each :class:`Event` carries ``cursor``: pass the last one back as ``after``.
         """
         start, count, ranges = self._event_ranges(after, limit)
-        pages = [
-            retry_sync("events", partial(self.client.xrange, k, lo, "+", count)) for k, lo in ranges
-        ]
+        pages = [self._command("events", "xrange", k, lo, "+", count) for k, lo in ranges]
         return self.core.merge_events(pages, start, count)
 
     # --- compaction and snapshots --------------------------------------------------------------

@@ -12,13 +12,13 @@ import asyncio
 import builtins
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from memtier import limits, metrics
 from memtier.config import MemtierConfig, ThreadsConfig
-from memtier.connection import connect_async
-from memtier.retry import retry_async
+from memtier.connection import AsyncClientGuard, connect_async
+from memtier.retry import RetryPolicy, retry_async
 from memtier.scripts import load_registry
 from memtier.threads.core import (
     BatchOp,
@@ -89,6 +89,12 @@ class AsyncConversationService:
             inflight_wait_s=inflight_wait_s,
         )
         self.scripts = load_registry("threads")
+        # Opens the client once (cluster: before the first command), bounds calls in flight.
+        self.guard = AsyncClientGuard(client, self.config.redis)
+        self.retry_policy = RetryPolicy.from_config(self.config)
+
+    async def _retry(self, operation: str, fn: Callable[[], Awaitable[T]]) -> T:
+        return await retry_async(operation, lambda: self.guard.call(fn), self.retry_policy)
 
     @property
     def limits(self) -> ThreadsConfig:
@@ -105,14 +111,14 @@ class AsyncConversationService:
                     op.attempts[0] += 1
                 return await script.call_async(self.client, op.keys, op.args)
 
-            return await retry_async(operation, call)
+            return await self._retry(operation, call)
         if isinstance(op, CommandOp):
             method = getattr(self.client, op.method)
 
             async def command() -> Any:
                 return await method(*op.args, **dict(op.kwargs))
 
-            return await retry_async(operation, command)
+            return await self._retry(operation, command)
         if isinstance(op, BatchOp):
 
             async def batch() -> Any:
@@ -121,7 +127,7 @@ class AsyncConversationService:
                     getattr(pipe, cmd.method)(*cmd.args, **dict(cmd.kwargs))
                 return await pipe.execute()
 
-            return await retry_async(operation, batch)
+            return await self._retry(operation, batch)
         if isinstance(op, SleepOp):
             await asyncio.sleep(op.seconds)
             return None
@@ -198,20 +204,30 @@ class AsyncConversationService:
 
     async def load_scripts(self) -> None:
         """``SCRIPT LOAD`` every thread script (on Cluster: on every primary)."""
-        await retry_async("load_scripts", lambda: self.scripts.load_all_async(self.client))
+        await self._retry("load_scripts", lambda: self.scripts.load_all_async(self.client))
 
     async def scripts_loaded(self) -> bool:
         """True when Redis answers and ``SCRIPT EXISTS`` is true for every thread script."""
-        found = await self.client.script_exists(*self.scripts.shas_for(self.client))
+        shas = self.scripts.shas_for(self.client)
+        found = await self.guard.call(lambda: self.client.script_exists(*shas))
         if isinstance(found, bool):
             return found
         return bool(found) and all(bool(x) for x in found)
 
+    async def open(self) -> AsyncConversationService:
+        """Initialise the client now (once; a cluster client reads its slot map).
+
+        Optional: the first call opens it lazily, once, however many calls start together.
+        """
+        await retry_async("open", self.guard.open, self.retry_policy)
+        return self
+
     async def aclose(self) -> None:
-        await self.client.aclose()
+        """Close the client (a later call opens it again)."""
+        await self.guard.aclose()
 
     async def __aenter__(self) -> AsyncConversationService:
-        return self
+        return await self.open()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()

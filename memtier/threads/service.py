@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 from memtier import limits, metrics
 from memtier.config import MemtierConfig, ThreadsConfig
-from memtier.connection import connect_sync
-from memtier.retry import retry_sync
+from memtier.connection import SyncClientGuard, connect_sync
+from memtier.retry import RetryPolicy, retry_sync
 from memtier.scripts import load_registry
 from memtier.threads.core import (
     BatchOp,
@@ -100,6 +100,12 @@ class ConversationService:
             inflight_wait_s=inflight_wait_s,
         )
         self.scripts = load_registry("threads")
+        # Back-pressure for a client shared by many threads, and the retry horizon.
+        self.guard = SyncClientGuard(self.config.redis)
+        self.retry_policy = RetryPolicy.from_config(self.config)
+
+    def _retry(self, operation: str, fn: Callable[[], T]) -> T:
+        return retry_sync(operation, lambda: self.guard.call(fn), self.retry_policy)
 
     @property
     def limits(self) -> ThreadsConfig:
@@ -116,10 +122,10 @@ class ConversationService:
                     op.attempts[0] += 1
                 return script(self.client, op.keys, op.args)
 
-            return retry_sync(operation, call)
+            return self._retry(operation, call)
         if isinstance(op, CommandOp):
             method = getattr(self.client, op.method)
-            return retry_sync(operation, lambda: method(*op.args, **dict(op.kwargs)))
+            return self._retry(operation, lambda: method(*op.args, **dict(op.kwargs)))
         if isinstance(op, BatchOp):
 
             def batch() -> Any:
@@ -128,7 +134,7 @@ class ConversationService:
                     getattr(pipe, command.method)(*command.args, **dict(command.kwargs))
                 return pipe.execute()
 
-            return retry_sync(operation, batch)
+            return self._retry(operation, batch)
         if isinstance(op, SleepOp):
             time.sleep(op.seconds)
             return None
@@ -207,7 +213,7 @@ class ConversationService:
 
     def load_scripts(self) -> None:
         """``SCRIPT LOAD`` every thread script (on Cluster: on every primary)."""
-        retry_sync("load_scripts", lambda: self.scripts.load_all(self.client))
+        self._retry("load_scripts", lambda: self.scripts.load_all(self.client))
 
     def scripts_loaded(self) -> bool:
         """True when Redis answers and ``SCRIPT EXISTS`` is true for every thread script."""

@@ -64,6 +64,8 @@ WRITER = Path(__file__).with_name("ledger_writer.py")
 NOT_APPLIED_CODES = frozenset(
     {
         "backend_refused",
+        "backend_busy",  # no connection came free: nothing was sent
+        "backend_unavailable",  # no attempt could have reached Redis (memtier.retry)
         "invalid_input",
         "unsupported_channel",
         "turn_too_large",

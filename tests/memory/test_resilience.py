@@ -10,7 +10,15 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import exceptions as rexc
 
-from memtier import AvatarMessage, BackendError, ConversationStore, ScriptError
+from memtier import (
+    AvatarMessage,
+    BackendError,
+    BackendRefusedError,
+    ConversationStore,
+    OutcomeUnknownError,
+    ScriptError,
+    retry,
+)
 from memtier.scripts import load_registry
 
 
@@ -96,12 +104,58 @@ def test_transient_errors_are_retried_and_counted(backend: Any, error: Exception
 
 
 def test_persistent_failure_is_bounded_and_raises_backend_error(backend: Any) -> None:
-    flaky = FlakyClient(backend.sync_client(), fail_before=10_000)
+    """Connects refused every time: nothing can have been applied -> backend_unavailable."""
+    refused = rexc.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+    flaky = FlakyClient(backend.sync_client(), fail_before=10_000, error=refused)
     store = ConversationStore(flaky, backend.config(), clock=Clock())
     with pytest.raises(BackendError) as info:
         store.append(key(1), AvatarMessage(text="hi"))
-    assert info.value.code == "backend_unavailable"
-    assert flaky.calls == 5  # bounded attempts
+    assert info.value.code == "backend_unavailable" and not info.value.retryable
+    assert flaky.calls == retry.TESTING_MAX_ATTEMPTS  # bounded attempts
+    assert isinstance(info.value.__cause__, rexc.ConnectionError)
+
+
+def test_lost_replies_until_the_end_raise_retryable_outcome_unknown(backend: Any) -> None:
+    """D11: an append stored on attempt 1 whose replies are all lost is outcome_unknown
+    (retryable), and retrying it with the same turn id returns the first receipt."""
+    flaky = FlakyClient(backend.sync_client(), lose_reply=10_000)
+    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    with pytest.raises(OutcomeUnknownError) as info:
+        store.append(key(1), AvatarMessage(text="stored", turn_id="t-1"))
+    assert info.value.code == "outcome_unknown" and info.value.retryable
+    flaky.lose_reply = 0
+    again = store.append(key(1), AvatarMessage(text="stored", turn_id="t-1"))
+    assert again.duplicate and again.seq == 1
+    assert [t.seq for t in store.context(key(1)).turns] == [1]
+
+
+def test_reset_before_sending_then_refused_is_still_outcome_unknown(backend: Any) -> None:
+    """Once an attempt may have been applied, later refused connects cannot make it 'not
+    applied': the outcome stays unknown."""
+    flaky = FlakyClient(backend.sync_client(), fail_before=10_000)
+    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    with pytest.raises(OutcomeUnknownError):
+        store.append(key(1), AvatarMessage(text="hi"))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        rexc.OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'."),
+        rexc.ResponseError("MISCONF Redis is configured to save RDB snapshots"),
+        rexc.NoPermissionError("NOPERM User app has no permissions to run the 'evalsha' command"),
+        rexc.ResponseError("ERR Error running script (call to f_x): @user_script:1: OOM ..."),
+    ],
+    ids=["oom", "misconf", "noperm", "oom-in-script"],
+)
+def test_refusals_are_backend_refused_and_not_retried(backend: Any, error: Exception) -> None:
+    flaky = FlakyClient(backend.sync_client(), fail_before=10_000, error=error)
+    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    with pytest.raises(BackendRefusedError) as info:
+        store.append(key(1), AvatarMessage(text="hi"))
+    assert info.value.code == "backend_refused" and not info.value.retryable
+    assert flaky.calls == 1
+    assert info.value.__cause__ is error
 
 
 def test_noscript_after_script_flush_is_recovered(backend: Any) -> None:
@@ -203,3 +257,42 @@ def test_eviction_and_expiry_metrics_carry_reason_codes(backend: Any) -> None:
     assert after[sess] - before.get(sess, 0.0) == 2
     assert after[expired] - before.get(expired, 0.0) == 1
     assert store.stats()["sessions"] == 2
+
+
+@pytest.mark.parametrize("operation", ["delete", "expire"])
+def test_operator_drop_after_a_lost_reply_reports_what_it_did(backend: Any, operation: str) -> None:
+    """D11: the first attempt deleted the session and its reply was lost; the retry must
+    report True (it did delete), not False (nothing left to delete).  One event only."""
+    store = sync_store(backend, Clock())
+    store.append(key(1), AvatarMessage(text="doomed"))
+    flaky = FlakyClient(backend.sync_client(), lose_reply=1)
+    operator = ConversationStore(flaky, store.config, clock=Clock())
+    assert getattr(operator, operation)(key(1)) is True
+    assert flaky.calls == 2  # the retry ran, and found the first attempt's receipt
+    assert store.context(key(1)).session_id is None
+    events = [e.reason.value for e in store.events(limit=100)]
+    assert events.count(f"operator_{operation}d") == 1
+    # a fresh call on the now absent key: False (its own operation id, no receipt)
+    assert getattr(operator, operation)(key(1)) is False
+
+
+def test_operator_drop_never_sent_then_retried_reports_absent_key(backend: Any) -> None:
+    """The retry of a drop whose first attempt never reached Redis reports the truth."""
+    flaky = FlakyClient(backend.sync_client(), fail_before=1)
+    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    assert store.delete(key(9)) is False
+    store.append(key(9), AvatarMessage(text="x"))
+    flaky.fail_before = 1
+    assert store.delete(key(9)) is True
+
+
+def test_drop_receipt_is_bounded_in_time(backend: Any) -> None:
+    store = sync_store(backend, Clock())
+    store.append(key(1), AvatarMessage(text="x"))
+    client = backend.sync_client()
+    call = store._drop_call(key(1), __import__("memtier").ReasonCode.OPERATOR_DELETED)
+    receipt = call.args[-2]
+    assert isinstance(receipt, str) and receipt.startswith(store.core.partition_for(key(1)).prefix)
+    assert int(store._retrying("delete", call)[0]) == 1
+    assert 0 < client.pttl(receipt) <= retry.limits.DROP_RECEIPT_MS
+    assert int(store._retrying("delete", call)[0]) == 1  # the same call again: same answer

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
+import memhelpers
 import pytest
 from memhelpers import Clock, async_store, key, sync_store
 
@@ -22,6 +25,27 @@ from memtier import (
     ValidationError,
 )
 from memtier.limits import EXPIRY_GRACE_MS
+
+
+@pytest.fixture(autouse=True, params=["sync", "async"])
+def store_api(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every test of this suite on the sync store and on the asyncio store (issue 16).
+
+    ``async`` replaces this module's ``sync_store`` by the same store built as an
+    :class:`~memtier.AsyncConversationStore` behind a sync bridge (memhelpers.AsyncBridge).
+    """
+    bridges: list[memhelpers.AsyncBridge] = []
+    if "backend" in request.fixturenames:
+        # Set the backend up inside this fixture so it is torn down after the bridges:
+        # its clients must be closed in the bridge's loop first, not in the test's.
+        request.getfixturevalue("backend")
+    if request.param == "async":
+        monkeypatch.setitem(globals(), "sync_store", partial(memhelpers.bridged_store, bridges))
+    try:
+        yield request.param
+    finally:
+        for bridge in bridges:
+            bridge.shutdown()
 
 
 def reasons(store: Any) -> list[str]:
