@@ -23,6 +23,7 @@ from memtier.memory.models import (
     ReasonCode,
     Role,
     Turn,
+    TurnRecord,
 )
 from memtier.memory.persistence import RecoveryReport, recover_plan
 from memtier.memory.plans import Plan
@@ -140,6 +141,14 @@ class StoreBase:
 
     def _drop_call(self, key: KeyLike, reason: ReasonCode) -> ScriptCall:
         return self.core.drop_call(self.core.coerce_key(key), reason)
+
+    def _pop_call(self, key: KeyLike) -> ScriptCall:
+        return self.core.pop_call(self.core.coerce_key(key))
+
+    @staticmethod
+    def _count_pop(record: TurnRecord | None) -> TurnRecord | None:
+        metrics.POPS.labels("empty" if record is None else "popped").inc()
+        return record
 
     @staticmethod
     def _count_swept(total: int) -> int:

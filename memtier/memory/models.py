@@ -69,6 +69,7 @@ class ReasonCode(StrEnum):
     QUARANTINED = "quarantined"
     PERMISSIONS_NOT_VERIFIED = "permissions_not_verified"
     RESTORED = "restored"
+    POPPED = "popped"
 
 
 def _raise_validation(exc: PydanticValidationError, what: str) -> None:
