@@ -43,3 +43,19 @@ def test_openai_agents_example_runs(redis_server: Any, capsys: Any) -> None:
         "North-east of the grid.",
         "How do I get there?",
     ]
+
+
+def test_langgraph_example_runs(redis_server: Any, capsys: Any) -> None:
+    code = on_server(
+        python_block_after("### LangGraph checkpointer"), redis_server.url, "readme-lg"
+    )
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "['hi', 'You said: hi', 'again', 'You said: again']" in out
+
+
+def test_langgraph_example_runs_on_the_cluster(redis_cluster: Any, capsys: Any) -> None:
+    code = python_block_after("### LangGraph checkpointer")
+    code = on_server(code, redis_cluster.url, "readme-lg-cluster")
+    exec(compile(code, "README.md", "exec"), {})
+    assert "'You said: again'" in capsys.readouterr().out
