@@ -59,3 +59,14 @@ def test_langgraph_example_runs_on_the_cluster(redis_cluster: Any, capsys: Any) 
     code = on_server(code, redis_cluster.url, "readme-lg-cluster")
     exec(compile(code, "README.md", "exec"), {})
     assert "'You said: again'" in capsys.readouterr().out
+
+
+def test_langchain_example_runs(redis_server: Any, capsys: Any) -> None:
+    code = on_server(python_block_after("### LangChain"), redis_server.url, "readme-lc")
+    exec(compile(code, "README.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "['human', 'ai', 'tool', 'ai']",
+        "North-east of the grid.",
+        "{'system_message': 1}",
+    ]
