@@ -197,3 +197,37 @@ async def test_async_and_sync_forms_see_the_same_data(backend: Any) -> None:
     await s.adelete_thread("t-both")
     assert s.get_tuple(config("t-both")) is None
     assert list(s.list(None)) == []
+
+
+def test_script_contracts_every_output(backend: Any) -> None:
+    """lua/langgraph called with hand-built KEYS/ARGV: each status and error reply."""
+    from memtier.errors import ScriptError
+
+    s = saver(backend)
+    client = backend.sync_client()
+    keys = s.keyspace.thread("contract").all()
+    write, read, drop = (
+        s.scripts[n] for n in ("checkpoint_write", "checkpoint_read", "checkpoint_drop")
+    )
+    ok = write(client, keys, ["contract", 1000, 10, "set", 3, "m", "12345"])
+    assert [int(x) for x in ok] == [0, 5, 5]
+    again = write(client, keys, ["contract", 1000, 10, "nx", 3, "m", "1234567"])
+    assert [int(x) for x in again] == [0, 5, 0]  # nx on an existing field: skipped
+    full = write(client, keys, ["contract", 1000, 10, "set", 5, "b", "x" * 6])
+    assert [int(x) for x in full] == [-1, 11, 10]  # THREAD_FULL, nothing written
+    assert client.hlen(s.keyspace.thread("contract").blobs) == 0
+    for bad in (
+        ["contract", 1000, 10, "set", 3, "m"],  # ops not in fours
+        ["contract", "x", 10],
+        ["contract", 1000, 10, "del", 3, "m", "v"],
+        ["contract", 1000, 10, "set", 2, "m", "v"],  # a hash op on the index zset
+    ):
+        with pytest.raises(ScriptError):
+            write(client, keys, bad)
+    assert list(read(client, s.keyspace.thread("contract").reads(), ["ids", "nothing"])) == [0]
+    with pytest.raises(ScriptError):
+        read(client, s.keyspace.thread("contract").reads(), ["sideways"])
+    with pytest.raises(ScriptError):
+        drop(client, keys, ["sometimes"])
+    assert [int(x) for x in drop(client, keys, ["thread"])] == [0, 5, 0]
+    assert client.exists(*keys) == 0

@@ -346,3 +346,12 @@ async def test_concurrent_add_items_from_processes_produce_one_order(
     ckey = readers[0].key
     turns = store.context(ckey).turns
     assert [t.seq for t in turns] == list(range(1, len(order) + 1))
+
+
+async def test_from_url_owns_its_store_and_pings(redis_server: Any) -> None:
+    session = MemtierSession.from_url("owned", url=redis_server.url, channel="public")
+    assert await session.ping()
+    await session.add_items([{"role": "user", "content": "hello"}])
+    assert await session.get_items() == [{"role": "user", "content": "hello"}]
+    await session.clear_session()
+    await session.close()  # closes the store it made (a caller's store is left open)
