@@ -371,7 +371,10 @@ class MemtierCheckpointSaver(BaseCheckpointSaver[str]):
         return retry_sync(operation, lambda: self.scripts[name](client, keys, args))
 
     def _fill_index(self, tid: str, runs: set[str] | None, pipe: Any) -> None:
-        pipe.zadd(self.keyspace.threads, {tid: int(time.time() * 1000)})
+        now = int(time.time() * 1000)
+        pipe.zadd(self.keyspace.threads, {tid: now})
+        # Threads whose keys have expired by their TTL leave the index: it stays bounded.
+        pipe.zremrangebyscore(self.keyspace.threads, "-inf", f"({now - self.ttl_ms}")
         for run in runs or ():
             pipe.sadd(self.keyspace.run(run), tid)
             pipe.pexpire(self.keyspace.run(run), self.ttl_ms)

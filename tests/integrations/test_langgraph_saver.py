@@ -231,3 +231,12 @@ def test_script_contracts_every_output(backend: Any) -> None:
         drop(client, keys, ["sometimes"])
     assert [int(x) for x in drop(client, keys, ["thread"])] == [0, 5, 0]
     assert client.exists(*keys) == 0
+
+
+def test_thread_index_drops_threads_past_their_ttl(backend: Any) -> None:
+    s = saver(backend, ttl_s=60)
+    client = backend.sync_client()
+    client.zadd(s.keyspace.threads, {"long-gone": 1})  # written in 1970: expired long ago
+    put(s, "fresh", {"a": 1})
+    assert [m.decode() for m in client.zrange(s.keyspace.threads, 0, -1)] == ["fresh"]
+    assert [t.config["configurable"]["thread_id"] for t in s.list(None)] == ["fresh"]
