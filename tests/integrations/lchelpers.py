@@ -15,6 +15,9 @@ class RecordingChatModel(BaseChatModel):
     replies: list[AIMessage]
     seen: list[list[BaseMessage]] = []
 
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:  # create_agent binds its tools
+        return self
+
     @property
     def _llm_type(self) -> str:
         return "memtier-test-recording"
