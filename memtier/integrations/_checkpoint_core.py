@@ -108,8 +108,18 @@ class CheckpointSteps:
     def _keys(self, thread_id: str) -> CheckpointThreadKeys:
         return self.keyspace.thread(thread_id)
 
+    def _dumps(self, value: Any, what: str) -> tuple[str, bytes]:
+        """The serializer's typed bytes; a value it cannot encode is a ValidationError."""
+        try:
+            return self.serde.dumps_typed(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValidationError(
+                f"LangGraph's serializer cannot encode this {what}: {str(exc)[:200]}",
+                field=what,
+            ) from None
+
     def _typed(self, value: Any) -> bytes:
-        kind, data = self.serde.dumps_typed(value)
+        kind, data = self._dumps(value, "channel value")
         return kind.encode() + b"\0" + data
 
     def _untyped(self, raw: bytes) -> tuple[bool, Any]:
@@ -144,8 +154,8 @@ class CheckpointSteps:
             ns + _SEP + ident(ch, "channel") + _SEP + ident(str(ver), "version")
             for ch, ver in c["channel_versions"].items()
         ]
-        ck_type, ck_bytes = self.serde.dumps_typed(c)
-        md_type, md_bytes = self.serde.dumps_typed(md)
+        ck_type, ck_bytes = self._dumps(c, "checkpoint")
+        md_type, md_bytes = self._dumps(md, "metadata")
         envelope = ormsgpack.packb([ck_type, ck_bytes, md_type, md_bytes, parent])
         ops.append(("set", _CK, member, envelope))
         ops.append(("set", _V, member, _LIST_SEP.join([run, *blob_fields])))
@@ -177,7 +187,7 @@ class CheckpointSteps:
         for idx, (channel, value) in enumerate(writes):
             widx = WRITES_IDX_MAP.get(channel, idx)
             field = f"{member}{_SEP}{task}{_SEP}{widx:+011d}"
-            kind, data = self.serde.dumps_typed(value)
+            kind, data = self._dumps(value, "write")
             record = ormsgpack.packb([task_id, channel, kind, data, task_path, widx])
             ops.append(("nx" if widx >= 0 else "set", _W, field, record))
             ops.append(("zadd", _WZ, field, b""))

@@ -90,7 +90,9 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
         self.scripts = load_registry("langgraph")
 
     @classmethod
-    def from_config(cls, config: MemtierConfig | None = None, **options: Any) -> Any:
+    def from_config(
+        cls, config: MemtierConfig | None = None, **options: Any
+    ) -> MemtierCheckpointSaver:
         """Both clients connected as configured (``redis_url``; cluster URLs included)."""
         from memtier.connection import connect_async, connect_sync
 

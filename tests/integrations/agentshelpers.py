@@ -6,13 +6,16 @@ import copy
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agents import Model, ModelResponse
+from agents import Model, ModelResponse, set_tracing_disabled
 from agents.usage import Usage
 from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
     ResponseOutputText,
 )
+
+# The SDK would export traces to OpenAI: these tests never touch the network.
+set_tracing_disabled(True)
 
 
 def say(text: str) -> ResponseOutputMessage:

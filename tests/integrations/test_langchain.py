@@ -7,11 +7,11 @@ import uuid
 from typing import Any
 
 import pytest
+from adapterstores import Clock, async_store, sync_store
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
 from lchelpers import RecordingChatModel, kinds
-from memhelpers import Clock, async_store, sync_store
 
 from memtier import ConversationKey
 from memtier.errors import ConfigurationError, ValidationError

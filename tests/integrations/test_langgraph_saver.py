@@ -126,7 +126,11 @@ def test_bad_names_are_validation_errors(backend: Any) -> None:
 
 _values = st.dictionaries(
     st.sampled_from(["a", "b", "c", "messages"]),
-    st.one_of(st.integers(), st.text(max_size=50), st.lists(st.text(max_size=8), max_size=4)),
+    st.one_of(
+        st.integers(-(2**63), 2**64 - 1),  # msgpack's range; outside it: the test below
+        st.text(max_size=50),
+        st.lists(st.text(max_size=8), max_size=4),
+    ),
     max_size=3,
 )
 _steps = st.lists(
@@ -165,6 +169,20 @@ def test_accounting_is_exact_under_any_sequence(backend: Any, steps: list[Any]) 
     s.delete_thread("acct")
     assert s.thread_bytes("acct") == 0
     assert stored_value_bytes(backend, s, "acct") == 0
+
+
+def test_a_value_the_serializer_cannot_encode_is_a_validation_error(backend: Any) -> None:
+    s = saver(backend)
+    first = put(s, "t-enc", {"a": 1})
+    before = s.thread_bytes("t-enc")
+    for bad in (2**64, -(2**63) - 1):  # past msgpack's integers (found by Hypothesis)
+        with pytest.raises(ValidationError) as err:
+            put(s, "t-enc", {"a": bad}, parent=first)
+        assert err.value.code == "invalid_input"
+        with pytest.raises(ValidationError):
+            s.put_writes(first, [("ch", bad)], "task")
+    assert s.thread_bytes("t-enc") == before  # nothing half-written
+    assert len(list(s.list(config("t-enc")))) == 1
 
 
 def test_prune_keeps_the_latest_blobs_and_drops_the_rest(backend: Any) -> None:

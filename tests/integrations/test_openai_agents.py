@@ -12,9 +12,9 @@ import uuid
 from typing import Any
 
 import pytest
+from adapterstores import Clock, async_store, sync_store
 from agents import Agent, Runner, function_tool
 from agentshelpers import ScriptedModel, assert_pairs_intact, call, say, shape
-from memhelpers import Clock, async_store, sync_store
 
 from memtier import AsyncConversationStore, ConversationKey, ConversationStore, MemtierConfig
 from memtier.errors import ValidationError

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ def on_server(code: str, url: str, namespace: str) -> str:
 
 
 def test_openai_agents_example_runs(redis_server: Any, capsys: Any) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from agentshelpers import ScriptedModel, say
 
     code = on_server(python_block_after("### OpenAI Agents SDK"), redis_server.url, "readme-oa")
