@@ -21,6 +21,7 @@ from bench.framework import Harness, Measure, timed
 __all__ = ["run_checkpoints"]
 
 _STATE_BYTES = 2_000  # a small chat state: a few messages
+_READ_HISTORY = 20  # checkpoints in the thread get_tuple reads the newest of
 
 
 def _checkpoint(saver: Any, n: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -34,24 +35,36 @@ def _checkpoint(saver: Any, n: int) -> tuple[dict[str, Any], dict[str, Any], dic
 
 
 def _measures(name: str, saver: Any) -> tuple[Measure, Measure]:
-    thread = f"bench-{name}-{uuid.uuid4().hex[:8]}"
-    config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    prefix = f"bench-{name}-{uuid.uuid4().hex[:8]}"
+    rounds = [0]
 
-    def put(n: int) -> None:
-        parent: Any = config
+    def put_chain(thread: str, n: int) -> None:
+        parent: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
         for i in range(n):
             cp, md, versions = _checkpoint(saver, i)
             parent = saver.put(parent, cp, md, versions)
 
+    def put(n: int) -> None:
+        # a new thread per round: no saver is measured on a thread another round grew
+        rounds[0] += 1
+        put_chain(f"{prefix}-put-{rounds[0]}", n)
+
+    read_thread = f"{prefix}-get"
+    read_config = {"configurable": {"thread_id": read_thread, "checkpoint_ns": ""}}
+    put_chain(read_thread, _READ_HISTORY)
+
     def get(n: int) -> None:
         for _ in range(n):
-            if saver.get_tuple(config) is None:
+            if saver.get_tuple(read_config) is None:
                 raise AssertionError("get_tuple found no checkpoint")
 
-    put(1)  # get_tuple reads the newest checkpoint of a thread that has some
     return (
         Measure(f"langgraph.put.{name}", f"LangGraph put, {name}", timed(put)),
-        Measure(f"langgraph.get_tuple.{name}", f"LangGraph get_tuple (latest), {name}", timed(get)),
+        Measure(
+            f"langgraph.get_tuple.{name}",
+            f"LangGraph get_tuple (latest of {_READ_HISTORY}), {name}",
+            timed(get),
+        ),
     )
 
 
