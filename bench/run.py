@@ -41,6 +41,7 @@ SECTIONS = (
     "scale",
     "workers",
     "threads",
+    "checkpoints",
 )
 
 
@@ -166,7 +167,7 @@ def _run_sections(
     out_dir: Path,
     meta: dict[str, Any],
 ) -> float | None:
-    from bench import later, multiproc, profiling, scale
+    from bench import checkpoints, later, multiproc, profiling, scale
     from bench.peers import PeerSet
     from bench.workloads import PAYLOAD_SIZES, AsyncLoop, Baselines, MemtierBench, chat_text
 
@@ -326,6 +327,7 @@ def _run_sections(
                 ),
             ),
         )
+        section("checkpoints", lambda: checkpoints.run_checkpoints(h, server))
     finally:
         loop.close()
     return round_trips

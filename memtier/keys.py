@@ -64,6 +64,32 @@ nor forge a ``:`` separator, and are SCAN-glob safe)::
     {<ns>:threads}:cursor-secret  STRING  HMAC key of replay/list cursors (created once)
 
 Every thread script declares its keys (no key is derived inside Lua).
+
+LangGraph checkpoints (memtier.integrations.langgraph; ``G`` =
+``{<ns>:g:<blake2b-96 of the thread id, hex>}``, so any thread id is tag-safe and all of
+one thread's keys share a slot; ``<ns>`` below is the checkpoint namespace, ``\0`` a NUL
+byte)::
+
+    G:s              HASH   tid (the thread id), bytes (sum of the value bytes of ck, v, b
+                            and w: exact accounting), checkpoints, writes (counts)
+    G:z              ZSET   all scores 0, member "<ns>\0<checkpoint id>": BYLEX REV =
+                            newest first per namespace (checkpoint ids sort by time)
+    G:ck             HASH   "<ns>\0<checkpoint id>" -> msgpack [checkpoint type, bytes,
+                            metadata type, bytes, parent checkpoint id]
+    G:v              HASH   "<ns>\0<checkpoint id>" -> "<run id>\1<blob field>\1..." (the
+                            channel versions it references, for reads and blob GC)
+    G:b              HASH   "<ns>\0<channel>\0<version>" -> "<type>\0<bytes>"
+    G:w              HASH   "<ns>\0<checkpoint id>\0<task id>\0<idx>" -> msgpack
+                            [task id, channel, type, bytes, task path]
+    G:wz             ZSET   the G:w fields, all scores 0 (BYLEX prefix = one checkpoint)
+    G:rz             ZSET   "<run id>\0<ns>\0<checkpoint id>", all scores 0
+
+    {<ns>:g}:threads ZSET   thread id -> last write (ms): list(None) walks it
+    {<ns>:g}:r:<run> SET    thread ids with a checkpoint of that run (delete_for_runs)
+
+The two global keys live in another slot, so they are written by a separate command
+*before* a thread's script (a crash in between leaves an index entry without data,
+which readers skip) and cleaned after a delete.
 """
 
 from __future__ import annotations
@@ -77,6 +103,8 @@ from uuid import UUID
 from memtier.errors import ValidationError
 
 __all__ = [
+    "CheckpointKeyspace",
+    "CheckpointThreadKeys",
     "MemoryKeyspace",
     "OwnerKeys",
     "PartitionKeys",
@@ -290,3 +318,78 @@ class ThreadKeyspace:
     def pattern(self) -> str:
         """SCAN pattern matching every thread key of this namespace (operators, tests)."""
         return "{" + f"{self.namespace}:o:*"
+
+
+# --- LangGraph checkpoints --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointThreadKeys:
+    """The eight keys of one LangGraph thread; all carry the thread's hash tag."""
+
+    state: str
+    index: str
+    checkpoints: str
+    versions: str
+    blobs: str
+    writes: str
+    write_index: str
+    runs: str
+
+    def all(self) -> tuple[str, ...]:
+        """Every key, in the KEYS order of the lua/langgraph scripts."""
+        return (
+            self.state,
+            self.index,
+            self.checkpoints,
+            self.versions,
+            self.blobs,
+            self.writes,
+            self.write_index,
+            self.runs,
+        )
+
+    def reads(self) -> tuple[str, ...]:
+        """The KEYS of checkpoint_read-6.lua."""
+        return (
+            self.index,
+            self.checkpoints,
+            self.versions,
+            self.blobs,
+            self.writes,
+            self.write_index,
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointKeyspace:
+    """Key builder for LangGraph checkpoints in one memtier namespace."""
+
+    namespace: str
+
+    def thread(self, thread_id: str) -> CheckpointThreadKeys:
+        digest = hashlib.blake2b(thread_id.encode(), digest_size=12).hexdigest()
+        p = "{" + f"{self.namespace}:g:{digest}" + "}:"
+        return CheckpointThreadKeys(
+            state=p + "s",
+            index=p + "z",
+            checkpoints=p + "ck",
+            versions=p + "v",
+            blobs=p + "b",
+            writes=p + "w",
+            write_index=p + "wz",
+            runs=p + "rz",
+        )
+
+    @cached_property
+    def threads(self) -> str:
+        """ZSET thread id -> last write ms (another slot than any thread's keys)."""
+        return "{" + f"{self.namespace}:g" + "}:threads"
+
+    def run(self, run_id: str) -> str:
+        """SET of the thread ids holding checkpoints of ``run_id`` (same slot as threads)."""
+        return "{" + f"{self.namespace}:g" + "}:r:" + run_id
+
+    def pattern(self) -> str:
+        """SCAN pattern matching every checkpoint key of this namespace."""
+        return "{" + f"{self.namespace}:g*"

@@ -148,3 +148,12 @@ THREAD_MAX_BYTES: Final = 64 * MiB  # entries + ledger bytes per thread
 THREADS_PER_OWNER: Final = 10_000  # threads one (tenant, user) may hold
 THREAD_LEASE_MS: Final = 30_000  # lease of a running turn; renewed every third of it
 THREAD_WAIT_CEILING_S: Final = 300.0  # longest a continue may wait for a busy thread/duplicate
+
+# --- LangGraph checkpointer (memtier.integrations.langgraph) ------------------------------
+# Per thread: a TTL refreshed on every write, and a byte ceiling over everything it stores.
+CHECKPOINT_THREAD_TTL_SECONDS: Final = Bound(7 * 86400.0, 30 * 86400.0, 1.0, "s")
+CHECKPOINT_THREAD_BYTES: Final = Bound(16 * MiB, 256 * MiB, 1 * KiB, "bytes")
+CHECKPOINT_LIST_PAGE: Final = 100  # checkpoints read per round trip while listing
+CHECKPOINT_LIST_THREADS: Final = 10_000  # threads one list(None) call walks at most
+CHECKPOINT_RUN_THREADS: Final = 10_000  # threads one delete_for_runs walks per run id
+CHECKPOINT_ID_CHARS: Final = 1024  # thread ids, namespaces, checkpoint ids, channels

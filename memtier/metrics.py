@@ -36,6 +36,8 @@ from prometheus_client.core import GaugeMetricFamily
 __all__ = [
     "ACTIVE_SESSIONS",
     "APPENDS",
+    "CHECKPOINT_BYTES",
+    "CHECKPOINT_OPERATIONS",
     "COMPACTIONS",
     "CONTENT_TYPE_LATEST",
     "EVENTS",
@@ -43,6 +45,8 @@ __all__ = [
     "EXPIRIES",
     "HTTP_REQUESTS",
     "HTTP_REQUEST_DURATION",
+    "INTEGRATION_ITEMS_NOT_STORED",
+    "POPS",
     "RETRIES",
     "SCRIPT_DURATION",
     "SNAPSHOT_FLUSHES",
@@ -151,6 +155,23 @@ EVICTIONS = Counter(
 )
 EXPIRIES = Counter(
     "memtier_expiries_total", "Sessions expired or rotated after inactivity, by reason.", ["reason"]
+)
+POPS = Counter(
+    "memtier_pops_total", "Newest turns removed by pop, by outcome (popped or empty).", ["outcome"]
+)
+INTEGRATION_ITEMS_NOT_STORED = Counter(
+    "memtier_integration_items_not_stored_total",
+    "Framework items an adapter (memtier.integrations) did not store, by framework and reason.",
+    ["framework", "reason"],
+)
+CHECKPOINT_OPERATIONS = Counter(
+    "memtier_checkpoint_operations_total",
+    "LangGraph checkpointer operations, by operation and outcome (ok or error code).",
+    ["operation", "outcome"],
+)
+CHECKPOINT_BYTES = Counter(
+    "memtier_checkpoint_bytes_written_total",
+    "Bytes of checkpoints and pending writes stored by the LangGraph checkpointer.",
 )
 EVENTS = Counter("memtier_events_total", "Reason-code events observed, by reason.", ["reason"])
 COMPACTIONS = Counter(

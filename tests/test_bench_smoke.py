@@ -73,12 +73,18 @@ def test_tiny_run_writes_table_json_and_stops_its_server(tmp_path: Path) -> None
         "memtier.metadata.page100",
         "procs.memtier-shared",
         "memory.turn.300B",
+        "langgraph.put.memtier",
+        "langgraph.get_tuple.memtier",
     ):
         row = results[key]
         assert row["status"] == "ok", row
         assert row["values"] and row["summary"]["median"] > 0, row
     assert results["memtier.append.300B.sync"]["baseline"] == "base.append.300B.redispy"
     assert len(results["memtier.append.300B.sync"]["ratios"]) == data["meta"]["settings"]["rounds"]
+    for op in ("put", "get_tuple"):  # LangGraph checkpointers: same-run ratios vs SQLite
+        for peer in ("memtier", "inmemory"):
+            row = results[f"langgraph.{op}.{peer}"]
+            assert row["baseline"] == f"langgraph.{op}.sqlite" and row["ratios"], row
     levels = data["meta"]["settings"]["scale_levels"]
     assert results[f"scale.append.p50.{levels[-1]}"]["ratios"]
     # Not-yet-measurable figures are reported as such, never as numbers.

@@ -371,6 +371,7 @@ def test_diamond_include_is_inlined_once(tmp_path: Path) -> None:
 READ_ONLY_SCRIPTS = {
     "memory": {"list_metadata", "partition_stats", "read_context", "read_session", "snapshot_page"},
     "threads": {"read_events"},
+    "langgraph": {"checkpoint_read", "thread_dump"},
 }
 
 

@@ -23,6 +23,7 @@ from memtier.memory.models import (
     ReasonCode,
     SessionMetadata,
     Turn,
+    TurnRecord,
 )
 from memtier.memory.persistence import FlushResult, RecoveryReport, flush_plan, snapshot_dir_for
 from memtier.memory.plans import Command, Plan, drive_async
@@ -238,6 +239,11 @@ class AsyncConversationStore(StoreBase):
             if page.cursor is None:
                 return
             cursor = page.cursor
+
+    async def pop(self, key: KeyLike) -> TurnRecord | None:
+        """Remove and return the newest turn of one exact key, atomically (None if none)."""
+        reply = await self._retrying("pop", self._pop_call(key))
+        return self._count_pop(self.core.decode_pop(reply))
 
     async def delete(self, key: KeyLike) -> bool:
         """Operator delete of one exact key; publishes ``operator_deleted``. False if absent."""

@@ -24,6 +24,7 @@ from memtier.memory.models import (
     ReasonCode,
     Role,
     Turn,
+    TurnRecord,
 )
 from memtier.memory.persistence import RecoveryReport, recover_plan
 from memtier.memory.plans import Plan
@@ -158,6 +159,14 @@ class StoreBase:
         call = self.core.drop_call(ckey, reason)
         receipt = self.core.partition_for(ckey).drop_receipt(secrets.token_urlsafe(16))
         return ScriptCall(call.script, call.keys, (*call.args, receipt, limits.DROP_RECEIPT_MS))
+
+    def _pop_call(self, key: KeyLike) -> ScriptCall:
+        return self.core.pop_call(self.core.coerce_key(key))
+
+    @staticmethod
+    def _count_pop(record: TurnRecord | None) -> TurnRecord | None:
+        metrics.POPS.labels("empty" if record is None else "popped").inc()
+        return record
 
     @staticmethod
     def _count_swept(total: int) -> int:

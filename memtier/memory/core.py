@@ -420,6 +420,24 @@ class MemoryCore:
             (part.prefix, key.member, reason.value, self.conv.max_events, self.clock_arg()),
         )
 
+    def pop_call(self, key: ConversationKey) -> ScriptCall:
+        """``pop_turn``: remove and return the newest turn of exactly this key."""
+        part = self.partition_for(key)
+        sk = part.session(key.member)
+        return ScriptCall(
+            "pop_turn",
+            (sk.session, sk.turns, sk.turn_ids, part.index, part.meta, part.events),
+            (key.member, self.ttl_ms(key.channel), self.conv.max_events, self.clock_arg()),
+        )
+
+    def decode_pop(self, reply: Sequence[Any]) -> TurnRecord | None:
+        """The popped record (None when the key had no live turn)."""
+        if int(reply[0]) == 0:
+            return None
+        if int(reply[0]) != 1:
+            raise ScriptError(f"pop_turn returned unknown status {reply[0]!r}")
+        return self.decode_record(reply[1])
+
     def sweep_call(self, part: PartitionKeys, max_n: int = limits.SWEEP_PER_CALL) -> ScriptCall:
         return ScriptCall(
             "sweep_expired",

@@ -131,6 +131,7 @@ class ReasonCode(StrEnum):
     RESTORED = "restored"
     SNAPSHOT_SKIPPED = "snapshot_skipped"
     RESTORE_SKIPPED = "restore_skipped"
+    POPPED = "popped"
 
 
 def _raise_validation(exc: PydanticValidationError, what: str) -> None:

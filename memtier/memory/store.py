@@ -21,6 +21,7 @@ from memtier.memory.models import (
     ReasonCode,
     SessionMetadata,
     Turn,
+    TurnRecord,
 )
 from memtier.memory.persistence import FlushResult, RecoveryReport, flush_plan, snapshot_dir_for
 from memtier.memory.plans import Command, Plan, drive_sync
@@ -197,6 +198,15 @@ class ConversationStore(StoreBase):
             if page.cursor is None:
                 return
             cursor = page.cursor
+
+    def pop(self, key: KeyLike) -> TurnRecord | None:
+        """Remove and return the newest turn of one exact key, atomically (None if none).
+
+        The session's bytes, turn and tool counts and the partition total drop by exactly
+        the popped turn's; its turn id may be appended again; one ``popped`` event.
+        Seqs are never reused (the next append continues after the popped seq).
+        """
+        return self._count_pop(self.core.decode_pop(self._retrying("pop", self._pop_call(key))))
 
     def delete(self, key: KeyLike) -> bool:
         """Operator delete of one exact key; publishes ``operator_deleted``. False if absent."""
