@@ -39,7 +39,7 @@ import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -299,8 +299,17 @@ class RedisConfig(BaseModel):
         "socket_timeout_seconds": limits.REDIS_SOCKET_TIMEOUT_SECONDS,
         "connect_timeout_seconds": limits.REDIS_CONNECT_TIMEOUT_SECONDS,
         "retry_horizon_seconds": limits.RETRY_HORIZON_SECONDS,
+        "wait_replicas": limits.WAIT_REPLICAS,
+        "wait_timeout_ms": limits.WAIT_TIMEOUT_MS,
     }
 
+    # "default": an append is acknowledged when the primary ran its script (Redis's own
+    # asynchronous replication: a primary lost right after may take the turn with it).
+    # "replicated": acknowledged only once `wait_replicas` replicas confirmed it (WAIT,
+    # at most `wait_timeout_ms`), else outcome_unknown (retry with the same turn id).
+    durability: Literal["default", "replicated"] = "default"
+    wait_replicas: int = int(limits.WAIT_REPLICAS.default)
+    wait_timeout_ms: int = int(limits.WAIT_TIMEOUT_MS.default)
     max_connections: int = int(limits.REDIS_MAX_CONNECTIONS.default)
     pool_timeout_seconds: float = limits.REDIS_POOL_TIMEOUT_SECONDS.default
     socket_timeout_seconds: float = limits.REDIS_SOCKET_TIMEOUT_SECONDS.default

@@ -122,6 +122,10 @@ REDIS_CONNECT_TIMEOUT_SECONDS: Final = Bound(2.0, 30.0, 0.05, "s")
 RETRY_HORIZON_SECONDS: Final = Bound(20.0, 120.0, 0.0, "s")
 # ... and never more than this many attempts in all, whatever the horizon.
 RETRY_MAX_ATTEMPTS: Final = 40
+# durability="replicated": an append is acknowledged only once this many replicas confirmed
+# it (WAIT), waiting at most this long; otherwise outcome_unknown.
+WAIT_REPLICAS: Final = Bound(1, 8, 1, "replicas")
+WAIT_TIMEOUT_MS: Final = Bound(1_000, 30_000, 10, "ms")
 # How long an operator delete/expire keeps its result for its own retries: longer than the
 # longest retry horizon, so a retry after a lost reply reports what the first attempt did.
 DROP_RECEIPT_MS: Final = 300_000

@@ -37,9 +37,10 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import ResponseError as RedisResponseError
 
 from memtier import metrics
-from memtier.errors import ScriptError
+from memtier.errors import OutcomeUnknownError, ScriptError, TransientBackendError
 
 __all__ = [
+    "Durable",
     "LuaScript",
     "ScriptRegistry",
     "ScriptText",
@@ -229,6 +230,99 @@ class LuaScript:
             raise
         finally:
             self._duration.observe(time.perf_counter() - started)
+
+
+    # --- durability="replicated": the script, then WAIT, on one connection ----------------
+    def _replicated_reply(self, name: str, replies: list[Any], replicas: int) -> Any:
+        reply, _touch, acked = replies
+        if isinstance(reply, RedisResponseError):
+            _raise_script_error(name, reply)
+            raise reply
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(acked, Exception):
+            raise acked
+        if int(acked) < replicas:
+            raise OutcomeUnknownError(
+                f"{name} ran on the primary, but only {int(acked)} of {replicas} replicas"
+                " confirmed it in time; retry with the same turn id",
+                error_type="WaitTimeout",
+            )
+        return reply
+
+    def call_replicated(
+        self, client: Any, keys: Sequence[str], args: Sequence[Any], durable: Durable
+    ) -> Any:
+        """Run on the primary, then ``WAIT`` for ``durable.replicas`` on the same connection.
+
+        WAIT counts the writes of *its own connection*, so the script, a one-field touch of
+        ``durable.touch_key`` (a write of ours even when the script wrote nothing -- a
+        duplicate reply to a retry -- so WAIT also covers that earlier attempt's write:
+        replication is ordered) and WAIT go as one pipeline to the node owning the keys.
+        """
+        text = self.text_for(client)
+        node = _node_client(client, keys[0])
+        for attempt in range(2):
+            pipe = node.pipeline(transaction=False)
+            pipe.evalsha(*self._args(text.sha, keys, args))
+            pipe.hset(durable.touch_key, "w", "1")
+            pipe.execute_command("WAIT", durable.replicas, durable.timeout_ms)
+            replies = pipe.execute(raise_on_error=False)
+            if isinstance(replies[0], NoScriptError) and attempt == 0:
+                node.script_load(text.source)
+                continue
+            if _is_moved(replies[0]):
+                client.nodes_manager.initialize()  # re-read the slot map, then retry
+                raise _slot_moved(replies[0])
+            return self._replicated_reply(self.name, replies, durable.replicas)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def call_replicated_async(
+        self, client: Any, keys: Sequence[str], args: Sequence[Any], durable: Durable
+    ) -> Any:
+        """The asyncio twin of :meth:`call_replicated`."""
+        text = self.text_for(client)
+        node = _node_client(client, keys[0])
+        for attempt in range(2):
+            pipe = node.pipeline(transaction=False)
+            pipe.evalsha(*self._args(text.sha, keys, args))
+            pipe.hset(durable.touch_key, "w", "1")
+            pipe.execute_command("WAIT", durable.replicas, durable.timeout_ms)
+            replies = await pipe.execute(raise_on_error=False)
+            if isinstance(replies[0], NoScriptError) and attempt == 0:
+                await node.script_load(text.source)
+                continue
+            if _is_moved(replies[0]):
+                await client.nodes_manager.initialize()
+                raise _slot_moved(replies[0])
+            return self._replicated_reply(self.name, replies, durable.replicas)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Durable:
+    """``durability="replicated"``: how many replicas must confirm, and how long to wait."""
+
+    replicas: int
+    timeout_ms: int
+    touch_key: str  # a key of the script's slot that one HSET may touch (its meta hash)
+
+
+def _node_client(client: Any, key: str) -> Any:
+    """The client of the one node that owns ``key`` (the client itself when standalone)."""
+    get_node = getattr(client, "get_node_from_key", None)
+    if get_node is None:
+        return client
+    return client.get_redis_connection(get_node(key))
+
+
+def _is_moved(reply: Any) -> bool:
+    """A MOVED/ASK from the node: the slot moved and nothing ran there."""
+    return isinstance(reply, RedisResponseError) and str(reply).startswith(("MOVED", "ASK"))
+
+
+def _slot_moved(reply: Any) -> TransientBackendError:
+    return TransientBackendError(f"slot moved ({reply}); retrying on its new owner")
 
 
 def _raise_script_error(name: str, exc: RedisResponseError) -> None:

@@ -149,6 +149,22 @@ class AsyncConversationStore(StoreBase):
     async def _retrying(self, operation: str, call: ScriptCall) -> Any:
         return await retry_async(operation, lambda: self._run(call), self.retry_policy)
 
+    async def _retrying_append(self, call: ScriptCall) -> Any:
+        """An append; with ``durability="replicated"`` it waits for the replicas."""
+        durable = self.core.durable_for(call)
+        if durable is None:
+            return await self._retrying("append", call)
+        script = self.scripts[call.script]
+
+        async def attempt() -> Any:
+            reply = await self.guard.call(
+                lambda: script.call_replicated_async(self.client, call.keys, call.args, durable)
+            )
+            metrics.count_script_events(call.script, call.args, reply)
+            return reply
+
+        return await retry_async("append", attempt, self.retry_policy)
+
     async def _command(self, operation: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """One plain redis-py call, guarded and retried like a script."""
         bound = getattr(self.client, method)
@@ -201,14 +217,14 @@ class AsyncConversationStore(StoreBase):
         call = self.core.append_call(prepared)
         try:
             try:
-                receipt = self.core.decode_append(prepared, await self._retrying("append", call))
+                receipt = self.core.decode_append(prepared, await self._retrying_append(call))
             except SessionFullError:
                 if not self.inline_compaction:
                     raise
                 # Compact inline, then retry the same call (same turn id) once.
                 outcome = await self._drive(self._inline_compaction(prepared))
                 metrics.COMPACTIONS.labels(outcome.status.value).inc()
-                receipt = self.core.decode_append(prepared, await self._retrying("append", call))
+                receipt = self.core.decode_append(prepared, await self._retrying_append(call))
         except Exception as exc:
             self._count_append_error(prepared, exc)
             raise

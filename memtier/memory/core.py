@@ -46,6 +46,7 @@ from memtier.memory.models import (
 )
 from memtier.memory.recordcheck import check_fields_for_append, check_turn_id_for_append
 from memtier.redaction import sanitize
+from memtier.scripts import Durable
 
 __all__ = ["AppendStatus", "MemoryCore", "ScriptCall", "new_session_id", "wrap_untrusted"]
 
@@ -204,6 +205,16 @@ class MemoryCore:
         return PreparedTurn(
             key, turn, turn_id, payload, turn_bytes, truncated, tuple(dict.fromkeys(kinds))
         )
+
+    def durable_for(self, call: ScriptCall) -> Durable | None:
+        """With ``redis.durability="replicated"``: what the append must WAIT for.
+
+        The touch key is the call's partition meta hash (``append_turn``'s KEYS[7]).
+        """
+        settings = self.config.redis
+        if settings.durability != "replicated":
+            return None
+        return Durable(settings.wait_replicas, settings.wait_timeout_ms, call.keys[6])
 
     def append_call(self, prepared: PreparedTurn, session_id: str | None = None) -> ScriptCall:
         key = prepared.key

@@ -249,3 +249,46 @@ def _node_id(cluster: FaultCluster, port: int) -> str:
 
 
 __all__ = ["FaultCluster", "ledger_key"]
+
+
+def test_replicated_appends_survive_their_primary_killed_right_after(
+    cluster: FaultCluster,
+) -> None:
+    """``durability="replicated"``: every acknowledged turn is on a replica before the ack,
+    so killing the primary the moment the last ack arrives loses none of them."""
+    from ledger import Attempt, turn_text
+
+    from memtier import AvatarMessage
+
+    namespace = "c" + uuid.uuid4().hex[:8]
+    slot = _slot(namespace)
+    primary, _ = cluster.owner_of(slot)
+    config = MemtierConfig.load(
+        redis_url=cluster.url,
+        namespace=namespace,
+        redis={"durability": "replicated", "wait_replicas": 1, "wait_timeout_ms": 5000},
+    )
+    attempts = {}
+    with ConversationStore.from_config(config, recover=False) as store:
+        for n in range(40):
+            tid = f"w0-{n}"
+            key = ledger_key(n % 4)
+            receipt = store.append(key, AvatarMessage(text=turn_text(tid), turn_id=tid))
+            attempts[tid] = Attempt(
+                tid, f"{key.avatar}:{key.channel}", "ack", session_id=receipt.session_id,
+                seq=receipt.seq,
+            )  # fmt: skip
+    node = cluster.node(primary)
+    assert node.proc is not None
+    os.kill(node.proc.pid, signal.SIGKILL)  # right after the last acknowledgement
+    node.proc.wait(timeout=30)
+    _wait_primary_changed(cluster, slot, primary)
+    cluster.restart_node(primary)
+    cluster.wait_healthy()
+    client = _judge_client(cluster)
+    try:
+        verdict = judge(client, namespace, attempts)
+    finally:
+        client.close()
+    verdict.check()
+    assert verdict.acknowledged == 40 and verdict.stored == 40
