@@ -16,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from test_worker_recovery import wipe
 from workhelpers import (
     Clock,
@@ -193,3 +195,119 @@ def test_the_in_process_store_checks_on_its_schedule_and_restores(
     assert store.context(old).session_id == again.session_id
     assert store.context(NEW_KEY).session_id == new.session_id
     assert_exact_accounting(store)
+
+
+async def test_the_async_store_checks_and_restores(backend: Any, tmp_path: Path) -> None:
+    from memtier import AsyncConversationStore
+    from memtier.memory.persistence import snapshot_dir_for
+
+    clock = Clock()
+    sync = persistent_store(backend, tmp_path, clock)
+    config = sync.config
+    store = AsyncConversationStore(
+        backend.async_client(), config, clock=clock, snapshots=snapshot_dir_for(config)
+    )
+    store.loss_watch = LossWatch(3600)
+    assert (await store.recover()).epoch
+    before = populate(sync, SESSIONS)
+    await store.flush()
+    wipe(backend)
+    old = next(iter(before))
+    new, again = _appends_after_the_loss(_writer(backend, tmp_path, clock), old)
+    report = await store.check_data_loss(force=True)
+    assert report is not None and report.after_loss and report.outcome == "restored"
+    _check_restored(sync, before, old, again, new)
+    assert await store.check_data_loss(force=True) is None
+
+
+# --------------------------------------------------------------------------- adversary
+
+# What happens after the loss, in order: an append to old key i / to new key i, a process
+# (re)starting (its start-up recovery), or the running worker's check.
+Step = tuple[str, int]
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from(["old", "new"]), st.integers(0, 3)),
+        st.tuples(st.sampled_from(["start", "check"]), st.just(0)),
+    ),
+    max_size=10,
+)
+OLD_KEYS = 4
+
+
+@settings(max_examples=40)
+@example(ops=[("old", 0), ("start", 0), ("old", 0), ("check", 0)])  # "live" hid the loss
+@example(ops=[("start", 0), ("old", 1), ("check", 0)])  # the start restored everything
+@example(ops=[("check", 0), ("old", 2), ("new", 2)])  # restored first, then appended to
+@example(ops=[])
+@given(ops=steps)
+def test_model_no_flushed_session_or_acknowledged_turn_lost_after_a_loss(
+    ops: list[Step],
+) -> None:
+    """An adversary interleaves appends, fresh starts and checks after Redis lost its data;
+    at the end (one more check) the model must hold for every key."""
+    import tempfile
+
+    import fakeredis
+
+    from memtier.config import MemtierConfig
+    from memtier.memory.persistence import snapshot_dir_for
+
+    server = fakeredis.FakeServer()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = MemtierConfig.load(
+            namespace="loss",
+            conversation={"persistence_enabled": True, "storage_path": tmp},
+        )
+        clock = Clock()
+
+        def store() -> ConversationStore:
+            client = fakeredis.FakeRedis(server=server)
+            return ConversationStore(
+                client, config, clock=clock, snapshots=snapshot_dir_for(config)
+            )
+
+        running = store()
+        running.recover()
+        worker = Worker(running, WorkerOptions(loss_check_interval_s=3600, flush_on_stop=False))
+        before = populate(running, OLD_KEYS)
+        old_keys = list(before)
+        worker.flush()
+        running.client.flushall()  # Redis lost everything, under the running worker
+        restored_yet = False
+        recreated: set[Any] = set()  # old keys an append re-created before the restore
+        after: dict[Any, list[str]] = {}  # every key -> turn ids acknowledged after the loss
+        for n, (op, i) in enumerate(ops):
+            if op in ("old", "new"):
+                k = old_keys[i] if op == "old" else key(100 + i)
+                if op == "old" and not restored_yet and not after.get(k):
+                    recreated.add(k)
+                running_writer = store()
+                running_writer.append(k, AvatarMessage(text=f"after {n}", turn_id=f"after-{n}"))
+                after.setdefault(k, []).append(f"after-{n}")
+            elif op == "start":
+                report = store().recover()
+                if not after and not restored_yet:
+                    assert report.outcome == "restored"  # an empty namespace: all of it
+                restored_yet = True if not after else restored_yet
+            else:
+                worker.check_data_loss(force=True)
+                restored_yet = True
+        worker.check_data_loss(force=True)
+        judge = store()
+        for k in old_keys + [key(100 + i) for i in range(4)]:
+            ctx = judge.context(k)
+            # Every turn acknowledged after the loss is there, once, in order.
+            late = [t.turn_id for t in ctx.turns if (t.turn_id or "").startswith("after-")]
+            assert late == after.get(k, []), (k, ops)
+            if k in before:
+                if k in recreated:  # stays as it is: only what was appended after the loss
+                    assert [t.seq for t in ctx.turns] == list(range(1, len(after[k]) + 1))
+                else:  # back, with anything appended after the restore on top
+                    assert ctx.turns[: len(before[k].turns)] == before[k].turns, (k, ops)
+                    assert ctx.session_id != before[k].session_id
+            elif k not in after:
+                assert ctx.session_id is None
+        assert_exact_accounting(judge)
+        restored = [e for e in judge.events(limit=1000) if e.reason is ReasonCode.RESTORED]
+        assert len(restored) == OLD_KEYS - len(recreated), ops
