@@ -365,7 +365,8 @@ class Worker:
             return
         if report.restorer:
             self.stats.restored += report.restored
-        log.warning(
+        # This worker restored: a warning; another one is at it or was done: info.
+        (log.warning if report.restorer else log.info)(
             "recovery after a data loss: %s (%s)",
             report.outcome,
             report.message,
