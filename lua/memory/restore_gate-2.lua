@@ -4,25 +4,35 @@
   A lock with a random token and an expiry (PX) elects the restorer; a state hash records
   that the namespace was initialised (restored, or found live, or started empty), so a
   later start does not restore again. Redis losing its data loses the state too: then
-  the next start restores.
+  the next start restores, and running processes notice (see "epoch").
+
+  The state's `epoch` is a random id written once, when the hash is created (begin or
+  finish of the first restorer after Redis lost its data, or ever). A running process
+  remembers the epoch it saw; the hash missing, or holding another epoch, means the
+  state was created again: Redis lost its data under that process. A loss that a fresh
+  start found as live data (outcome "live" with an epoch the caller did not see) is not
+  handled yet: `acquire` with ARGV[8] = that epoch takes the gate again for it.
 
   Input:
     KEYS[1] lock        {<ns>:m:restore}:lock    STRING token, PX expiry
     KEYS[2] state hash  {<ns>:m:restore}:state   status ("restoring" | "done"), generation,
-                                                 outcome, wall ms
+                                                 outcome, wall ms, epoch
     ARGV[1] op          "acquire" | "begin" | "extend" | "finish"
     ARGV[2] token       random per restorer
     ARGV[3] lock_ms     lock expiry, ms (acquire, begin, extend)
     ARGV[4] generation  generation being restored ("" = none; begin, finish)
     ARGV[5] outcome     finish: "restored" | "live" | "empty" | ...
     ARGV[6] force       acquire: "1" = ignore a finished state (operator restore)
+    ARGV[7] epoch       begin, finish: the epoch to record if the state has none yet
+    ARGV[8] unhandled   acquire: an epoch whose "live" outcome hid a data loss ("" = none)
 
   Output:
     acquire: { 1, status, generation }  ACQUIRED (status "" or "restoring": a restorer died
                                         midway; continue its work)
              { 0 }                       BUSY: another worker holds the lock
-             { 2, generation, outcome }  DONE: the namespace was initialised already
-    begin / extend / finish: { 1 } OK, { -1 } LOST: the lock is no longer ours
+             { 2, generation, outcome, epoch }  DONE: the namespace was initialised already
+    begin / extend: { 1 } OK, { -1 } LOST: the lock is no longer ours
+    finish: { 1, epoch } OK (the state's epoch), { -1 } LOST
 
   Side effects: the lock key (SET NX PX / PEXPIRE / DEL); the state hash (no TTL).
 ]]
@@ -31,6 +41,7 @@ local lock_key, state_key = KEYS[1], KEYS[2]
 local op, token = ARGV[1], ARGV[2]
 local lock_ms = tonumber(ARGV[3])
 local generation, outcome, force = ARGV[4], ARGV[5], ARGV[6]
+local epoch, unhandled = ARGV[7] or '', ARGV[8] or ''
 if token == '' or not lock_ms or lock_ms <= 0 then
   return redis.error_reply('memtier: restore_gate: malformed ARGV')
 end
@@ -40,11 +51,18 @@ local function wall_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+local function record_epoch()
+  if epoch ~= '' then rcall('HSETNX', state_key, 'epoch', epoch) end
+end
+
 if op == 'acquire' then
   local status = rcall('HGET', state_key, 'status')
   if status == 'done' and force ~= '1' then
-    return { 2, rcall('HGET', state_key, 'generation') or '',
-      rcall('HGET', state_key, 'outcome') or '' }
+    local state_epoch = rcall('HGET', state_key, 'epoch') or ''
+    local state_outcome = rcall('HGET', state_key, 'outcome') or ''
+    if not (unhandled ~= '' and state_epoch == unhandled and state_outcome == 'live') then
+      return { 2, rcall('HGET', state_key, 'generation') or '', state_outcome, state_epoch }
+    end
   end
   if rcall('SET', lock_key, token, 'NX', 'PX', lock_ms) or rcall('GET', lock_key) == token then
     rcall('PEXPIRE', lock_key, lock_ms)
@@ -60,6 +78,7 @@ end
 if op == 'begin' then
   rcall('PEXPIRE', lock_key, lock_ms)
   rcall('HSET', state_key, 'status', 'restoring', 'generation', generation, 'wall', wall_ms())
+  record_epoch()
   return { 1 }
 elseif op == 'extend' then
   rcall('PEXPIRE', lock_key, lock_ms)
@@ -67,7 +86,8 @@ elseif op == 'extend' then
 elseif op == 'finish' then
   rcall('HSET', state_key, 'status', 'done', 'generation', generation, 'outcome', outcome,
     'wall', wall_ms())
+  record_epoch()
   rcall('DEL', lock_key)
-  return { 1 }
+  return { 1, rcall('HGET', state_key, 'epoch') or '' }
 end
 return redis.error_reply('memtier: restore_gate: unknown op')

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
 from memtier.connection import AsyncClientGuard, connect_async
-from memtier.errors import BackendError, SessionFullError
+from memtier.errors import BackendError, MemtierError, SessionFullError
 from memtier.memory.base import KeyLike, StoreBase, StoreStats
 from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
 from memtier.memory.core import ScriptCall
@@ -25,9 +25,18 @@ from memtier.memory.models import (
     Turn,
     TurnRecord,
 )
-from memtier.memory.persistence import FlushResult, RecoveryReport, flush_plan, snapshot_dir_for
+from memtier.memory.persistence import (
+    FlushResult,
+    LossWatch,
+    RecoveryReport,
+    flush_plan,
+    loss_check_plan,
+    snapshot_dir_for,
+)
 from memtier.memory.plans import Command, Plan, drive_async
 from memtier.retry import RetryPolicy, retry_async
+
+log = logging.getLogger("memtier")
 
 log = logging.getLogger("memtier")
 
@@ -64,6 +73,8 @@ class AsyncConversationStore(StoreBase):
     """
 
     _recover_on_enter = False
+    # Set by from_config with persistence and recovery on (see the sync store's).
+    loss_watch: LossWatch | None = None
     open = _OpenMethod()
 
     def __init__(self, client: Any, config: MemtierConfig | None = None, **options: Any) -> None:
@@ -87,6 +98,8 @@ class AsyncConversationStore(StoreBase):
         snapshots = snapshot_dir_for(config) if config.conversation.persistence_enabled else None
         store = cls(client, config, embedded=embedded, snapshots=snapshots, **options)
         store._recover_on_enter = snapshots is not None and recover
+        if store._recover_on_enter:
+            store.loss_watch = LossWatch()
         return store
 
     @classmethod
@@ -214,6 +227,8 @@ class AsyncConversationStore(StoreBase):
         compacted), CapacityError, TurnTooLargeError, BackendError.
         """
         prepared = self._prepare(key, turn)
+        if self.loss_watch is not None:
+            await self.check_data_loss()
         call = self.core.append_call(prepared)
         try:
             try:
@@ -233,6 +248,8 @@ class AsyncConversationStore(StoreBase):
     async def context(self, key: KeyLike, *, limit: int = 0) -> Context:
         """The LLM-facing projection of exactly this key (empty if none or expired)."""
         ckey = self.core.coerce_key(key)
+        if self.loss_watch is not None:
+            await self.check_data_loss()
         reply = await self._retrying("context", self.core.context_call(ckey, limit))
         return self.core.decode_context(ckey, reply)
 
@@ -337,4 +354,22 @@ class AsyncConversationStore(StoreBase):
         already initialised namespace (create-only all the same).
         """
         self.last_recovery = await self._drive(self._recover_plan(force, wait_s))
+        if self.loss_watch is not None:
+            self.loss_watch.saw(self.last_recovery)
         return self.last_recovery
+
+    async def check_data_loss(self, *, force: bool = False) -> RecoveryReport | None:
+        """The twin of :meth:`ConversationStore.check_data_loss` (never raises)."""
+        watch = self.loss_watch
+        if watch is None or self.snapshots is None or not watch.claim(force):
+            return None
+        try:
+            report = await self._drive(loss_check_plan(self.core, self.snapshots, watch))
+        except MemtierError as exc:
+            log.warning("memtier: data-loss check failed (%s); trying again later", exc)
+            return None
+        finally:
+            watch.release()
+        if report is not None:
+            self.last_recovery = report
+        return report

@@ -31,12 +31,25 @@ Recovery (``recover_plan``), on start with persistence enabled
        create-only ``restore_session`` script.
     4. None valid: start empty, log it, and say so in the report.
     Startup never fails on a file: every file error is typed and ends in the report.
+
+Data loss under running processes (``loss_check_plan``, with a :class:`LossWatch`)
+    The gate state carries an ``epoch``: a random id written once, when the hash is
+    created.  A process remembers the epoch it saw (its own start-up recovery, or its
+    first check) and checks on a bounded schedule -- one ``HMGET`` of the state, never
+    per append.  The state missing, or holding an epoch this process never saw whose
+    outcome was ``live`` (a start after the loss found the new appends and restored
+    nothing), means Redis lost its data under this process: it takes the gate and
+    restores the newest valid generation *into the non-empty namespace*, create-only
+    (a session re-created by an append after the loss stays as it is; every other
+    absent session comes back under a new session id, D7).  Another epoch with any other
+    outcome means someone else handled it: the new epoch is adopted.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -65,9 +78,11 @@ from memtier.memory.state import iter_sessions
 
 __all__ = [
     "FlushResult",
+    "LossWatch",
     "RecoveryReport",
     "emit_event_call",
     "flush_plan",
+    "loss_check_plan",
     "recover_plan",
 ]
 
@@ -85,6 +100,9 @@ LOCK_MS: Final = 30_000  # the restorer extends it every EXTEND_EVERY sessions /
 EXTEND_EVERY: Final = 200
 WAIT_S: Final = 120.0  # how long a non-restorer waits for the restorer
 POLL_S: Final = 0.2
+# Data-loss checks: the default period, and its hard floor (a check is one HMGET).
+LOSS_CHECK_S: Final = 5.0
+LOSS_CHECK_MIN_S: Final = 0.05
 
 
 # --------------------------------------------------------------------------- script calls
@@ -134,12 +152,16 @@ def restore_gate_call(
     generation: str = "",
     outcome: str = "",
     force: bool = False,
+    epoch: str = "",
+    unhandled: str = "",
 ) -> ScriptCall:
+    """``epoch``: recorded by begin/finish when the state has none yet; ``unhandled``:
+    acquire again a gate whose ``live`` outcome under that epoch hid a data loss."""
     ks = core.keyspace
     return ScriptCall(
         "restore_gate",
         (ks.restore_lock, ks.restore_state),
-        (op, token, LOCK_MS, generation, outcome, "1" if force else ""),
+        (op, token, LOCK_MS, generation, outcome, "1" if force else "", epoch, unhandled),
     )
 
 
@@ -378,6 +400,11 @@ class RecoveryReport:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     permissions_verified: bool = True
     message: str = ""
+    # The gate state's epoch once the namespace is initialised (None: not finished).
+    epoch: str | None = None
+    # Run because Redis lost its data under a running process (restores into a
+    # non-empty namespace, create-only).
+    after_loss: bool = False
 
     @property
     def started_empty(self) -> bool:
@@ -400,18 +427,27 @@ def recover_plan(
     wait_s: float = WAIT_S,
     poll_s: float = POLL_S,
     token: str | None = None,
+    after_loss: bool = False,
+    unhandled: str = "",
 ) -> Plan[RecoveryReport]:
     """Restore the newest valid generation into an empty namespace (see module docstring).
 
     ``force``: an operator restore -- ignore a finished gate and a non-empty namespace
-    (still create-only: live keys are never overwritten).
+    (still create-only: live keys are never overwritten).  ``after_loss``: Redis lost
+    its data under a running process (:func:`loss_check_plan`): restore into the
+    namespace even though appends made after the loss are in it (create-only), and
+    with ``unhandled`` (the epoch of a ``live`` outcome that hid the loss) take a
+    finished gate again.
     """
-    report = RecoveryReport()
+    report = RecoveryReport(after_loss=after_loss)
     token = token or secrets.token_hex(16)
+    epoch = secrets.token_hex(8)  # recorded only if this restorer creates the state
     deadline = time.monotonic() + max(0.0, wait_s)
     # 1. The gate.
     while True:
-        reply = yield restore_gate_call(core, "acquire", token, force=force)
+        reply = yield restore_gate_call(
+            core, "acquire", token, force=force, unhandled=unhandled if after_loss else ""
+        )
         code = int(reply[0])
         if code == 2:
             if report.outcome == "skipped":  # someone else finished before we ever waited
@@ -419,6 +455,7 @@ def recover_plan(
             else:
                 report.outcome = "waited"
             report.message = f"namespace already initialised ({_b(reply[2])})"
+            report.epoch = _b(reply[3]) if len(reply) > 3 else ""
             return report
         if code == 1:
             resuming = _b(reply[1]) == "restoring"
@@ -427,34 +464,58 @@ def recover_plan(
         if time.monotonic() >= deadline:
             report.outcome = "timeout"
             report.message = "another worker is still restoring; starting without waiting longer"
-            log.warning("snapshot recovery: %s", report.message)
+            # A running process's check meets a restorer at work: expected, not alarming.
+            (log.info if after_loss else log.warning)("snapshot recovery: %s", report.message)
             return report
         yield Sleep(poll_s)
     report.restorer = True
     report.outcome = "skipped"
     try:
-        return (yield from _recover_as_restorer(core, directory, report, token, force, resuming))
+        return (
+            yield from _recover_as_restorer(
+                core, directory, report, _Gate(token, epoch), force or after_loss, resuming
+            )
+        )
     except (BackendError, SnapshotError, OSError) as exc:
         # Never fail startup: the gate lock expires and the next start tries again.
         report.outcome = "error"
+        report.epoch = None
         report.message = f"recovery did not complete: {exc}"
         log.error("snapshot recovery: %s", report.message)
         return report
+
+
+@dataclass(frozen=True)
+class _Gate:
+    token: str
+    epoch: str  # recorded if this restorer creates the gate state
+
+
+def _finish_plan(
+    core: MemoryCore, gate: _Gate, report: RecoveryReport, outcome: str, generation: str = ""
+) -> Plan[None]:
+    reply = yield restore_gate_call(
+        core, "finish", gate.token, generation=generation, outcome=outcome, epoch=gate.epoch
+    )
+    if int(reply[0]) == 1:
+        report.epoch = _b(reply[1]) if len(reply) > 1 else ""
 
 
 def _recover_as_restorer(
     core: MemoryCore,
     directory: SnapshotDir,
     report: RecoveryReport,
-    token: str,
-    force: bool,
+    gate: _Gate,
+    into_live: bool,
     resuming: bool,
 ) -> Plan[RecoveryReport]:
-    # 2. Only into an empty namespace (or to finish a restore that died midway).
-    if not force and not resuming:
+    token = gate.token
+    # 2. Only into an empty namespace (or to finish a restore that died midway, or an
+    # operator restore, or after a data loss under running processes).
+    if not into_live and not resuming:
         empty = yield from _namespace_empty_plan(core)
         if not empty:
-            yield restore_gate_call(core, "finish", token, outcome="live")
+            yield from _finish_plan(core, gate, report, "live")
             report.outcome = "live"
             report.message = "live data present in Redis; nothing restored"
             return report
@@ -472,20 +533,20 @@ def _recover_as_restorer(
                 continue
             yield from _quarantine(core, directory, gen, result, report)
             continue
-        gate = yield restore_gate_call(core, "begin", token, generation=str(gen.generation))
-        if int(gate[0]) != 1:
+        begun = yield restore_gate_call(
+            core, "begin", token, generation=str(gen.generation), epoch=gate.epoch
+        )
+        if int(begun[0]) != 1:
             report.outcome = "lost_lock"
             return report
         report.generation = gen.generation
-        outcome = yield from _restore_generation_plan(core, directory, gen, result, token, report)
+        outcome = yield from _restore_generation_plan(core, directory, gen, result, gate, report)
         if outcome == "next":
             continue  # vanished or unreadable midway: the next older generation fills in
         if outcome != "restored":
             return report
         yield from _tighten_plan(core, directory, report)
-        yield restore_gate_call(
-            core, "finish", token, generation=str(gen.generation), outcome="restored"
-        )
+        yield from _finish_plan(core, gate, report, "restored", str(gen.generation))
         report.outcome = "restored"
         report.message = (
             f"restored generation {gen.generation}: {report.restored} sessions"
@@ -493,11 +554,13 @@ def _recover_as_restorer(
             f" {report.no_room} without room, {report.trimmed} trimmed and"
             f" {report.skipped} skipped for today's bounds)"
         )
+        if report.after_loss:
+            report.message += " after Redis lost its data under running processes"
         log.info("snapshot recovery: %s", report.message)
         return report
     # 4. Nothing valid.
     yield from _tighten_plan(core, directory, report)
-    yield restore_gate_call(core, "finish", token, outcome="empty")
+    yield from _finish_plan(core, gate, report, "empty")
     report.outcome = "empty"
     report.message = "no valid snapshot generation: starting empty"
     log.warning("snapshot recovery: %s (%s)", report.message, directory.path)
@@ -550,10 +613,11 @@ def _restore_generation_plan(
     directory: SnapshotDir,
     gen: GenerationFile,
     verified: VerifiedGeneration,
-    token: str,
+    gate: _Gate,
     report: RecoveryReport,
 ) -> Plan[str]:
     """Pass 2: restore every session; returns ``restored``, ``next`` or ``stop``."""
+    token = gate.token
     detail = f"generation={gen.generation}"
     flush_wall = int(verified.header["flush_wall_ms"])
     done = 0
@@ -610,9 +674,7 @@ def _restore_generation_plan(
         yield from _quarantine(core, directory, gen, Rejection(exc.reason, exc.detail), report)
         report.outcome = "error"
         report.message = f"generation {gen.generation} changed while restoring"
-        yield restore_gate_call(
-            core, "finish", token, generation=str(gen.generation), outcome="partial"
-        )
+        yield from _finish_plan(core, gate, report, "partial", str(gen.generation))
         return "stop"
     return "restored"
 
@@ -650,6 +712,118 @@ def _quarantine(
         target,
     )
     yield emit_event_call(core, ReasonCode.QUARANTINED, f"{name}: {rejection.reason}")
+
+
+# --------------------------------------------------------------------------- data loss
+
+
+@dataclass
+class LossWatch:
+    """What one process knows about the gate state, for :func:`loss_check_plan`.
+
+    ``epoch``: the gate epoch this process last saw (None: none yet).  ``retry_start``:
+    the start-up recovery of this process did not finish (Redis was down, another
+    restorer held the gate): the next check runs it again.  ``pending``: a data loss
+    was detected and is not recovered yet (the worker holds its flushes back: a
+    generation written now would lack every lost session and become the newest).
+    Checks are spaced ``interval_s`` apart (floor :data:`LOSS_CHECK_MIN_S`); only one
+    thread of a process checks at a time (:meth:`claim` never blocks).
+    """
+
+    interval_s: float = LOSS_CHECK_S
+    epoch: str | None = None
+    retry_start: bool = False
+    pending: bool = False
+    losses: int = 0  # data losses this process detected
+    last: RecoveryReport | None = None  # the last recovery a check ran
+    next_check: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.interval_s = max(LOSS_CHECK_MIN_S, float(self.interval_s))
+        if not self.next_check:
+            self.next_check = time.monotonic() + self.interval_s
+
+    def saw(self, report: RecoveryReport) -> None:
+        """Take in a recovery's result (the start-up one, or one a check ran)."""
+        if report.epoch is not None:
+            self.epoch = report.epoch
+            self.retry_start = False
+            self.pending = False
+        elif self.epoch is None:
+            self.retry_start = True
+        elif report.after_loss:
+            self.pending = True
+
+    def claim(self, force: bool = False) -> bool:
+        """True when a check is due and this thread got to do it (then :meth:`release`).
+
+        The hot path: one clock read and a comparison unless a check is due.
+        """
+        now = time.monotonic()
+        if not force and now < self.next_check:
+            return False
+        if not self._lock.acquire(blocking=False):
+            return False
+        self.next_check = now + self.interval_s
+        return True
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+def loss_check_plan(
+    core: MemoryCore, directory: SnapshotDir, watch: LossWatch
+) -> Plan[RecoveryReport | None]:
+    """One check for a data loss (see the module docstring); the recovery it ran, if any.
+
+    Never waits for another restorer (``wait_s=0``): a busy gate is tried again at the
+    next check.  Raises BackendError when Redis does not answer (the caller logs it).
+    """
+    reply = yield Command(
+        "hmget", (core.keyspace.restore_state, ["status", "epoch", "outcome"]), {}
+    )
+    status, epoch, outcome = (None if v is None else _b(v) for v in reply)
+    seen = watch.epoch
+    after_loss = False
+    unhandled = ""
+    if status is None:  # no gate state
+        if seen is None and not watch.retry_start:
+            return None  # never initialised as far as this process knows: not evidence
+        after_loss = seen is not None
+    elif seen is None:
+        if status == "done":
+            watch.epoch = epoch or ""
+            watch.retry_start = False
+            return None
+        # status "restoring": a restorer at work, or one that died midway (continue it).
+    elif (epoch or "") == seen:
+        if status == "done":
+            return None  # the common case: nothing happened
+    elif status == "done" and outcome != "live":
+        watch.epoch = epoch or ""  # someone else restored (or started empty) after a loss
+        watch.pending = False
+        return None
+    else:
+        # Created again since this process saw it, and either a start after the loss
+        # found the new appends as "live" and restored nothing, or a restore is running.
+        after_loss = True
+        unhandled = epoch or "" if status == "done" else ""
+    if after_loss:
+        watch.losses += 1
+        log.warning(
+            "snapshot recovery: Redis lost this namespace's data under a running process"
+            " (restore gate state %s); restoring the absent sessions (create-only)",
+            "missing" if status is None else f"re-created as {epoch!r}",
+        )
+    report = yield from recover_plan(
+        core, directory, wait_s=0.0, after_loss=after_loss, unhandled=unhandled
+    )
+    watch.last = report
+    watch.saw(report)
+    if after_loss and report.epoch is None:
+        watch.pending = True
+    return report
 
 
 def snapshot_dir_for(config: Any) -> SnapshotDir:

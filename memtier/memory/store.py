@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
 from memtier.connection import SyncClientGuard, connect_sync
-from memtier.errors import BackendError, SessionFullError
+from memtier.errors import BackendError, MemtierError, SessionFullError
 from memtier.memory.base import KeyLike, StoreBase, StoreStats
 from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
 from memtier.memory.core import ScriptCall
@@ -23,7 +23,14 @@ from memtier.memory.models import (
     Turn,
     TurnRecord,
 )
-from memtier.memory.persistence import FlushResult, RecoveryReport, flush_plan, snapshot_dir_for
+from memtier.memory.persistence import (
+    FlushResult,
+    LossWatch,
+    RecoveryReport,
+    flush_plan,
+    loss_check_plan,
+    snapshot_dir_for,
+)
 from memtier.memory.plans import Command, Plan, drive_sync
 from memtier.retry import RetryPolicy, retry_sync
 
@@ -47,6 +54,10 @@ class ConversationStore(StoreBase):
     are in flight at once, the others wait up to ``redis.pool_timeout_seconds`` for a
     slot (then ``backend_busy``).
     """
+
+    # Set by from_config with persistence and recovery on: append and context check on
+    # a bounded schedule whether Redis lost its data since (see check_data_loss).
+    loss_watch: LossWatch | None = None
 
     def __init__(self, client: Any, config: MemtierConfig | None = None, **options: Any) -> None:
         super().__init__(client, config, **options)
@@ -74,6 +85,7 @@ class ConversationStore(StoreBase):
         except BackendError as exc:  # Redis not up yet: scripts load on first use instead
             log.warning("memtier: could not preload the Lua scripts (%s); loading on demand", exc)
         if snapshots is not None and recover:
+            store.loss_watch = LossWatch()
             store.recover()
         return store
 
@@ -178,6 +190,8 @@ class ConversationStore(StoreBase):
         compacted), CapacityError, TurnTooLargeError, BackendError.
         """
         prepared = self._prepare(key, turn)
+        if self.loss_watch is not None:
+            self.check_data_loss()
         call = self.core.append_call(prepared)
         try:
             try:
@@ -197,6 +211,8 @@ class ConversationStore(StoreBase):
     def context(self, key: KeyLike, *, limit: int = 0) -> Context:
         """The LLM-facing projection of exactly this key (empty if none or expired)."""
         ckey = self.core.coerce_key(key)
+        if self.loss_watch is not None:
+            self.check_data_loss()
         reply = self._retrying("context", self.core.context_call(ckey, limit))
         return self.core.decode_context(ckey, reply)
 
@@ -300,4 +316,28 @@ class ConversationStore(StoreBase):
         already initialised namespace (create-only all the same).
         """
         self.last_recovery = self._drive(self._recover_plan(force, wait_s))
+        if self.loss_watch is not None:
+            self.loss_watch.saw(self.last_recovery)
         return self.last_recovery
+
+    def check_data_loss(self, *, force: bool = False) -> RecoveryReport | None:
+        """If a check is due (or ``force``): did Redis lose its data under this process?
+        Then restore the absent sessions, create-only; returns that recovery's report.
+
+        One ``HMGET`` of the restore gate state per ``loss_watch.interval_s``; the
+        appends and reads that call it wait only when a restore runs.  Never raises:
+        Redis not answering is logged and tried again at the next check.
+        """
+        watch = self.loss_watch
+        if watch is None or self.snapshots is None or not watch.claim(force):
+            return None
+        try:
+            report = self._drive(loss_check_plan(self.core, self.snapshots, watch))
+        except MemtierError as exc:
+            log.warning("memtier: data-loss check failed (%s); trying again later", exc)
+            return None
+        finally:
+            watch.release()
+        if report is not None:
+            self.last_recovery = report
+        return report

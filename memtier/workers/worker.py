@@ -16,6 +16,13 @@ Any number of worker processes, on any number of hosts, share the work:
 * **Snapshot flushes** every ``flush_interval_s`` when persistence is enabled, and once
   more on every clean exit -- a stop signal, ``deadline_s`` or the end of a drain -- so
   the last generation holds the last appends (``flush_on_stop``).
+* **Data-loss checks** every ``loss_check_interval_s`` when persistence is enabled, right
+  away when the consumer group has vanished (NOGROUP: Redis came back empty), and before
+  every flush: the restore gate state missing, or created again by a start that found
+  only the new appends, means Redis lost its data under this worker; it restores the
+  absent sessions of the newest valid generation, create-only (one restorer at a time:
+  the restore gate).  While such a loss is not recovered the worker does not flush: a
+  generation written then would lack every lost session and become the newest.
 
 The loop has no round cap: it runs until it is stopped, its deadline passes or its
 drain finds nothing left.  Each action is one INFO line on ``memtier.worker`` (a job
@@ -44,6 +51,7 @@ from memtier.errors import MemtierError, SnapshotError
 from memtier.keys import PartitionKeys
 from memtier.memory.compaction import CompactionOutcome, JobRef, apply_call, compaction_plan
 from memtier.memory.models import ConversationKey
+from memtier.memory.persistence import LOSS_CHECK_MIN_S, LOSS_CHECK_S, LossWatch
 from memtier.memory.store import ConversationStore
 from memtier.retry import retry_sync
 
@@ -69,6 +77,8 @@ class WorkerOptions:
     flush_interval_s: float | None = 300.0  # None: no periodic flush
     flush_on_stop: bool = True
     consumer_idle_gc_ms: int = 3_600_000  # consumers idle this long with nothing pending go
+    # Did Redis lose its data under us? (persistence on; None: never check)
+    loss_check_interval_s: float | None = LOSS_CHECK_S
 
 
 @dataclass
@@ -83,6 +93,9 @@ class WorkerStats:
     swept: int = 0
     flushes: int = 0
     flush_errors: int = 0
+    flushes_held: int = 0  # flushes not written: a data loss not recovered yet
+    data_losses: int = 0  # data losses under this worker that it detected
+    restored: int = 0  # sessions this worker restored after them
 
     def add(self, other: WorkerStats) -> None:
         self.jobs += other.jobs
@@ -92,6 +105,9 @@ class WorkerStats:
         self.swept += other.swept
         self.flushes += other.flushes
         self.flush_errors += other.flush_errors
+        self.flushes_held += other.flushes_held
+        self.data_losses += other.data_losses
+        self.restored += other.restored
         for k, v in other.outcomes.items():
             self.outcomes[k] = self.outcomes.get(k, 0) + v
 
@@ -134,6 +150,21 @@ class Worker:
         )
         self._next_gc = 0.0
         self._next_reclaim = 0.0
+        self.loss_watch = self._watch_for_loss()
+
+    def _watch_for_loss(self) -> LossWatch | None:
+        """The store's data-loss watch (turned on here when the store has none)."""
+        interval = self.options.loss_check_interval_s
+        if self.store.snapshots is None or interval is None:
+            return None
+        watch = self.store.loss_watch
+        if watch is None:
+            watch = self.store.loss_watch = LossWatch(interval)
+            if self.store.last_recovery is not None:
+                watch.saw(self.store.last_recovery)
+        else:
+            watch.interval_s = max(LOSS_CHECK_MIN_S, interval)
+        return watch
 
     # --- plumbing ------------------------------------------------------------------------------
     @property
@@ -289,6 +320,7 @@ class Worker:
             self._groups_ready = False
             self._claim_cursor.clear()
             self.ensure_groups()
+            self.check_data_loss(force=True)  # restore what was lost, before anything else
             return 0
 
     def _compaction_round(self, block: bool) -> int:
@@ -322,8 +354,34 @@ class Worker:
         return total
 
     # --- periodic work -------------------------------------------------------------------------
+    def check_data_loss(self, *, force: bool = False) -> None:
+        """A data-loss check when due (or ``force``); restores what was lost (create-only)."""
+        if self.loss_watch is None:
+            return
+        losses = self.loss_watch.losses
+        report = self.store.check_data_loss(force=force)
+        self.stats.data_losses += self.loss_watch.losses - losses
+        if report is None or not report.after_loss:
+            return
+        if report.restorer:
+            self.stats.restored += report.restored
+        # This worker restored: a warning; another one is at it or was done: info.
+        (log.warning if report.restorer else log.info)(
+            "recovery after a data loss: %s (%s)",
+            report.outcome,
+            report.message,
+            extra={
+                "action": "restore",
+                "outcome": report.outcome,
+                "generation": report.generation,
+                "sessions": report.restored,
+                "existing": report.existing,
+            },
+        )
+
     def maintenance(self, *, force: bool = False) -> None:
-        """Sweep, flush and consumer clean-up when they are due."""
+        """Data-loss check, sweep, flush and consumer clean-up when they are due."""
+        self.check_data_loss(force=force)
         now = time.monotonic()
         if force or now >= self._next_sweep:
             self._next_sweep = now + self.options.sweep_interval_s
@@ -360,6 +418,18 @@ class Worker:
     def flush(self, why: str = "interval") -> None:
         if self.store.snapshots is None:
             return
+        if self.loss_watch is not None:
+            # Redis may have lost its data since the last check: a flush now would write
+            # a generation without the lost sessions, newer than the one holding them.
+            self.check_data_loss(force=True)
+            if self.loss_watch.pending:
+                self.stats.flushes_held += 1
+                log.warning(
+                    "snapshot flush (%s) held back: Redis lost its data and the restore"
+                    " has not finished yet (the next check tries again)",
+                    why,
+                )
+                return
         started = time.monotonic()
         try:
             result = self.store.flush()

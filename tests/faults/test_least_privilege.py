@@ -103,6 +103,13 @@ def test_the_whole_api_runs_as_the_recommended_user(acl_server: FaultRedis, tmp_
         store.compact(key, force=True)
         flushed = store.flush()
         assert flushed.sessions == 2
+        # The data-loss check needs no INFO: the gate state gone reads as a loss, and the
+        # restore after it (create-only: both sessions are live) runs as this user too.
+        assert store.check_data_loss(force=True) is None
+        store.client.delete(store.core.keyspace.restore_state)
+        lost = store.check_data_loss(force=True)
+        assert lost is not None and lost.after_loss and lost.outcome == "restored", lost
+        assert (lost.restored, lost.existing) == (0, 2)
         assert store.expire(other)
         assert store.delete(key)
         assert {e.reason for e in store.events()} >= {"operator_expired", "operator_deleted"}

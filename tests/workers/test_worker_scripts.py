@@ -78,15 +78,24 @@ def test_restore_gate_codes(backend: Any) -> None:
     assert _run(store, restore_gate_call(core, "begin", "b", generation="1")) == [-1]
     assert _run(store, restore_gate_call(core, "finish", "b")) == [-1]
     assert _run(store, restore_gate_call(core, "extend", "a")) == [1]
-    assert _run(store, restore_gate_call(core, "begin", "a", generation="4")) == [1]
+    assert _run(store, restore_gate_call(core, "begin", "a", generation="4", epoch="e1")) == [1]
+    # The epoch is written once, when the state is created: a later one never replaces it.
     assert _run(
-        store, restore_gate_call(core, "finish", "a", generation="4", outcome="restored")
-    ) == [1]
-    assert _run(store, restore_gate_call(core, "acquire", "c")) == [2, b"4", b"restored"]
+        store,
+        restore_gate_call(core, "finish", "a", generation="4", outcome="restored", epoch="e2"),
+    ) == [1, b"e1"]
+    assert _run(store, restore_gate_call(core, "acquire", "c")) == [2, b"4", b"restored", b"e1"]
+    # Only a "live" outcome under the named epoch may be taken again as an unhandled loss.
+    assert _run(store, restore_gate_call(core, "acquire", "c", unhandled="e1")) == [
+        2, b"4", b"restored", b"e1",
+    ]  # fmt: skip
     forced = _run(store, restore_gate_call(core, "acquire", "c", force=True))
     assert int(forced[0]) == 1  # an operator restore may take the gate again
+    assert _run(store, restore_gate_call(core, "finish", "c", outcome="live")) == [1, b"e1"]
+    assert int(_run(store, restore_gate_call(core, "acquire", "d", unhandled="e0"))[0]) == 2
+    assert int(_run(store, restore_gate_call(core, "acquire", "d", unhandled="e1"))[0]) == 1
     with pytest.raises(ScriptError):
-        _run(store, restore_gate_call(core, "nonsense", "c"))
+        _run(store, restore_gate_call(core, "nonsense", "d"))
     with pytest.raises(ScriptError):
         _run(store, restore_gate_call(core, "acquire", ""))
 
