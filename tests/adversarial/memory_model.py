@@ -398,7 +398,9 @@ class StoreModel:
                     full = "tools"
             if full:
                 assert session is not None
-                # Nothing stored; the next-sweep time is not saved on this path.
+                # Nothing stored; what the sweep did stays (and is counted in the receipt).
+                if sweep_done:
+                    self.next_sweep = pending_sweep
                 if attempt == 2 or not inline_compaction:
                     raise AppendError("session_full", full)
                 self.compact(member, oracle, force=True, required=True)

@@ -67,8 +67,10 @@ from memtier import (
     ConversationStore,
     SessionFullError,
     ToolSummary,
+    metrics,
 )
 from memtier.config import MemtierConfig
+from memtier.limits import EXPIRY_GRACE_MS
 from memtier.memory.models import ms_to_datetime
 from memtier.memory.persistence import snapshot_dir_for
 
@@ -436,6 +438,18 @@ class StoreMachine(RuleBasedStateMachine):
         )
         self.model.events.clear()
         self.model.events.extend(store_events)
+        # Restored keys carry a Redis TTL of the remaining inactivity TTL + 5 s grace, in the
+        # server's real time.  Check it, then re-arm it: the test clock runs apart from the
+        # server's, and a session restored 1 ms before its deadline would otherwise vanish
+        # from Redis 5 real seconds later, in the middle of the example.
+        now = self.model.now()
+        for member, session in self.model.sessions.items():
+            keys = self.part.session(member)
+            remaining = session.last + self.model.ttl(member) - now
+            pttl = int(self.client.pttl(keys.session))
+            assert 0 < pttl <= remaining + EXPIRY_GRACE_MS, (member, pttl, remaining)
+            for name in (keys.session, keys.turns, keys.turn_ids):
+                self.client.pexpire(name, 3_600_000)
 
     # --- invariants --------------------------------------------------------------------------
     @invariant()
@@ -608,3 +622,27 @@ def test_inline_compaction_of_small_turns_at_the_aggregate_ceiling(backend: Any)
         store.append(small, AvatarMessage(text=""))
     assert store.stats() == {"sessions": 3, "bytes": 1274}  # 6 bytes below the ceiling
     store.append(small, AvatarMessage(text=""))  # raises SessionFullError today
+
+
+def test_sweep_before_an_inline_compaction_is_counted_in_the_receipt(backend: Any) -> None:
+    """Found by the state machine: an append that sweeps an expired session, meets its own
+    turn bound and compacts inline reported ``swept=0`` (the first attempt's count was lost,
+    so ``memtier_expiries_total{reason="expired"}`` missed it too)."""
+    clock = [T0]
+    config = backend.config(partitions=1, conversation=CONVERSATION)
+    store = ConversationStore(backend.sync_client(), config, clock=lambda: clock[0])
+    stale = ConversationKey(AVATARS[1], "public")
+    full = ConversationKey(AVATARS[0], "im")
+    store.append(stale, AvatarMessage(text="old"))
+    clock[0] += PUBLIC_TTL - 10_000
+    for i in range(4):  # at its turn bound
+        store.append(full, AvatarMessage(text=f"turn {i}"))
+    clock[0] += 20_000  # ``stale`` expired 10 s ago; the next opportunistic sweep is due
+    expired_metric = metrics.EXPIRIES.labels("expired")
+    counted_before = expired_metric._value.get()
+    receipt = store.append(full, AvatarMessage(text="one more"))
+    assert (receipt.swept, receipt.seq) == (1, 5)
+    assert expired_metric._value.get() == counted_before + 1
+    reasons = [e.reason.value for e in store.events(limit=100)]
+    assert reasons == ["expired", "compacted"]
+    assert store.stats()["sessions"] == 1
