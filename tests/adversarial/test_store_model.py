@@ -26,10 +26,12 @@ in memory_model.py switches that comparison on once the fix is merged.
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import uuid
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -46,6 +48,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from memory_model import (
+    COMPACTION_BUDGET_FIX,
     AppendError,
     Event,
     Folded,
@@ -75,6 +78,7 @@ from memtier.memory.models import ms_to_datetime
 from memtier.memory.persistence import snapshot_dir_for
 
 T0 = 1_800_000_000_000  # test epoch (ms)
+SESSION_ID_RE = re.compile(r"^ses_[A-Za-z0-9_-]{22}$")  # 128 random bits, URL-safe
 
 # Three avatars whose UUID order differs from their creation order; two channels each.
 AVATARS = (
@@ -119,7 +123,7 @@ texts = (
     .flatmap(lambda n: st.lists(st.sampled_from(WORDS), min_size=n, max_size=n))
     .map(" ".join)
 )
-names = st.sampled_from(("search", "weather", "teleport", "give", "región"))
+names = st.sampled_from(("search", "weather", "teleport", "give", "map.region-2"))
 turn_ids = st.one_of(st.none(), st.sampled_from([f"t{i}" for i in range(6)]))
 members = st.sampled_from(MEMBERS)
 kinds = st.sampled_from(("avatar", "agent", "tool", "action"))
@@ -242,6 +246,8 @@ class StoreMachine(RuleBasedStateMachine):
                 _s(a): _s(b)
                 for a, b in self.client.hgetall(self.part.session(member).session).items()
             }
+            if not h.get("summary"):
+                return Folded(folded, int(h.get("summary_bytes", 0)), None)
             summary = orjson.loads(h["summary"])
             return Folded(folded, int(h["summary_bytes"]), bool(summary["untrusted"]))
 
@@ -430,12 +436,31 @@ class StoreMachine(RuleBasedStateMachine):
         if self.model.snapshot is not None:
             assert report.generation == self.model.snapshot.generation
         # Sessions come back in file order: compare this step's events as a multiset, then
-        # take the store's order.
+        # take the store's order.  A restored session keeps its id, or (where recovery
+        # gives restored sessions new ids) gets a fresh one never used before, with
+        # "from=<old id>" in the detail; the model follows either.
         store_events = self._events_of_store()
-        assert Counter(store_events) == Counter(self.model.events), (
-            store_events,
+        snap = self.model.snapshot
+        fresh: dict[str, str] = {}
+        canonical = []
+        for event in store_events:
+            saved = snap.sessions.get(event.member) if snap else None
+            if saved is not None and event.reason in ("restored", "expired"):
+                if event.sid != saved.sid:
+                    assert SESSION_ID_RE.match(event.sid), event
+                    assert event.sid not in self.model.session_ids, event
+                    fresh[event.member] = event.sid
+                    event = replace(event, sid=saved.sid)
+                event = replace(event, detail=event.detail.removesuffix(f" from={saved.sid}"))
+            canonical.append(event)
+        assert Counter(canonical) == Counter(self.model.events), (
+            canonical,
             list(self.model.events),
         )
+        for member, sid in fresh.items():
+            self.model.session_ids.add(sid)
+            if member in self.model.sessions:
+                self.model.sessions[member].sid = sid
         self.model.events.clear()
         self.model.events.extend(store_events)
         # Restored keys carry a Redis TTL of the remaining inactivity TTL + 5 s grace, in the
@@ -604,9 +629,11 @@ def test_store_matches_reference_model(backend: Any) -> None:
 
 
 @pytest.mark.xfail(
+    not COMPACTION_BUDGET_FIX,
     strict=True,
     reason="issue 8 compaction: a full session of small turns cannot be compacted inline"
-    " at the aggregate ceiling (the summary would grow the session; no fallback fits)",
+    " at the aggregate ceiling (the summary would grow the session; no fallback fits);"
+    " fixed where compaction never grows a session (memtier/memory/compaction.py)",
 )
 def test_inline_compaction_of_small_turns_at_the_aggregate_ceiling(backend: Any) -> None:
     """Found by the state machine: 'appends of small turns never start failing' (issue 8)."""
