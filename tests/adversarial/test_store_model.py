@@ -388,8 +388,10 @@ class StoreMachine(RuleBasedStateMachine):
         reason = "operator_expired" if expire else "operator_deleted"
         assert got == self.model.operator_drop(member, reason)
 
-    @rule()
-    def sweep(self) -> None:
+    @rule(delta=st.sampled_from((0, PUBLIC_TTL, IM_TTL)))
+    def sweep(self, delta: int) -> None:
+        """A worker's sweep (possibly right after a TTL passed, before any append)."""
+        self._set_clock(self.now + delta)
         assert self.store.sweep() == self.model.sweep()
 
     @rule(member=members, force=st.booleans())
@@ -398,6 +400,14 @@ class StoreMachine(RuleBasedStateMachine):
         expected = self.model.compact(member, self._oracle(member), force=force)
         self._mark_events()
         assert outcome.status.value == expected, (outcome, expected)
+
+    @precondition(lambda self: bool(self.model.sessions))
+    @rule(pick=st.integers(min_value=0, max_value=7), delta=st.sampled_from((0, 1, 60_000)))
+    def compact_stored(self, pick: int, delta: int) -> None:
+        """A worker's compaction of a stored session, some time after its last activity."""
+        self._set_clock(self.now + delta)
+        stored = sorted(self.model.sessions)
+        self.compact(stored[pick % len(stored)], force=True)
 
     @rule(delta=deltas)
     def advance(self, delta: int) -> None:
@@ -408,8 +418,9 @@ class StoreMachine(RuleBasedStateMachine):
     def advance_to_deadline(self, pick: int, offset: int) -> None:
         """Exactly onto a session's TTL boundary (or 1 ms either side), never backwards."""
         stored = sorted(self.model.sessions)
-        target = self.model.deadline(stored[pick % len(stored)]) + offset
-        self._set_clock(max(self.now, target))
+        member = stored[pick % len(stored)]
+        self._set_clock(max(self.now, self.model.deadline(member) + offset))
+        self.context(member, 0)  # live 1 ms before the deadline, gone at it
 
     @rule(back=st.sampled_from((1, 1000, 120_000, PUBLIC_TTL)))
     def clock_steps_back(self, back: int) -> None:
@@ -422,6 +433,13 @@ class StoreMachine(RuleBasedStateMachine):
         snap = self.model.flush()
         assert result.skipped == {}, result.skipped
         assert (result.generation, result.sessions) == (snap.generation, len(snap.sessions))
+
+    @rule(delta=deltas)
+    def flush_then_lose_redis(self, delta: int) -> None:
+        """Flush, let time pass while Redis is down, restore (TTL applied to the gap)."""
+        self.flush()
+        self._set_clock(self.now + delta)
+        self.restore_after_redis_lost_everything()
 
     @precondition(lambda self: self.model.snapshot is not None)
     @rule()
@@ -621,8 +639,9 @@ def run_machine(backend: Any, max_examples: int, steps: int) -> None:
     ],
     indirect=True,
 )
+@pytest.mark.timeout(900)  # a failure is shrunk for up to ~5 minutes before it is reported
 def test_store_matches_reference_model(backend: Any) -> None:
-    run_machine(backend, max_examples=60, steps=30)
+    run_machine(backend, max_examples=60, steps=50)
 
 
 # --- known bug, pinned (see CHECK_INLINE_COMPACTION_ALWAYS_MAKES_ROOM in memory_model.py) ---
