@@ -50,11 +50,13 @@
         other expired sessions removed on the way
     { 1, sid, seq, clock_ms, wall_ms, turn_bytes, rotated, session_bytes, turns, 0, 0, 0 }
         duplicate: the first receipt for this turn_id; nothing stored
-    { -1, which, current, limit }  SESSION_FULL: the turn would pass a session bound
+    { -1, which, current, limit, swept }  SESSION_FULL: the turn would pass a session bound
         (which = "turns" | "bytes" | "tools"); nothing stored
-    { -2, needed, freeable }       AGGREGATE_FULL: eviction of max_evictions sessions cannot
-        make room; nothing stored (sweeps of expired sessions may have happened)
-    { -3, turn_bytes, limit }      TURN_TOO_LARGE: larger than any session may hold
+    { -2, needed, freeable, swept }  AGGREGATE_FULL: eviction of max_evictions sessions
+        cannot make room; nothing stored
+    { -3, turn_bytes, limit, swept }  TURN_TOO_LARGE: larger than any session may hold
+    (swept, in every refusal: other expired sessions the opportunistic sweep removed before
+    the refusal -- they stay removed, with their `expired` events)
 
   Side effects: events (expired, rotated, evicted_*), PEXPIRE of the session's keys to
   ttl + grace (lazily: when a key is new or ttl_refresh_ms passed since the last one, so a
@@ -172,24 +174,34 @@ local function sweep()
 end
 if now >= next_sweep then sweep() end
 
+-- Refusals keep what the sweep did: the clock, the next-sweep time, and the count (so a
+-- caller that compacts inline and retries reports and counts those expiries once).
+local function save_clock_and_sweep()
+  if sweep_done then rcall('HSET', meta_key, 'clock', now, 'sw', next_sweep)
+  else save_clock() end
+end
+
 -- 4. Session bounds.
 if turn_bytes > max_session_bytes then
-  save_clock()
-  return { -3, turn_bytes, max_session_bytes }
+  save_clock_and_sweep()
+  return { -3, turn_bytes, max_session_bytes, swept }
 end
 if exists then
-  if turns + 1 > max_turns then save_clock(); return { -1, 'turns', turns, max_turns } end
+  if turns + 1 > max_turns then
+    save_clock_and_sweep()
+    return { -1, 'turns', turns, max_turns, swept }
+  end
   if bytes + turn_bytes > max_session_bytes then
-    save_clock()
-    return { -1, 'bytes', bytes, max_session_bytes }
+    save_clock_and_sweep()
+    return { -1, 'bytes', bytes, max_session_bytes, swept }
   end
   if is_tool == 1 and tools + 1 > max_tools then
-    save_clock()
-    return { -1, 'tools', tools, max_tools }
+    save_clock_and_sweep()
+    return { -1, 'tools', tools, max_tools, swept }
   end
 elseif is_tool == 1 and max_tools < 1 then
-  save_clock()
-  return { -1, 'tools', 0, max_tools }
+  save_clock_and_sweep()
+  return { -1, 'tools', 0, max_tools, swept }
 end
 
 -- 5. Pressure: sweep expired sessions first, then choose victims (read-only) and apply
@@ -237,9 +249,8 @@ if excess_sessions > 0 or excess_bytes > 0 then
     end
   end
   if dropped < excess_sessions or freed < excess_bytes then
-    if sweep_done then rcall('HSET', meta_key, 'clock', now, 'sw', next_sweep)
-    else save_clock() end
-    return { -2, excess_bytes > 0 and excess_bytes or excess_sessions, freed }
+    save_clock_and_sweep()
+    return { -2, excess_bytes > 0 and excess_bytes or excess_sessions, freed, swept }
   end
   local reason = 'evicted_aggregate_pressure'
   if excess_sessions > 0 then reason = 'evicted_session_pressure' end

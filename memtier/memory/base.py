@@ -132,8 +132,15 @@ class StoreBase:
         return receipt
 
     @staticmethod
-    def _count_append_error(prepared: PreparedTurn, exc: BaseException) -> None:
+    def _count_append_error(
+        prepared: PreparedTurn, exc: BaseException, swept_before: int = 0
+    ) -> None:
+        """Count a failed append, and the expired sessions it swept before it was refused."""
         metrics.APPENDS.labels(prepared.turn.role.value, getattr(exc, "code", "error")).inc()
+        details = getattr(exc, "details", None)
+        swept = swept_before + (int(details.get("swept", 0)) if isinstance(details, dict) else 0)
+        if swept:
+            metrics.EXPIRIES.labels(ReasonCode.EXPIRED.value).inc(swept)
 
     # --- metadata, operators, sweeps, stats, events --------------------------------------------
     def _metadata_call(self, cursor: str | None, limit: int | None) -> tuple[int, ScriptCall]:

@@ -281,6 +281,7 @@ class MemoryCore:
                 evicted_for_sessions=int(reply[10]),
                 swept=int(reply[11]),
             )
+        # Refusals report the expired sessions the script swept first (``swept`` detail).
         if status == AppendStatus.SESSION_FULL:
             which, current, limit = _b(reply[1]), int(reply[2]), int(reply[3])
             raise SessionFullError(
@@ -288,6 +289,7 @@ class MemoryCore:
                 bound=which,
                 current=current,
                 limit=limit,
+                swept=int(reply[4]),
             )
         if status == AppendStatus.AGGREGATE_FULL:
             raise CapacityError(
@@ -295,12 +297,14 @@ class MemoryCore:
                 f" within {limits.MAX_EVICTIONS_PER_CALL} evictions; nothing was stored",
                 needed=int(reply[1]),
                 freeable=int(reply[2]),
+                swept=int(reply[3]),
             )
         if status == AppendStatus.TURN_TOO_LARGE:
             raise TurnTooLargeError(
                 "turn is larger than a session may hold",
                 turn_bytes=int(reply[1]),
                 limit_bytes=int(reply[2]),
+                swept=int(reply[3]),
             )
         raise ScriptError(f"append_turn returned unknown status {status}")
 

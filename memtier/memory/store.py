@@ -193,19 +193,23 @@ class ConversationStore(StoreBase):
         if self.loss_watch is not None:
             self.check_data_loss()
         call = self.core.append_call(prepared)
+        swept_first = 0  # expired sessions the refused first attempt swept
         try:
             try:
                 receipt = self.core.decode_append(prepared, self._retrying_append(call))
-            except SessionFullError:
+            except SessionFullError as full:
                 if not self.inline_compaction:
                     raise
+                swept_first = int(full.details.get("swept", 0))
                 # Compact inline, then retry the same call (same turn id) once.
                 outcome = self._drive(self._inline_compaction(prepared))
                 metrics.COMPACTIONS.labels(outcome.status.value).inc()
                 receipt = self.core.decode_append(prepared, self._retrying_append(call))
         except Exception as exc:
-            self._count_append_error(prepared, exc)
+            self._count_append_error(prepared, exc, swept_first)
             raise
+        if swept_first:
+            receipt = receipt.model_copy(update={"swept": receipt.swept + swept_first})
         return self._count_append(prepared, receipt)
 
     def context(self, key: KeyLike, *, limit: int = 0) -> Context:
