@@ -72,6 +72,7 @@ class AsyncConversationService:
         busy_wait_s: float = 5.0,
         inflight_wait_s: float = 30.0,
         embedded: bool = False,
+        run_options_schema: Any = None,
     ) -> None:
         self.config = config or MemtierConfig.load()
         self.client = client
@@ -87,6 +88,11 @@ class AsyncConversationService:
             lease_ms=lease_ms,
             busy_wait_s=busy_wait_s,
             inflight_wait_s=inflight_wait_s,
+            run_options_schema=(
+                run_options_schema
+                if run_options_schema is not None
+                else getattr(runner, "run_options_schema", None)
+            ),
         )
         self.scripts = load_registry("threads")
 
@@ -177,6 +183,7 @@ class AsyncConversationService:
             request_id=state.request_id,
             leaf_id=state.leaf_id,
             emit=emit,
+            run_options=state.run_options,
         )
         outcome = "error"
         started = time.perf_counter()
@@ -271,11 +278,17 @@ class AsyncConversationService:
         *,
         request_id: str | None = None,
         leaf_id: str | None = None,
+        run_options: Mapping[str, Any] | None = None,
     ) -> ContinueResult:
         return await self._drive(
             "continue",
             self.core.continue_(
-                ownership, thread_id, message, request_id=request_id, leaf_id=leaf_id
+                ownership,
+                thread_id,
+                message,
+                request_id=request_id,
+                leaf_id=leaf_id,
+                run_options=run_options,
             ),
         )
 

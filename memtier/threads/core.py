@@ -67,6 +67,7 @@ from memtier.threads.models import (
     ms_to_datetime,
 )
 from memtier.threads.runner import RunnerEvent, RunnerReply
+from memtier.threads.runoptions import check_schema, validate_run_options
 
 __all__ = [
     "BatchOp",
@@ -292,6 +293,8 @@ class TurnState:
     fingerprint: str
     entry_count: int
     first_entry: int  # number of the turn's first entry id, from the never-reused sequence
+    run_options: dict[str, Any] | None = None
+    stored_options: dict[str, Any] | None = None  # redacted, as the run record keeps them
     seq: int = 1  # emit batches; 1 = the agent_started batch
     kept: int = 0
     dropped: int = 0
@@ -319,6 +322,7 @@ class ThreadsCore:
         lease_ms: int = limits.THREAD_LEASE_MS,
         busy_wait_s: float = 5.0,
         inflight_wait_s: float = 30.0,
+        run_options_schema: Any = None,
     ) -> None:
         if not 1_000 <= lease_ms <= 10 * limits.THREAD_LEASE_MS:
             raise ValueError(f"lease_ms must be within 1000..{10 * limits.THREAD_LEASE_MS}")
@@ -332,6 +336,7 @@ class ThreadsCore:
         self.lease_ms = lease_ms
         self.busy_wait_s = busy_wait_s
         self.inflight_wait_s = inflight_wait_s
+        self.run_options_schema = check_schema(run_options_schema)
         self._codec: CursorCodec | None = None
         if cursor_secret is not None:
             raw = cursor_secret.encode("utf-8") if isinstance(cursor_secret, str) else cursor_secret
@@ -900,14 +905,23 @@ class ThreadsCore:
         *,
         request_id: str | None = None,
         leaf_id: str | None = None,
+        run_options: Mapping[str, Any] | None = None,
     ) -> Flow[ContinueResult]:
         keys = self.thread_keys(owner, thread_id)
         text, truncated = self._message(message)
         rid = self._request_id(request_id) or f"req_{secrets.token_hex(16)}"
         leaf = "" if leaf_id is None else self._entry_id(leaf_id)
-        fingerprint = _sha256([text, leaf])
+        options = validate_run_options(self.run_options_schema, run_options)
+        # A retry must repeat the message, the leaf and the options (else request_conflict);
+        # turns without options keep the fingerprint of earlier versions.
+        fingerprint = _sha256([text, leaf] if options is None else [text, leaf, options])
         token = secrets.token_hex(16)
-        record = _json({"s": "running", "tok": token, "fp": fingerprint, "at": self.clock()})
+        running: dict[str, Any] = {"s": "running", "tok": token, "fp": fingerprint}
+        running["at"] = self.clock()
+        ledger_options = None if options is None else self.event_data(options)
+        if ledger_options is not None:
+            running["opt"] = ledger_options  # stored with the run record, redacted
+        record = _json(running)
         claim = ScriptOp(
             "run_claim",
             (keys.thread, keys.runs, keys.lease, keys.parents, keys.events),
@@ -973,10 +987,15 @@ class ThreadsCore:
             fingerprint=fingerprint,
             entry_count=count,
             first_entry=first,
+            run_options=options,
+            stored_options=ledger_options,
         )
         user_entry_id = f"e{first}"
+        started_row: dict[str, Any] = {"requestId": rid, "leafId": base or None}
+        if ledger_options is not None:
+            started_row["runOptions"] = ledger_options
         opening = [
-            ("agent_started", {"requestId": rid, "leafId": base or None}),
+            ("agent_started", started_row),
             ("user_message", self._message_event(user_entry_id, text, truncated)),
         ]
         reply = yield self._append_op(state, opening, seq=1)
@@ -1090,9 +1109,11 @@ class ThreadsCore:
             events.append(("agent_denied", denied_row))
             res = {"status": ContinueStatus.DENIED.value, "reason": reason, "entryIds": []}
             new_head = ""
-        done = _json(
-            {"s": "done", "tok": state.token, "fp": state.fingerprint, "at": now, "res": res}
-        )
+        done_record: dict[str, Any] = {"s": "done", "tok": state.token, "fp": state.fingerprint}
+        done_record.update(at=now, res=res)
+        if state.stored_options is not None:
+            done_record["opt"] = state.stored_options
+        done = _json(done_record)
         args: list[str | int | bytes] = [
             MARKER,
             state.token,

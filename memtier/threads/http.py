@@ -61,7 +61,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, create_model
 from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -242,7 +242,8 @@ def _parse_body(
     if not _json_depth_ok(parsed, MAX_JSON_DEPTH):
         return _invalid(f"invalid request: JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return spec.model.model_validate(parsed)
+        # strict in JSON mode all the way down (the host's run-options schema included)
+        return spec.model.model_validate_json(body, strict=True)
     except PydanticValidationError as exc:
         return _invalid(_validation_message(exc))
 
@@ -305,14 +306,25 @@ def _replay_receive(body: bytes) -> Receive:
     return receive
 
 
-def _guarded_route_class(authorize: Authorize, body_cap: int) -> type[APIRoute]:
+def continue_request_model(schema: type[BaseModel] | None) -> type[ContinueRequest]:
+    """The continue body: ``runOptions`` exists (typed by the host's schema) only when the
+    service declares run options; otherwise it is an unknown field, refused."""
+    if schema is None:
+        return ContinueRequest
+    field: Any = (schema | None, Field(default=None, alias="runOptions"))
+    return create_model("ContinueRequest", __base__=ContinueRequest, run_options=field)
+
+
+def _guarded_route_class(
+    authorize: Authorize, body_cap: int, specs: dict[str, _BodySpec]
+) -> type[APIRoute]:
     """An APIRoute that authorizes, then caps the body, before FastAPI parses anything."""
 
     class GuardedRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             handler = super().get_route_handler()
 
-            spec = _ROUTE_SPECS.get(self.operation_id or "", _BodySpec())
+            spec = specs.get(self.operation_id or "", _BodySpec())
 
             async def guarded(request: Request) -> Response:
                 try:
@@ -520,8 +532,11 @@ def create_conversation_router(
     if limits is not None:
         cap = min(cap, limits.request_body_bytes)
     bearer = HTTPBearer(auto_error=False, scheme_name=BEARER_SCHEME)
+    continue_model = continue_request_model(service.core.run_options_schema)
+    specs = dict(_ROUTE_SPECS)
+    specs["continueConversation"] = _BodySpec(continue_model, required=True)
     router = APIRouter(
-        route_class=_guarded_route_class(authorize, cap), dependencies=[Security(bearer)]
+        route_class=_guarded_route_class(authorize, cap, specs), dependencies=[Security(bearer)]
     )
     owner_dep = Depends(_ownership)
     body_dep = Depends(_body)
@@ -629,7 +644,32 @@ def create_conversation_router(
         },
     }
 
-    @router.post(
+    async def continue_(
+        thread_id: str,
+        body: ContinueRequest,
+        owner: Ownership = owner_dep,
+        parsed: ContinueRequest = body_dep,
+    ) -> ContinueResult:
+        options = getattr(parsed, "run_options", None)
+        result: ContinueResult = await call(
+            "continue_",
+            owner,
+            thread_id,
+            parsed.message,
+            request_id=parsed.request_id,
+            leaf_id=parsed.leaf_id,
+            run_options=(
+                None
+                if options is None
+                else options.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            ),
+        )
+        return result
+
+    # The body's type is the service's continue model (with the host's runOptions schema):
+    # set on the function before FastAPI reads its signature.
+    continue_.__annotations__["body"] = continue_model
+    router.post(
         base + "/{thread_id}/continue",
         response_model=ContinueResult,
         response_model_exclude_none=True,
@@ -639,22 +679,7 @@ def create_conversation_router(
         },
         summary="Run one agent turn on the thread (idempotent by requestId)",
         operation_id="continueConversation",
-    )
-    async def continue_(
-        thread_id: str,
-        body: ContinueRequest,
-        owner: Ownership = owner_dep,
-        parsed: ContinueRequest = body_dep,
-    ) -> ContinueResult:
-        result: ContinueResult = await call(
-            "continue_",
-            owner,
-            thread_id,
-            parsed.message,
-            request_id=parsed.request_id,
-            leaf_id=parsed.leaf_id,
-        )
-        return result
+    )(continue_)
 
     @router.post(
         base + "/{thread_id}/branch",

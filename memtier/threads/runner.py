@@ -8,6 +8,8 @@ service) carrying
 * ``history`` -- the durable entries along the chosen branch, root first,
   rebuilt from Redis (so the agent sees prior turns, whichever process ran them);
 * ``message`` -- the user's message, already redacted and bounded;
+* ``run_options`` -- the caller's per-call options (model settings, tool choice,
+  temperature...), validated against the schema the host declared, or ``None``;
 * ``emit`` -- records one :class:`RunnerEvent` on the thread's ledger at once
   (so a client replaying mid-turn sees progress).  Event data is a *summary*:
   the service redacts secrets, replaces local paths with ``[PATH]``, omits raw
@@ -86,6 +88,7 @@ class RunnerTurn:
     request_id: str
     leaf_id: str | None
     emit: Callable[[RunnerEvent], None]
+    run_options: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,7 @@ class AsyncRunnerTurn:
     request_id: str
     leaf_id: str | None
     emit: Callable[[RunnerEvent], Awaitable[None]]
+    run_options: Mapping[str, Any] | None = None
 
 
 class ConversationRunner(Protocol):
@@ -150,6 +154,7 @@ def adapt_sync_runner(runner: ConversationRunner) -> AsyncConversationRunner:
             request_id=turn.request_id,
             leaf_id=turn.leaf_id,
             emit=emit,
+            run_options=turn.run_options,
         )
         return await asyncio.to_thread(runner, sync_turn)
 

@@ -85,6 +85,7 @@ class ConversationService:
         busy_wait_s: float = 5.0,
         inflight_wait_s: float = 30.0,
         embedded: bool = False,
+        run_options_schema: Any = None,
     ) -> None:
         self.config = config or MemtierConfig.load()
         self.client = client
@@ -98,6 +99,11 @@ class ConversationService:
             lease_ms=lease_ms,
             busy_wait_s=busy_wait_s,
             inflight_wait_s=inflight_wait_s,
+            run_options_schema=(
+                run_options_schema
+                if run_options_schema is not None
+                else getattr(runner, "run_options_schema", None)
+            ),
         )
         self.scripts = load_registry("threads")
 
@@ -187,6 +193,7 @@ class ConversationService:
             request_id=state.request_id,
             leaf_id=state.leaf_id,
             emit=emit,
+            run_options=state.run_options,
         )
         outcome = "error"
         started = time.perf_counter()
@@ -291,6 +298,7 @@ class ConversationService:
         *,
         request_id: str | None = None,
         leaf_id: str | None = None,
+        run_options: Mapping[str, Any] | None = None,
     ) -> ContinueResult:
         """Run one agent turn and record it (see :mod:`memtier.threads` for the protocol).
 
@@ -304,7 +312,12 @@ class ConversationService:
         return self._drive(
             "continue",
             self.core.continue_(
-                ownership, thread_id, message, request_id=request_id, leaf_id=leaf_id
+                ownership,
+                thread_id,
+                message,
+                request_id=request_id,
+                leaf_id=leaf_id,
+                run_options=run_options,
             ),
         )
 
