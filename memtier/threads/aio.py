@@ -33,6 +33,7 @@ from memtier.threads.core import (
     outcome_of,
 )
 from memtier.threads.models import (
+    AgentIdentity,
     ContinueResult,
     ConversationThread,
     DeleteResult,
@@ -184,6 +185,7 @@ class AsyncConversationService:
             leaf_id=state.leaf_id,
             emit=emit,
             run_options=state.run_options,
+            identity=state.identity,
         )
         outcome = "error"
         started = time.perf_counter()
@@ -279,6 +281,7 @@ class AsyncConversationService:
         request_id: str | None = None,
         leaf_id: str | None = None,
         run_options: Mapping[str, Any] | None = None,
+        identity: AgentIdentity | None = None,
     ) -> ContinueResult:
         return await self._drive(
             "continue",
@@ -289,6 +292,7 @@ class AsyncConversationService:
                 request_id=request_id,
                 leaf_id=leaf_id,
                 run_options=run_options,
+                identity=identity,
             ),
         )
 

@@ -51,6 +51,7 @@ from memtier.threads.models import (
     MARKER,
     RESERVED_EVENT_TYPES,
     TERMINAL_EVENT_TYPES,
+    AgentIdentity,
     BranchRef,
     ContinueResult,
     ContinueStatus,
@@ -64,6 +65,7 @@ from memtier.threads.models import (
     ReplayPage,
     ThreadPage,
     ThreadState,
+    check_identity,
     ms_to_datetime,
 )
 from memtier.threads.runner import RunnerEvent, RunnerReply
@@ -295,6 +297,7 @@ class TurnState:
     first_entry: int  # number of the turn's first entry id, from the never-reused sequence
     run_options: dict[str, Any] | None = None
     stored_options: dict[str, Any] | None = None  # redacted, as the run record keeps them
+    identity: AgentIdentity | None = None
     seq: int = 1  # emit batches; 1 = the agent_started batch
     kept: int = 0
     dropped: int = 0
@@ -906,8 +909,10 @@ class ThreadsCore:
         request_id: str | None = None,
         leaf_id: str | None = None,
         run_options: Mapping[str, Any] | None = None,
+        identity: AgentIdentity | None = None,
     ) -> Flow[ContinueResult]:
         keys = self.thread_keys(owner, thread_id)
+        check_identity(owner, identity)  # before any Redis call
         text, truncated = self._message(message)
         rid = self._request_id(request_id) or f"req_{secrets.token_hex(16)}"
         leaf = "" if leaf_id is None else self._entry_id(leaf_id)
@@ -921,6 +926,8 @@ class ThreadsCore:
         ledger_options = None if options is None else self.event_data(options)
         if ledger_options is not None:
             running["opt"] = ledger_options  # stored with the run record, redacted
+        if identity is not None:
+            running["aid"] = identity.agent_id
         record = _json(running)
         claim = ScriptOp(
             "run_claim",
@@ -989,11 +996,14 @@ class ThreadsCore:
             first_entry=first,
             run_options=options,
             stored_options=ledger_options,
+            identity=identity,
         )
         user_entry_id = f"e{first}"
         started_row: dict[str, Any] = {"requestId": rid, "leafId": base or None}
         if ledger_options is not None:
             started_row["runOptions"] = ledger_options
+        if identity is not None:
+            started_row["agentId"] = identity.agent_id  # the ledger records who ran it
         opening = [
             ("agent_started", started_row),
             ("user_message", self._message_event(user_entry_id, text, truncated)),
@@ -1113,6 +1123,8 @@ class ThreadsCore:
         done_record.update(at=now, res=res)
         if state.stored_options is not None:
             done_record["opt"] = state.stored_options
+        if state.identity is not None:
+            done_record["aid"] = state.identity.agent_id
         done = _json(done_record)
         args: list[str | int | bytes] = [
             MARKER,

@@ -80,6 +80,7 @@ from memtier.errors import (
 )
 from memtier.threads.aio import AsyncConversationService
 from memtier.threads.models import (
+    AgentIdentity,
     ArchiveRequest,
     BranchRequest,
     ContinueRequest,
@@ -90,6 +91,7 @@ from memtier.threads.models import (
     ExportRequest,
     ExportResult,
     Ownership,
+    Principal,
     ReplayPage,
     ThreadPage,
 )
@@ -107,11 +109,14 @@ __all__ = [
 
 DEFAULT_BASE_PATH = "/memtier/conversations"
 
-Authorize: TypeAlias = Callable[[Request], "Ownership | Awaitable[Ownership | None] | None"]
+Authorize: TypeAlias = Callable[
+    [Request], "Ownership | Principal | Awaitable[Ownership | Principal | None] | None"
+]
 Service: TypeAlias = AsyncConversationService | ConversationService
 
 _STATE_KEY = "memtier_ownership"
 _BODY_KEY = "memtier_body"
+_IDENTITY_KEY = "memtier_identity"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MAX_JSON_DEPTH = 64  # deepest JSON nesting a request body may have
 BEARER_SCHEME = "bearerAuth"
@@ -335,8 +340,16 @@ def _guarded_route_class(
                     if exc.code == ConversationErrorCode.UNAUTHORIZED:
                         return _unauthorized()
                     return error_response(exc)
+                identity: Any = None
+                if isinstance(owner, Principal):
+                    identity = owner.identity
+                    owner = owner.ownership
                 if not isinstance(owner, Ownership):
                     return _unauthorized()
+                if identity is not None and not (
+                    isinstance(identity, AgentIdentity) and identity.projects_onto(owner)
+                ):
+                    return _unauthorized()  # an identity never widens the ownership
                 body = b""
                 if request.method in _BODY_METHODS:
                     try:
@@ -355,6 +368,7 @@ def _guarded_route_class(
                     replay = body if parsed is not None else b""
                     request = Request(request.scope, receive=_replay_receive(replay))
                 request.state.__setattr__(_STATE_KEY, owner)
+                request.state.__setattr__(_IDENTITY_KEY, identity)
                 request.state.__setattr__(_BODY_KEY, parsed)
                 try:
                     return await handler(request)
@@ -370,6 +384,10 @@ def _guarded_route_class(
 
 def _ownership(request: Request) -> Ownership:
     return cast(Ownership, getattr(request.state, _STATE_KEY))
+
+
+def _identity(request: Request) -> AgentIdentity | None:
+    return cast("AgentIdentity | None", getattr(request.state, _IDENTITY_KEY, None))
 
 
 def _body(request: Request) -> Any:
@@ -540,6 +558,7 @@ def create_conversation_router(
     )
     owner_dep = Depends(_ownership)
     body_dep = Depends(_body)
+    identity_dep = Depends(_identity)
     # The document states the configured caps; the service answers a value past them
     # with limit_exceeded (so they are documented here, not enforced by FastAPI).
     list_doc: dict[str, Any] = {"maximum": service.limits.list_page}
@@ -649,6 +668,7 @@ def create_conversation_router(
         body: ContinueRequest,
         owner: Ownership = owner_dep,
         parsed: ContinueRequest = body_dep,
+        identity: AgentIdentity | None = identity_dep,
     ) -> ContinueResult:
         options = getattr(parsed, "run_options", None)
         result: ContinueResult = await call(
@@ -663,6 +683,7 @@ def create_conversation_router(
                 if options is None
                 else options.model_dump(mode="json", by_alias=True, exclude_unset=True)
             ),
+            identity=identity,
         )
         return result
 

@@ -10,6 +10,7 @@ service) carrying
 * ``message`` -- the user's message, already redacted and bounded;
 * ``run_options`` -- the caller's per-call options (model settings, tool choice,
   temperature...), validated against the schema the host declared, or ``None``;
+* ``identity`` -- the verified :class:`AgentIdentity` of the calling agent, or ``None``;
 * ``emit`` -- records one :class:`RunnerEvent` on the thread's ledger at once
   (so a client replaying mid-turn sees progress).  Event data is a *summary*:
   the service redacts secrets, replaces local paths with ``[PATH]``, omits raw
@@ -35,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
-from memtier.threads.models import ConversationEntry, ConversationThread
+from memtier.threads.models import AgentIdentity, ConversationEntry, ConversationThread
 
 __all__ = [
     "AgentDenied",
@@ -89,6 +90,7 @@ class RunnerTurn:
     leaf_id: str | None
     emit: Callable[[RunnerEvent], None]
     run_options: Mapping[str, Any] | None = None
+    identity: AgentIdentity | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,7 @@ class AsyncRunnerTurn:
     leaf_id: str | None
     emit: Callable[[RunnerEvent], Awaitable[None]]
     run_options: Mapping[str, Any] | None = None
+    identity: AgentIdentity | None = None
 
 
 class ConversationRunner(Protocol):
@@ -155,6 +158,7 @@ def adapt_sync_runner(runner: ConversationRunner) -> AsyncConversationRunner:
             leaf_id=turn.leaf_id,
             emit=emit,
             run_options=turn.run_options,
+            identity=turn.identity,
         )
         return await asyncio.to_thread(runner, sync_turn)
 

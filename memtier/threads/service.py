@@ -32,6 +32,7 @@ from memtier.threads.core import (
     outcome_of,
 )
 from memtier.threads.models import (
+    AgentIdentity,
     ContinueResult,
     ConversationThread,
     DeleteResult,
@@ -194,6 +195,7 @@ class ConversationService:
             leaf_id=state.leaf_id,
             emit=emit,
             run_options=state.run_options,
+            identity=state.identity,
         )
         outcome = "error"
         started = time.perf_counter()
@@ -299,6 +301,7 @@ class ConversationService:
         request_id: str | None = None,
         leaf_id: str | None = None,
         run_options: Mapping[str, Any] | None = None,
+        identity: AgentIdentity | None = None,
     ) -> ContinueResult:
         """Run one agent turn and record it (see :mod:`memtier.threads` for the protocol).
 
@@ -318,6 +321,7 @@ class ConversationService:
                 request_id=request_id,
                 leaf_id=leaf_id,
                 run_options=run_options,
+                identity=identity,
             ),
         )
 
