@@ -30,6 +30,7 @@
     { -9 }                     REQUEST_CONFLICT: request_id was used with another fingerprint
     { 3, record_json }         DONE: this request already completed; record carries the result
     { -8 }                     REQUEST_IN_PROGRESS: its first attempt still holds the lease
+                               (also while a cancelled first attempt is closing its ledger)
     { -3 }                     THREAD_ARCHIVED
     { -5 }                     UNKNOWN_LEAF: leaf_id is not a recorded branch ref
     { -6, what }               LIMIT_EXCEEDED: "entries" | "events" | "bytes" would pass a cap
@@ -41,7 +42,8 @@
                                thread's entry-id sequence, never reused even when a turn fails;
                                ids = path base -> root (bounded by count)
     A record whose token no longer holds the lease (its process died; the lease expired)
-    is abandoned and claimed again.  A replay of our own claim (same token) returns CLAIMED.
+    is abandoned and claimed again.  A "cancelled" record is a finished cancellation: the
+    same request id runs again as a new run (any message).  A replay of our own claim (same token) returns CLAIMED.
 
   Side effects: lease SET PX lease_ms; run record; eseq reset (emit batches of this run);
   eidseq advanced by turn_entries.
@@ -69,6 +71,9 @@ end
 local holder = rcall('GET', lease_key)
 local rec = thread_run_record(runs_key, request_id)
 local own_replay = false
+if rec and rec.s == 'cancelled' then
+  rec = nil  -- a retry after a cancellation is a new run
+end
 if rec then
   if rec.fp ~= fingerprint then
     return { -9 }
@@ -78,7 +83,7 @@ if rec then
   end
   if rec.tok == token then
     own_replay = true
-  elseif holder and holder == rec.tok then
+  elseif holder and (holder == rec.tok or holder == rec.tok .. ':cancel') then
     return { -8 }
   end
   -- otherwise: abandoned (its lease expired); claim it again below

@@ -27,6 +27,7 @@
     { 3 }    DONE: already committed by this token (a retried call); nothing changed
     { -1 }   NOT_FOUND: the thread was deleted meanwhile (delete wins; nothing written)
     { -10 }  LEASE_LOST: the lease expired and another run took the thread
+    { -11 }  CANCELLED: the run was cancelled: nothing is committed (it closes with run_abort)
 
   Side effects: entries, parents, head, entries count, bytes, updated, ledger rows,
   run record; the lease is deleted.
@@ -55,7 +56,10 @@ local rec = thread_run_record(runs_key, request_id)
 if rec and rec.s == 'done' and rec.tok == token then
   return { 3 }
 end
-if rcall('GET', lease_key) ~= token then
+local lease = thread_lease_state(lease_key, token)
+if lease == 'cancelled' then
+  return { -11 }
+elseif lease == 'lost' then
   return { -10 }
 end
 if tonumber(rcall('HGET', thread_key, 'entries')) ~= expected_count then

@@ -29,11 +29,14 @@ from memtier.threads.core import (
     ScriptOp,
     SleepOp,
     ThreadsCore,
+    TurnCancelled,
     TurnState,
     outcome_of,
 )
 from memtier.threads.models import (
     AgentIdentity,
+    CancelResult,
+    CancelStatus,
     ContinueResult,
     ConversationThread,
     DeleteResult,
@@ -96,6 +99,9 @@ class AsyncConversationService:
             ),
         )
         self.scripts = load_registry("threads")
+        # Turns running in this process: (thread key, request id) -> (state, runner task).
+        self._active: dict[tuple[str, str], tuple[TurnState, asyncio.Task[Any]]] = {}
+        self._continues: set[asyncio.Future[Any]] = set()  # continue calls in flight
 
     @property
     def limits(self) -> ThreadsConfig:
@@ -175,6 +181,8 @@ class AsyncConversationService:
                 except Exception:  # a missed beat is retried at the next interval
                     continue
                 if not self.core.renew_ok(reply):
+                    # cancelled by the caller, or lost / deleted: cancel the runner's task
+                    self._cancel_local(state, self.core.renew_failure(reply))
                     return
 
         turn = AsyncRunnerTurn(
@@ -189,15 +197,24 @@ class AsyncConversationService:
         )
         outcome = "error"
         started = time.perf_counter()
+        task: asyncio.Task[RunnerResult] = asyncio.ensure_future(self.runner(turn))
+        key = (state.keys.thread, state.request_id)
+        self._active[key] = (state, task)
         beat = asyncio.create_task(heartbeat(), name="memtier-lease")
         try:
-            result = await self.runner(turn)
+            try:
+                result = await task
+            except asyncio.CancelledError:
+                if state.cancel_reason is None or not task.done():
+                    raise  # this request itself was cancelled, not the turn
+                raise TurnCancelled(state.cancel_reason) from None
             outcome = "ok"
             return result
         except AgentDenied:
             outcome = "denied"
             raise
         finally:
+            self._active.pop(key, None)
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
@@ -216,7 +233,20 @@ class AsyncConversationService:
             return found
         return bool(found) and all(bool(x) for x in found)
 
-    async def aclose(self) -> None:
+    def _cancel_local(self, state: TurnState, reason: str) -> None:
+        active = self._active.get((state.keys.thread, state.request_id))
+        if state.cancel_reason is None:
+            state.cancel_reason = reason
+        if active is not None:
+            active[1].cancel()
+
+    async def aclose(self, *, cancel_wait_s: float = 10.0) -> None:
+        """Cancel the turns running in this process (reason ``shutdown``), wait up to
+        ``cancel_wait_s`` for them to close their ledgers, then close the client."""
+        for state, _ in list(self._active.values()):
+            self._cancel_local(state, "shutdown")
+        if self._continues:
+            await asyncio.wait(set(self._continues), timeout=cancel_wait_s)
         await self.client.aclose()
 
     async def __aenter__(self) -> AsyncConversationService:
@@ -283,6 +313,33 @@ class AsyncConversationService:
         run_options: Mapping[str, Any] | None = None,
         identity: AgentIdentity | None = None,
     ) -> ContinueResult:
+        call = asyncio.ensure_future(
+            self._continue(
+                ownership, thread_id, message, request_id, leaf_id, run_options, identity
+            )
+        )
+        self._continues.add(call)
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        finally:
+            if call.done():
+                self._continues.discard(call)
+            else:
+                call.add_done_callback(self._continues.discard)
+
+    async def _continue(
+        self,
+        ownership: Ownership,
+        thread_id: str,
+        message: str,
+        request_id: str | None,
+        leaf_id: str | None,
+        run_options: Mapping[str, Any] | None,
+        identity: AgentIdentity | None,
+    ) -> ContinueResult:
         return await self._drive(
             "continue",
             self.core.continue_(
@@ -335,6 +392,19 @@ class AsyncConversationService:
         return await self._drive(
             "replay", self.core.replay(ownership, thread_id, cursor=cursor, limit=limit)
         )
+
+    async def cancel_run(
+        self, ownership: Ownership, thread_id: str, request_id: str
+    ) -> CancelResult:
+        result: CancelResult = await self._drive(
+            "cancel_run", self.core.cancel_run(ownership, thread_id, request_id)
+        )
+        if result.status == CancelStatus.CANCELLING:  # running here: cancel it at once
+            key = (self.core.thread_keys(ownership, thread_id).thread, result.request_id)
+            active = self._active.get(key)
+            if active is not None:
+                self._cancel_local(active[0], "caller")
+        return result
 
     async def set_legal_hold(self, ownership: Ownership, thread_id: str) -> ConversationThread:
         return await self._drive(

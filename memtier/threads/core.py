@@ -53,6 +53,8 @@ from memtier.threads.models import (
     TERMINAL_EVENT_TYPES,
     AgentIdentity,
     BranchRef,
+    CancelResult,
+    CancelStatus,
     ContinueResult,
     ContinueStatus,
     ConversationEntry,
@@ -81,6 +83,7 @@ __all__ = [
     "SleepOp",
     "ThreadStatus",
     "ThreadsCore",
+    "TurnCancelled",
     "TurnState",
 ]
 
@@ -93,6 +96,7 @@ class ThreadStatus(IntEnum):
 
     OK = 0
     EXISTED = 1  # create: same create already done; branch: already a ref; archive: no-op
+    ENDED_CANCELLED = 2  # run_cancel: the run already ended cancelled
     DONE = 3  # run_claim/run_commit: this request's run is already recorded
     CLAIMED = 4
     NOT_FOUND = -1
@@ -105,6 +109,7 @@ class ThreadStatus(IntEnum):
     REQUEST_IN_PROGRESS = -8
     REQUEST_CONFLICT = -9
     LEASE_LOST = -10
+    CANCELLED = -11
 
 
 _STATUS_ERRORS: Final[dict[int, tuple[ConversationErrorCode, str]]] = {
@@ -128,6 +133,10 @@ _STATUS_ERRORS: Final[dict[int, tuple[ConversationErrorCode, str]]] = {
     ThreadStatus.REQUEST_CONFLICT: (
         Code.REQUEST_CONFLICT,
         "this requestId was already used for a different message or leaf",
+    ),
+    ThreadStatus.CANCELLED: (
+        Code.RUN_CANCELLED,
+        "the run was cancelled; nothing was committed (a retry is a new run)",
     ),
     ThreadStatus.LEASE_LOST: (
         Code.THREAD_BUSY,
@@ -278,6 +287,10 @@ def scrub_paths(text: str) -> str:
     return _LOCAL_PATH_RE.sub(PATH_PLACEHOLDER, text)
 
 
+class TurnCancelled(Exception):
+    """Raised by the shells into the continue flow when they cancelled the runner."""
+
+
 @dataclass
 class TurnState:
     """Everything about one claimed turn that the service shells need while the runner runs."""
@@ -302,6 +315,8 @@ class TurnState:
     kept: int = 0
     dropped: int = 0
     closed: bool = False
+    # Why the shells stopped the runner: "caller" (run_cancel), "shutdown", "lease_lost".
+    cancel_reason: str | None = None
     started_at: float = field(default_factory=time.perf_counter)
 
 
@@ -1015,6 +1030,11 @@ class ThreadsCore:
             outcome = yield RunOp(state)
         except Exception as exc:
             state.closed = True
+            if _is_cancel(exc) and state.cancel_reason is None:
+                state.cancel_reason = "caller"  # an emit saw run_cancel's mark
+            if state.cancel_reason is not None:
+                result = yield from self._abort_cancelled(state)
+                return result
             if _is_denial(exc):
                 result = yield from self._commit(state, None, _denial_reason(exc))
                 return result
@@ -1039,11 +1059,66 @@ class ThreadsCore:
                 Code.RUNNER_FAILED, f"the runner failed ({type(exc).__name__})"
             ) from exc
         state.closed = True
+        if state.cancel_reason is not None:  # the runner returned after its cancellation
+            result = yield from self._abort_cancelled(state)
+            return result
         content = outcome.content if isinstance(outcome, RunnerReply) else outcome
         if not isinstance(content, str):
             raise ConversationError(Code.RUNNER_FAILED, "the runner returned no text")
         result = yield from self._commit(state, content, None)
         return result
+
+    def _abort_cancelled(self, state: TurnState) -> Flow[ContinueResult]:
+        """Close a cancelled turn: nothing committed, a ``cancelled`` terminal row, and a
+        ``cancelled`` run record (a retry with the same request id is a new run)."""
+        keys = state.keys
+        data = {
+            "requestId": state.request_id,
+            "reason": state.cancel_reason,
+            "entryIds": [],
+            "discardedEntryIds": self._turn_entry_ids(state),
+        }
+        record = _json(
+            {"s": "cancelled", "tok": state.token, "fp": state.fingerprint, "at": self.clock()}
+        )
+        abort = yield ScriptOp(
+            "run_abort",
+            (keys.thread, keys.runs, keys.lease, keys.events),
+            (MARKER, state.token, state.request_id, self.clock(), "cancelled", _json(data), record),
+        )
+        status = int(abort[0])
+        if status != ThreadStatus.OK:
+            raise self._status_error(status)  # deleted meanwhile, or the lease was lost
+        raise ConversationError(
+            Code.RUN_CANCELLED,
+            f"the run was cancelled ({state.cancel_reason}); nothing was committed",
+            reason=state.cancel_reason,
+        )
+
+    def cancel_run(
+        self, owner: Ownership, thread_id: str, request_id: str
+    ) -> Flow[CancelResult]:
+        """Cancel a run by request id (owner-only, idempotent); see ``run_cancel``."""
+        keys = self.thread_keys(owner, thread_id)
+        rid = self._request_id(request_id)
+        if rid is None:
+            raise ConversationError(Code.INVALID_REQUEST, "requestId is required")
+        data = {"requestId": rid, "reason": "abandoned", "entryIds": []}
+        reply = yield ScriptOp(
+            "run_cancel",
+            (keys.thread, keys.runs, keys.lease, keys.events),
+            (MARKER, rid, owner.tenant_id, owner.user_id, self.clock(), _json(data)),
+        )
+        status = int(reply[0])
+        if status == ThreadStatus.NOT_FOUND:
+            raise ConversationError(Code.NOT_FOUND, "no such run on this conversation")
+        if status == ThreadStatus.OK:
+            state = CancelStatus.CANCELLING
+        elif status == ThreadStatus.ENDED_CANCELLED:
+            state = CancelStatus.CANCELLED
+        else:
+            state = CancelStatus(_s(reply[1]))
+        return CancelResult(thread_id=thread_id, request_id=rid, status=state)
 
     @staticmethod
     def _turn_entry_ids(state: TurnState) -> list[str]:
@@ -1148,6 +1223,10 @@ class ThreadsCore:
             tuple(args),
         )
         status = int(reply[0])
+        if status == ThreadStatus.CANCELLED:  # cancelled while the runner finished
+            state.cancel_reason = state.cancel_reason or "caller"
+            result = yield from self._abort_cancelled(state)
+            return result
         if status not in (ThreadStatus.OK, ThreadStatus.DONE):
             raise self._status_error(status)
         return ContinueResult(
@@ -1262,6 +1341,12 @@ class ThreadsCore:
     def renew_ok(reply: Sequence[Any]) -> bool:
         return int(reply[0]) == ThreadStatus.OK
 
+    @staticmethod
+    def renew_failure(reply: Sequence[Any]) -> str:
+        """Why a heartbeat failed, as a cancel reason: ``caller`` (run_cancel marked the
+        run) or ``lease_lost`` (expired, taken, or the thread deleted)."""
+        return "caller" if int(reply[0]) == ThreadStatus.CANCELLED else "lease_lost"
+
 
 _MAX_SUMMARY_DEPTH: Final = 16
 
@@ -1287,6 +1372,12 @@ def _summarize(node: Any, depth: int) -> Any:
     if isinstance(node, list | tuple):
         return [_summarize(item, depth + 1) for item in node]
     raise TypeError(f"not JSON: {type(node).__name__}")
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    return isinstance(exc, TurnCancelled) or (
+        isinstance(exc, ConversationError) and exc.code == Code.RUN_CANCELLED
+    )
 
 
 def _is_denial(exc: BaseException) -> bool:

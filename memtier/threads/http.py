@@ -19,6 +19,7 @@ Routes (``{base}`` = ``/memtier/conversations`` unless configured)::
     POST   {base}/{id}/archive     archive         200 ConversationThread
     POST   {base}/{id}/export      export          200 ExportResult
     GET    {base}/{id}/events?cursor=&limit=       200 ReplayPage (replay)
+    DELETE {base}/{id}/runs/{requestId}   cancel  200 CancelResult
     GET    {base}/openapi.json     the OpenAPI document (no authorization)
 
 Order of checks for every API request, before any business rule:
@@ -83,6 +84,7 @@ from memtier.threads.models import (
     AgentIdentity,
     ArchiveRequest,
     BranchRequest,
+    CancelResult,
     ContinueRequest,
     ContinueResult,
     ConversationThread,
@@ -145,6 +147,7 @@ _ROUTE_SPECS: dict[str, _BodySpec] = {
     "archiveConversation": _BodySpec(ArchiveRequest),
     "exportConversation": _BodySpec(ExportRequest),
     "replayConversation": _BodySpec(query=_PAGED),
+    "cancelConversationRun": _BodySpec(),
 }
 
 
@@ -428,7 +431,9 @@ _ROUTE_ERRORS: dict[str, tuple[ConversationErrorCode, ...]] = {
         _C.PAYLOAD_TOO_LARGE,
         _C.UNSUPPORTED_MEDIA_TYPE,
         _C.RUNNER_FAILED,
+        _C.RUN_CANCELLED,
     ),
+    "cancelConversationRun": (_C.LIMIT_EXCEEDED, _C.NOT_FOUND),
     "branchConversation": (
         _C.UNKNOWN_LEAF,
         _C.NOT_FOUND,
@@ -656,6 +661,13 @@ def create_conversation_router(
             "operationId": "continueConversation",
             "parameters": {"thread_id": "$response.body#/threadId"},
         },
+        "CancelRun": {
+            "operationId": "cancelConversationRun",
+            "parameters": {
+                "thread_id": "$response.body#/threadId",
+                "request_id": "$response.body#/requestId",
+            },
+        },
         **{
             name: {"operationId": op, "parameters": {"thread_id": "$response.body#/threadId"}}
             for name, op in _THREAD_LINKS
@@ -701,6 +713,19 @@ def create_conversation_router(
         summary="Run one agent turn on the thread (idempotent by requestId)",
         operation_id="continueConversation",
     )(continue_)
+
+    @router.delete(
+        base + "/{thread_id}/runs/{request_id:path}",
+        response_model=CancelResult,
+        responses=_errors("cancelConversationRun"),
+        summary="Cancel a run by its requestId (owner-only, idempotent; commits nothing)",
+        operation_id="cancelConversationRun",
+    )
+    async def cancel_run(
+        thread_id: str, request_id: str, owner: Ownership = owner_dep
+    ) -> CancelResult:
+        result: CancelResult = await call("cancel_run", owner, thread_id, request_id)
+        return result
 
     @router.post(
         base + "/{thread_id}/branch",

@@ -28,6 +28,8 @@ __all__ = [
     "ArchiveRequest",
     "BranchRef",
     "BranchRequest",
+    "CancelResult",
+    "CancelStatus",
     "ContinueRequest",
     "ContinueResult",
     "ContinueStatus",
@@ -55,7 +57,7 @@ __all__ = [
 MARKER: Final = "memtier.conversation/1"
 
 # Ledger rows that end a turn; ``terminal`` in replay pages refers to these.
-TERMINAL_EVENT_TYPES: Final = frozenset({"agent_finished", "agent_denied", "error"})
+TERMINAL_EVENT_TYPES: Final = frozenset({"agent_finished", "agent_denied", "error", "cancelled"})
 # Written by the service itself; a runner may not emit them.
 RESERVED_EVENT_TYPES: Final = TERMINAL_EVENT_TYPES | {
     "agent_started",
@@ -287,6 +289,21 @@ class DeleteResult(WireModel):
 class ContinueStatus(StrEnum):
     COMPLETED = "completed"
     DENIED = "denied"
+
+
+class CancelStatus(StrEnum):
+    CANCELLING = "cancelling"  # running: the signal is sent; the turn commits nothing
+    CANCELLED = "cancelled"  # the turn ended cancelled
+    COMPLETED = "completed"  # it finished before the cancel: unchanged
+    DENIED = "denied"
+
+
+class CancelResult(WireModel):
+    """``DELETE {base}/{id}/runs/{requestId}``: what became of the run (idempotent)."""
+
+    thread_id: str
+    request_id: str
+    status: CancelStatus
 
 
 class ContinueResult(WireModel):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
@@ -69,6 +70,7 @@ class RunnerReply:
 
 
 RunnerResult: TypeAlias = RunnerReply | str
+SYNC_CANCEL_WAIT_S = 30.0  # how long a cancelled sync runner (in a worker thread) is awaited
 
 
 class AgentDenied(Exception):
@@ -81,7 +83,9 @@ class AgentDenied(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RunnerTurn:
-    """One turn handed to a sync runner."""
+    """One turn handed to a sync runner; ``cancelled`` is set when the turn is cancelled
+    (the caller's cancel, the service shutting down, the lease lost): stop soon -- what
+    the runner returns afterwards is not committed."""
 
     thread: ConversationThread
     history: tuple[ConversationEntry, ...]
@@ -91,11 +95,16 @@ class RunnerTurn:
     emit: Callable[[RunnerEvent], None]
     run_options: Mapping[str, Any] | None = None
     identity: AgentIdentity | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True, slots=True)
 class AsyncRunnerTurn:
-    """One turn handed to an asyncio runner (``await turn.emit(event)``)."""
+    """One turn handed to an asyncio runner (``await turn.emit(event)``).
+
+    A cancelled turn is cancelled the asyncio way: the runner's task gets
+    ``CancelledError`` (clean up and re-raise; a reply returned anyway is not committed).
+    """
 
     thread: ConversationThread
     history: tuple[ConversationEntry, ...]
@@ -150,6 +159,7 @@ def adapt_sync_runner(runner: ConversationRunner) -> AsyncConversationRunner:
         def emit(event: RunnerEvent) -> None:
             asyncio.run_coroutine_threadsafe(_await(turn.emit(event)), loop).result()
 
+        cancelled = threading.Event()
         sync_turn = RunnerTurn(
             thread=turn.thread,
             history=turn.history,
@@ -159,8 +169,17 @@ def adapt_sync_runner(runner: ConversationRunner) -> AsyncConversationRunner:
             emit=emit,
             run_options=turn.run_options,
             identity=turn.identity,
+            cancelled=cancelled,
         )
-        return await asyncio.to_thread(runner, sync_turn)
+        worker = asyncio.ensure_future(asyncio.to_thread(runner, sync_turn))
+        try:
+            return await asyncio.shield(worker)
+        except asyncio.CancelledError:
+            # asyncio cancellation -> the sync runner's threading.Event; wait (bounded) for
+            # the worker thread to stop, so that nothing it does outlives the turn.
+            cancelled.set()
+            await asyncio.wait({worker}, timeout=SYNC_CANCEL_WAIT_S)
+            raise
 
     return run
 

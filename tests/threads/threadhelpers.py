@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +67,10 @@ class CountingRunner:
         for event in self.events:
             turn.emit(event)
         if self.gate is not None:
-            assert self.gate.wait(120), "test gate never opened"
+            # the gate, or the turn's cancellation signal (a cancelled turn stops early)
+            deadline = time.monotonic() + 120
+            while not self.gate.wait(0.02) and not turn.cancelled.is_set():
+                assert time.monotonic() < deadline, "test gate never opened"
         if self.fail is not None:
             raise self.fail
         return RunnerReply(self.reply(turn))
