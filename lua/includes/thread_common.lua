@@ -69,6 +69,25 @@ local function thread_lease_state(lease_key, token)
   return 'lost'
 end
 
+-- Shared run-limit counters live in the thread hash as "use.<meter>" (integers).
+-- Add the consumption JSON {"<meter>": n, ...} of one turn (written by the client, already
+-- capped to the turn's allowance).  Returns nothing.
+local function thread_charge(thread_key, usage_json)
+  if usage_json == nil or usage_json == '' then
+    return
+  end
+  local ok, usage = pcall(cjson.decode, usage_json)
+  if not ok or type(usage) ~= 'table' then
+    return
+  end
+  for meter, amount in pairs(usage) do
+    local n = tonumber(amount)
+    if type(meter) == 'string' and n and n > 0 then
+      rcall('HINCRBY', thread_key, 'use.' .. meter, string.format('%d', n))
+    end
+  end
+end
+
 -- Decode a run record (JSON written by the client); nil when absent or unreadable.
 local function thread_run_record(runs_key, request_id)
   local raw = rcall('HGET', runs_key, request_id)

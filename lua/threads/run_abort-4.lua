@@ -18,6 +18,8 @@
     ARGV[6] data        its data JSON (redacted, bounded)
     ARGV[7] record      "" = delete the run record; else the record JSON to store
                         ({"s":"cancelled",...}: what run_cancel and run_claim read)
+    ARGV[8] usage       shared run-limit consumption JSON ("" = none): what the turn used
+                        is charged even though it commits nothing
 
   Output:
     { 0 }    closed
@@ -47,6 +49,7 @@ if thread_lease_state(lease_key, token) == 'lost' then
 end
 thread_xadd(events_key, now_ms, etype, data, request_id)
 rcall('HINCRBY', thread_key, 'bytes', #etype + #data)
+thread_charge(thread_key, ARGV[8])
 local rec = thread_run_record(runs_key, request_id)
 if rec and rec.tok == token then
   if final_record == '' then

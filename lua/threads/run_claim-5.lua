@@ -24,6 +24,9 @@
     ARGV[13] record           run record JSON {"s":"running","tok":token,"fp":...,"at":ms}
     ARGV[14] tenant           owner tenant id (checked against the row before any write)
     ARGV[15] user             owner user id
+    ARGV[16] n_meters         shared run limits with a per-thread cap (0 = none)
+    then n_meters pairs       meter name, per-thread cap: the turn is refused when the
+                              thread's counter "use.<meter>" already reached the cap
 
   Output (checked in this order):
     { -1 }                     NOT_FOUND (missing, or stored for another owner)
@@ -33,7 +36,8 @@
                                (also while a cancelled first attempt is closing its ledger)
     { -3 }                     THREAD_ARCHIVED
     { -5 }                     UNKNOWN_LEAF: leaf_id is not a recorded branch ref
-    { -6, what }               LIMIT_EXCEEDED: "entries" | "events" | "bytes" would pass a cap
+    { -6, what }               LIMIT_EXCEEDED: "entries" | "events" | "bytes" would pass a cap,
+                               or "run:<meter>": the thread's shared run limit is used up
     { -7 }                     THREAD_BUSY: another request's run holds the lease
     { 4, base, count, first, id... }
                                CLAIMED: base = entry the turn hangs off ("" = none);
@@ -60,6 +64,10 @@ local max_events, turn_events = thread_int(ARGV[9]), thread_int(ARGV[10])
 local max_bytes, turn_bytes = thread_int(ARGV[11]), thread_int(ARGV[12])
 local record = ARGV[13]
 local tenant, user = ARGV[14], ARGV[15]
+local n_meters = thread_int(ARGV[16] or '0')
+if not n_meters or #ARGV ~= 16 + 2 * n_meters and not (n_meters == 0 and #ARGV == 15) then
+  return redis.error_reply('memtier: run_claim: malformed ARGV (meters)')
+end
 if not (lease_ms and max_entries and turn_entries and max_events and turn_events
         and max_bytes and turn_bytes) or lease_ms == 0 or request_id == '' or token == '' then
   return redis.error_reply('memtier: run_claim: malformed ARGV')
@@ -117,6 +125,13 @@ if rcall('XLEN', events_key) + turn_events > max_events then
 end
 if bytes + turn_bytes > max_bytes then
   return { -6, 'bytes' }
+end
+for i = 0, n_meters - 1 do
+  local meter, cap = ARGV[17 + 2 * i], tonumber(ARGV[18 + 2 * i])
+  local used = tonumber(rcall('HGET', thread_key, 'use.' .. meter)) or 0
+  if used >= cap then
+    return { -6, 'run:' .. meter }
+  end
 end
 if holder and holder ~= token then
   return { -7 }

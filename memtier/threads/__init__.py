@@ -152,6 +152,7 @@ from memtier.threads.models import (
     ThreadPage,
     ThreadState,
 )
+from memtier.threads.runlimits import RunLimits
 from memtier.threads.runner import (
     AgentDenied,
     AsyncConversationRunner,
@@ -187,6 +188,7 @@ __all__ = [
     "Ownership",
     "Principal",
     "ReplayPage",
+    "RunLimits",
     "RunnerEvent",
     "RunnerReply",
     "RunnerTurn",

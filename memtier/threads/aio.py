@@ -45,6 +45,7 @@ from memtier.threads.models import (
     ReplayPage,
     ThreadPage,
 )
+from memtier.threads.runlimits import WALL_MS, RunLimits
 from memtier.threads.runner import (
     AgentDenied,
     AsyncConversationRunner,
@@ -77,6 +78,7 @@ class AsyncConversationService:
         inflight_wait_s: float = 30.0,
         embedded: bool = False,
         run_options_schema: Any = None,
+        run_limits: RunLimits | None = None,
     ) -> None:
         self.config = config or MemtierConfig.load()
         self.client = client
@@ -96,6 +98,9 @@ class AsyncConversationService:
                 run_options_schema
                 if run_options_schema is not None
                 else getattr(runner, "run_options_schema", None)
+            ),
+            run_limits=(
+                run_limits if run_limits is not None else getattr(runner, "run_limits", None)
             ),
         )
         self.scripts = load_registry("threads")
@@ -194,12 +199,24 @@ class AsyncConversationService:
             emit=emit,
             run_options=state.run_options,
             identity=state.identity,
+            allowance=None if state.budget is None else state.budget.remaining(),
         )
         outcome = "error"
         started = time.perf_counter()
         task: asyncio.Task[RunnerResult] = asyncio.ensure_future(self.runner(turn))
         key = (state.keys.thread, state.request_id)
         self._active[key] = (state, task)
+        wall: asyncio.TimerHandle | None = None
+        if state.budget is not None and WALL_MS in state.budget.allowance:
+
+            def out_of_time() -> None:
+                assert state.budget is not None
+                state.budget.exceeded = state.budget.exceeded or WALL_MS
+                self._cancel_local(state, "limit")
+
+            wall = asyncio.get_running_loop().call_later(
+                state.budget.allowance[WALL_MS] / 1000, out_of_time
+            )
         beat = asyncio.create_task(heartbeat(), name="memtier-lease")
         try:
             try:
@@ -214,6 +231,8 @@ class AsyncConversationService:
             outcome = "denied"
             raise
         finally:
+            if wall is not None:
+                wall.cancel()
             self._active.pop(key, None)
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

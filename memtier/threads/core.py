@@ -16,6 +16,7 @@ Status codes of the scripts (:class:`ThreadStatus`) are listed in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import secrets
@@ -31,6 +32,7 @@ import orjson
 from memtier import limits
 from memtier.config import ThreadsConfig
 from memtier.errors import (
+    ConfigurationError,
     ConversationError,
     ConversationErrorCode,
     MemtierError,
@@ -70,6 +72,7 @@ from memtier.threads.models import (
     check_identity,
     ms_to_datetime,
 )
+from memtier.threads.runlimits import USAGE_EVENT, RunLimits, TurnBudget
 from memtier.threads.runner import RunnerEvent, RunnerReply
 from memtier.threads.runoptions import check_schema, validate_run_options
 
@@ -311,6 +314,7 @@ class TurnState:
     run_options: dict[str, Any] | None = None
     stored_options: dict[str, Any] | None = None  # redacted, as the run record keeps them
     identity: AgentIdentity | None = None
+    budget: TurnBudget | None = None  # shared run limits: allowance and consumption
     seq: int = 1  # emit batches; 1 = the agent_started batch
     kept: int = 0
     dropped: int = 0
@@ -341,6 +345,7 @@ class ThreadsCore:
         busy_wait_s: float = 5.0,
         inflight_wait_s: float = 30.0,
         run_options_schema: Any = None,
+        run_limits: RunLimits | None = None,
     ) -> None:
         if not 1_000 <= lease_ms <= 10 * limits.THREAD_LEASE_MS:
             raise ValueError(f"lease_ms must be within 1000..{10 * limits.THREAD_LEASE_MS}")
@@ -355,6 +360,9 @@ class ThreadsCore:
         self.busy_wait_s = busy_wait_s
         self.inflight_wait_s = inflight_wait_s
         self.run_options_schema = check_schema(run_options_schema)
+        if run_limits is not None and not isinstance(run_limits, RunLimits):
+            raise ConfigurationError("run_limits must be a RunLimits")
+        self.run_limits = run_limits
         self._codec: CursorCodec | None = None
         if cursor_secret is not None:
             raw = cursor_secret.encode("utf-8") if isinstance(cursor_secret, str) else cursor_secret
@@ -493,6 +501,7 @@ class ThreadsCore:
             version=int(fields["version"]),
             head_id=fields.get("head") or None,
             legal_hold=fields.get("held") == "1",
+            usage=_usage(fields),
         )
 
     def _thread_from_hgetall(
@@ -963,6 +972,7 @@ class ThreadsCore:
                 record,
                 owner.tenant_id,
                 owner.user_id,
+                *(self.run_limits.claim_args() if self.run_limits else (0,)),
             ),
         )
         started = self.monotonic()
@@ -1012,6 +1022,7 @@ class ThreadsCore:
             run_options=options,
             stored_options=ledger_options,
             identity=identity,
+            budget=None if self.run_limits is None else self.run_limits.budget(thread.usage),
         )
         user_entry_id = f"e{first}"
         started_row: dict[str, Any] = {"requestId": rid, "leafId": base or None}
@@ -1030,8 +1041,13 @@ class ThreadsCore:
             outcome = yield RunOp(state)
         except Exception as exc:
             state.closed = True
+            if state.budget is not None:
+                state.budget.charge_wall(int((time.perf_counter() - state.started_at) * 1000))
             if _is_cancel(exc) and state.cancel_reason is None:
                 state.cancel_reason = "caller"  # an emit saw run_cancel's mark
+            if state.budget is not None and state.budget.exceeded:
+                result = yield from self._abort_over_limit(state)
+                return result
             if state.cancel_reason is not None:
                 result = yield from self._abort_cancelled(state)
                 return result
@@ -1049,7 +1065,7 @@ class ThreadsCore:
             abort = yield ScriptOp(
                 "run_abort",
                 (keys.thread, keys.runs, keys.lease, keys.events),
-                (MARKER, token, rid, self.clock(), "error", _json(error)),
+                (MARKER, token, rid, self.clock(), "error", _json(error), "", _usage_arg(state)),
             )
             status = int(abort[0])
             if status != ThreadStatus.OK:
@@ -1059,6 +1075,14 @@ class ThreadsCore:
                 Code.RUNNER_FAILED, f"the runner failed ({type(exc).__name__})"
             ) from exc
         state.closed = True
+        if state.budget is not None:
+            if isinstance(outcome, RunnerReply) and outcome.usage:
+                with contextlib.suppress(ConversationError):  # over: budget.exceeded says so
+                    state.budget.consume(outcome.usage)
+            state.budget.charge_wall(int((time.perf_counter() - state.started_at) * 1000))
+            if state.budget.exceeded:
+                result = yield from self._abort_over_limit(state)
+                return result
         if state.cancel_reason is not None:  # the runner returned after its cancellation
             result = yield from self._abort_cancelled(state)
             return result
@@ -1084,7 +1108,16 @@ class ThreadsCore:
         abort = yield ScriptOp(
             "run_abort",
             (keys.thread, keys.runs, keys.lease, keys.events),
-            (MARKER, state.token, state.request_id, self.clock(), "cancelled", _json(data), record),
+            (
+                MARKER,
+                state.token,
+                state.request_id,
+                self.clock(),
+                "cancelled",
+                _json(data),
+                record,
+                _usage_arg(state),
+            ),
         )
         status = int(abort[0])
         if status != ThreadStatus.OK:
@@ -1093,6 +1126,42 @@ class ThreadsCore:
             Code.RUN_CANCELLED,
             f"the run was cancelled ({state.cancel_reason}); nothing was committed",
             reason=state.cancel_reason,
+        )
+
+    def _abort_over_limit(self, state: TurnState) -> Flow[ContinueResult]:
+        """Close a turn that would have passed a shared run limit: nothing committed, an
+        ``error`` row (``limit_exceeded``); what it consumed (within its allowance) is
+        charged; the request id may be retried."""
+        assert state.budget is not None and state.budget.exceeded
+        keys, meter = state.keys, state.budget.exceeded
+        data = {
+            "code": Code.LIMIT_EXCEEDED.value,
+            "limit": f"run:{meter}",
+            "usage": state.budget.used,
+            "entryIds": [],
+            "discardedEntryIds": self._turn_entry_ids(state),
+        }
+        abort = yield ScriptOp(
+            "run_abort",
+            (keys.thread, keys.runs, keys.lease, keys.events),
+            (
+                MARKER,
+                state.token,
+                state.request_id,
+                self.clock(),
+                "error",
+                _json(data),
+                "",
+                _usage_arg(state),
+            ),
+        )
+        status = int(abort[0])
+        if status != ThreadStatus.OK:
+            raise self._status_error(status)
+        raise ConversationError(
+            Code.LIMIT_EXCEEDED,
+            f"the turn would pass the shared run limit {meter!r}; nothing was committed",
+            limit=f"run:{meter}",
         )
 
     def cancel_run(
@@ -1176,6 +1245,8 @@ class ThreadsCore:
             }
             if state.dropped:
                 finished["eventsDropped"] = state.dropped
+            if state.budget is not None:
+                finished["usage"] = state.budget.used
             events.append(("agent_finished", finished))
             res: dict[str, Any] = {
                 "status": ContinueStatus.COMPLETED.value,
@@ -1211,6 +1282,7 @@ class ThreadsCore:
             done,
             len(entries),
             len(events),
+            _usage_arg(state),
         ]
         entry_json = [_json(e) for e in entries]
         for entry, encoded in zip(entries, entry_json, strict=True):
@@ -1299,6 +1371,8 @@ class ThreadsCore:
             )
         if state.closed:
             return None  # emitted after the turn ended: nothing is recorded
+        if event.type == USAGE_EVENT and state.budget is not None:
+            state.budget.consume(event.data)  # limit_exceeded (to the runner) past its allowance
         if state.kept >= limits.THREAD_EVENTS_PER_TURN:
             state.dropped += 1
             return None
@@ -1372,6 +1446,22 @@ def _summarize(node: Any, depth: int) -> Any:
     if isinstance(node, list | tuple):
         return [_summarize(item, depth + 1) for item in node]
     raise TypeError(f"not JSON: {type(node).__name__}")
+
+
+def _usage(fields: Mapping[str, str]) -> dict[str, int]:
+    """The shared run-limit counters of a thread hash (``use.<meter>`` fields)."""
+    usage: dict[str, int] = {}
+    for name, value in fields.items():
+        if name.startswith("use."):
+            try:
+                usage[name[4:]] = int(value)
+            except ValueError:
+                continue
+    return usage
+
+
+def _usage_arg(state: TurnState) -> str:
+    return "" if state.budget is None or not state.budget.used else _json(state.budget.used)
 
 
 def _is_cancel(exc: BaseException) -> bool:

@@ -213,6 +213,7 @@ class ConversationThread(WireModel):
     version: int
     head_id: str | None = None
     legal_hold: bool = False
+    usage: dict[str, int] = Field(default_factory=dict)  # shared run-limit counters
 
 
 class EntryRole(StrEnum):

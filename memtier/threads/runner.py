@@ -67,6 +67,7 @@ class RunnerReply:
     """What a turn produced: the assistant reply (redacted and bounded before storage)."""
 
     content: str
+    usage: Mapping[str, int] | None = None  # consumption of shared run limits (RunLimits)
 
 
 RunnerResult: TypeAlias = RunnerReply | str
@@ -96,6 +97,7 @@ class RunnerTurn:
     run_options: Mapping[str, Any] | None = None
     identity: AgentIdentity | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
+    allowance: Mapping[str, int] | None = None  # what the turn may consume (RunLimits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,7 @@ class AsyncRunnerTurn:
     emit: Callable[[RunnerEvent], Awaitable[None]]
     run_options: Mapping[str, Any] | None = None
     identity: AgentIdentity | None = None
+    allowance: Mapping[str, int] | None = None  # what the turn may consume (RunLimits)
 
 
 class ConversationRunner(Protocol):
@@ -170,6 +173,7 @@ def adapt_sync_runner(runner: ConversationRunner) -> AsyncConversationRunner:
             run_options=turn.run_options,
             identity=turn.identity,
             cancelled=cancelled,
+            allowance=turn.allowance,
         )
         worker = asyncio.ensure_future(asyncio.to_thread(runner, sync_turn))
         try:

@@ -43,6 +43,7 @@ from memtier.threads.models import (
     ReplayPage,
     ThreadPage,
 )
+from memtier.threads.runlimits import WALL_MS, RunLimits
 from memtier.threads.runner import (
     AgentDenied,
     ConversationRunner,
@@ -89,6 +90,7 @@ class ConversationService:
         inflight_wait_s: float = 30.0,
         embedded: bool = False,
         run_options_schema: Any = None,
+        run_limits: RunLimits | None = None,
     ) -> None:
         self.config = config or MemtierConfig.load()
         self.client = client
@@ -106,6 +108,9 @@ class ConversationService:
                 run_options_schema
                 if run_options_schema is not None
                 else getattr(runner, "run_options_schema", None)
+            ),
+            run_limits=(
+                run_limits if run_limits is not None else getattr(runner, "run_limits", None)
             ),
         )
         self.scripts = load_registry("threads")
@@ -210,7 +215,19 @@ class ConversationService:
             run_options=state.run_options,
             identity=state.identity,
             cancelled=cancelled,
+            allowance=None if state.budget is None else state.budget.remaining(),
         )
+        wall: threading.Timer | None = None
+        if state.budget is not None and WALL_MS in state.budget.allowance:
+
+            def out_of_time() -> None:
+                assert state.budget is not None
+                state.budget.exceeded = state.budget.exceeded or WALL_MS
+                self._cancel_local(state, cancelled, "limit")
+
+            wall = threading.Timer(state.budget.allowance[WALL_MS] / 1000, out_of_time)
+            wall.daemon = True
+            wall.start()
         key = (state.keys.thread, state.request_id)
         with self._active_lock:
             self._active[key] = (state, cancelled)
@@ -225,6 +242,8 @@ class ConversationService:
             outcome = "denied"
             raise
         finally:
+            if wall is not None:
+                wall.cancel()
             stop.set()
             beat.join()
             with self._active_lock:

@@ -92,6 +92,7 @@ class Harness:
             done,
             2,
             1,
+            "",  # no run-limit usage
             u,
             parent,
             json.dumps({"id": u}),

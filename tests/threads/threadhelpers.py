@@ -147,3 +147,33 @@ def process_continue(url: str | None, namespace: str, thread_id: str, request_id
         return result.model_dump_json()
     finally:
         service.close()
+
+
+def process_limited_continue(
+    url: str | None, namespace: str, thread_id: str, request_id: str, tokens: int, cap: int
+) -> str:
+    """Run in a spawned process: one continue under ``RunLimits(per_thread={"tokens": cap})``
+    whose runner reports ``tokens``; returns "ok" or the error code."""
+    from memtier.config import MemtierConfig
+    from memtier.errors import ConversationError
+    from memtier.threads import RunLimits, create_conversation_service
+
+    config = MemtierConfig.load(redis_url=url, namespace=namespace)
+
+    def runner(turn: RunnerTurn) -> RunnerReply:
+        turn.emit(RunnerEvent("usage", {"tokens": tokens}))
+        return RunnerReply("spent")
+
+    service = create_conversation_service(
+        config,
+        runner=runner,
+        run_limits=RunLimits(per_thread={"tokens": cap}),
+        busy_wait_s=240.0,
+    )
+    try:
+        service.continue_(OWNER, thread_id, "spend", request_id=request_id)
+        return "ok"
+    except ConversationError as exc:
+        return exc.code
+    finally:
+        service.close()
