@@ -155,7 +155,8 @@ def check_options(options: ServeOptions) -> None:
 def _import_object(flag: str, spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigurationError(f"{flag} {spec!r}: expected package.module:attribute")
+        form = "package.module:factory" if flag == "--runner" else "package.module:attribute"
+        raise ConfigurationError(f"{flag} {spec!r}: expected {form}")
     try:
         target: Any = importlib.import_module(module_name)
         for part in attr.split("."):
