@@ -101,6 +101,7 @@ class ConversationErrorCode(StrEnum):
     REQUEST_CONFLICT = "request_conflict"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    RUN_CANCELLED = "run_cancelled"
 
 
 _HTTP_STATUS: dict[str, int] = {
@@ -142,6 +143,7 @@ _HTTP_STATUS: dict[str, int] = {
     ConversationErrorCode.REQUEST_CONFLICT: 422,
     ConversationErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ConversationErrorCode.METHOD_NOT_ALLOWED: 405,
+    ConversationErrorCode.RUN_CANCELLED: 409,
 }
 
 

@@ -145,6 +145,7 @@ REQUEST_BODY_BYTES: Final = Bound(64 * KiB, 1 * MiB, 1 * KiB, "bytes")
 THREAD_MESSAGE_BYTES: Final = 256 * KiB  # one user message (refused above) or reply (truncated)
 THREAD_METADATA_BYTES: Final = 16 * KiB  # host metadata of one thread, as JSON
 THREAD_EVENT_BYTES: Final = 16 * KiB  # data of one runner event after redaction (cut above)
+THREAD_RUN_OPTIONS_BYTES: Final = 16 * KiB  # run options of one continue, as JSON
 THREAD_EVENTS_PER_TURN: Final = 256  # runner events kept per turn; later ones counted, dropped
 THREAD_MAX_ENTRIES: Final = 2_000  # entries per thread (a turn adds 2): 1000 turns
 THREAD_MAX_EVENTS: Final = 100_000  # ledger rows per thread (the ledger is never trimmed)

@@ -7,11 +7,17 @@
 
   Status codes (mirrored by memtier.threads.core.ThreadStatus):
      0 OK                   3 DONE (run already recorded)
+     2 ENDED_CANCELLED (run_cancel: the run already ended cancelled)
      1 EXISTED / NOOP       4 CLAIMED
     -1 NOT_FOUND           -2 METADATA_CONFLICT   -3 THREAD_ARCHIVED
     -4 BRANCH_LIMIT        -5 UNKNOWN_LEAF        -6 LIMIT_EXCEEDED
     -7 THREAD_BUSY         -8 REQUEST_IN_PROGRESS -9 REQUEST_CONFLICT
-   -10 LEASE_LOST
+   -10 LEASE_LOST         -11 CANCELLED (the run's caller cancelled it)
+
+  Cancellation: run_cancel marks a running turn by rewriting its lease value to
+  "<token>:cancel" (same expiry).  The run's own scripts recognise the mark
+  (thread_lease_state) and report CANCELLED; every other request still sees the thread
+  held, so turns stay serialized until the cancelled run has closed its ledger.
 ]]
 local rcall = redis.call
 
@@ -48,6 +54,38 @@ local function thread_xadd(events_key, now_ms, etype, data, run)
     end
   end
   return rcall('XADD', events_key, ms .. '-*', 'type', etype, 'data', data, 'run', run, 'r', '1')
+end
+
+-- The lease as seen by the run holding ``token``: 'held', 'cancelled' (run_cancel marked
+-- it) or 'lost' (expired, or another run's).
+local function thread_lease_state(lease_key, token)
+  local holder = rcall('GET', lease_key)
+  if holder == token then
+    return 'held'
+  end
+  if holder == token .. ':cancel' then
+    return 'cancelled'
+  end
+  return 'lost'
+end
+
+-- Shared run-limit counters live in the thread hash as "use.<meter>" (integers).
+-- Add the consumption JSON {"<meter>": n, ...} of one turn (written by the client, already
+-- capped to the turn's allowance).  Returns nothing.
+local function thread_charge(thread_key, usage_json)
+  if usage_json == nil or usage_json == '' then
+    return
+  end
+  local ok, usage = pcall(cjson.decode, usage_json)
+  if not ok or type(usage) ~= 'table' then
+    return
+  end
+  for meter, amount in pairs(usage) do
+    local n = tonumber(amount)
+    if type(meter) == 'string' and n and n > 0 then
+      rcall('HINCRBY', thread_key, 'use.' .. meter, string.format('%d', n))
+    end
+  end
 end
 
 -- Decode a run record (JSON written by the client); nil when absent or unreadable.

@@ -20,6 +20,7 @@
     { 1 }           DUPLICATE: batch seq already applied (a retried call); nothing added
     { -1 }          NOT_FOUND (deleted: never re-creates the ledger)
     { -10 }         LEASE_LOST: this run no longer holds the thread
+    { -11 }         CANCELLED: the run was cancelled (nothing added)
 
   Side effects: n stream rows (capacity reserved by run_claim); bytes counter; lease PEXPIRE.
 
@@ -40,7 +41,10 @@ end
 if not thread_live(thread_key, marker) then
   return { -1 }
 end
-if rcall('GET', lease_key) ~= token then
+local lease = thread_lease_state(lease_key, token)
+if lease == 'cancelled' then
+  return { -11 }
+elseif lease == 'lost' then
   return { -10 }
 end
 if seq <= tonumber(rcall('HGET', thread_key, 'eseq')) then

@@ -13,6 +13,7 @@
     { 0 }    renewed
     { -1 }   NOT_FOUND (the thread was deleted)
     { -10 }  LEASE_LOST: another token holds the lease, or it expired
+    { -11 }  CANCELLED: run_cancel marked this run (the lease is left as it is)
 
   Side effects: PEXPIRE of the lease.
 
@@ -31,7 +32,10 @@ end
 if not thread_live(thread_key, marker) then
   return { -1 }
 end
-if rcall('GET', lease_key) ~= token then
+local lease = thread_lease_state(lease_key, token)
+if lease == 'cancelled' then
+  return { -11 }
+elseif lease == 'lost' then
   return { -10 }
 end
 rcall('PEXPIRE', lease_key, lease_ms)

@@ -24,15 +24,20 @@
     ARGV[13] record           run record JSON {"s":"running","tok":token,"fp":...,"at":ms}
     ARGV[14] tenant           owner tenant id (checked against the row before any write)
     ARGV[15] user             owner user id
+    ARGV[16] n_meters         shared run limits with a per-thread cap (0 = none)
+    then n_meters pairs       meter name, per-thread cap: the turn is refused when the
+                              thread's counter "use.<meter>" already reached the cap
 
   Output (checked in this order):
     { -1 }                     NOT_FOUND (missing, or stored for another owner)
     { -9 }                     REQUEST_CONFLICT: request_id was used with another fingerprint
     { 3, record_json }         DONE: this request already completed; record carries the result
     { -8 }                     REQUEST_IN_PROGRESS: its first attempt still holds the lease
+                               (also while a cancelled first attempt is closing its ledger)
     { -3 }                     THREAD_ARCHIVED
     { -5 }                     UNKNOWN_LEAF: leaf_id is not a recorded branch ref
-    { -6, what }               LIMIT_EXCEEDED: "entries" | "events" | "bytes" would pass a cap
+    { -6, what }               LIMIT_EXCEEDED: "entries" | "events" | "bytes" would pass a cap,
+                               or "run:<meter>": the thread's shared run limit is used up
     { -7 }                     THREAD_BUSY: another request's run holds the lease
     { 4, base, count, first, id... }
                                CLAIMED: base = entry the turn hangs off ("" = none);
@@ -41,7 +46,8 @@
                                thread's entry-id sequence, never reused even when a turn fails;
                                ids = path base -> root (bounded by count)
     A record whose token no longer holds the lease (its process died; the lease expired)
-    is abandoned and claimed again.  A replay of our own claim (same token) returns CLAIMED.
+    is abandoned and claimed again.  A "cancelled" record is a finished cancellation: the
+    same request id runs again as a new run (any message).  A replay of our own claim (same token) returns CLAIMED.
 
   Side effects: lease SET PX lease_ms; run record; eseq reset (emit batches of this run);
   eidseq advanced by turn_entries.
@@ -58,6 +64,10 @@ local max_events, turn_events = thread_int(ARGV[9]), thread_int(ARGV[10])
 local max_bytes, turn_bytes = thread_int(ARGV[11]), thread_int(ARGV[12])
 local record = ARGV[13]
 local tenant, user = ARGV[14], ARGV[15]
+local n_meters = thread_int(ARGV[16] or '0')
+if not n_meters or #ARGV ~= 16 + 2 * n_meters and not (n_meters == 0 and #ARGV == 15) then
+  return redis.error_reply('memtier: run_claim: malformed ARGV (meters)')
+end
 if not (lease_ms and max_entries and turn_entries and max_events and turn_events
         and max_bytes and turn_bytes) or lease_ms == 0 or request_id == '' or token == '' then
   return redis.error_reply('memtier: run_claim: malformed ARGV')
@@ -69,6 +79,9 @@ end
 local holder = rcall('GET', lease_key)
 local rec = thread_run_record(runs_key, request_id)
 local own_replay = false
+if rec and rec.s == 'cancelled' then
+  rec = nil  -- a retry after a cancellation is a new run
+end
 if rec then
   if rec.fp ~= fingerprint then
     return { -9 }
@@ -78,7 +91,7 @@ if rec then
   end
   if rec.tok == token then
     own_replay = true
-  elseif holder and holder == rec.tok then
+  elseif holder and (holder == rec.tok or holder == rec.tok .. ':cancel') then
     return { -8 }
   end
   -- otherwise: abandoned (its lease expired); claim it again below
@@ -112,6 +125,13 @@ if rcall('XLEN', events_key) + turn_events > max_events then
 end
 if bytes + turn_bytes > max_bytes then
   return { -6, 'bytes' }
+end
+for i = 0, n_meters - 1 do
+  local meter, cap = ARGV[17 + 2 * i], tonumber(ARGV[18 + 2 * i])
+  local used = tonumber(rcall('HGET', thread_key, 'use.' .. meter)) or 0
+  if used >= cap then
+    return { -6, 'run:' .. meter }
+  end
 end
 if holder and holder ~= token then
   return { -7 }

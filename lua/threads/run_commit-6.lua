@@ -19,6 +19,8 @@
     ARGV[7] done_record     run record JSON {"s":"done","tok":...,"fp":...,"res":{...}}
     ARGV[8] n_entries       entries of this turn
     ARGV[9] n_events        closing events of this turn
+    ARGV[10] usage          shared run-limit consumption JSON {"<meter>": n} ("" = none),
+                            added to the thread's "use.<meter>" counters
     then n_entries triples  id, parent id, entry JSON (redacted, bounded)
     then n_events pairs     type, data JSON (redacted, bounded)
 
@@ -27,6 +29,7 @@
     { 3 }    DONE: already committed by this token (a retried call); nothing changed
     { -1 }   NOT_FOUND: the thread was deleted meanwhile (delete wins; nothing written)
     { -10 }  LEASE_LOST: the lease expired and another run took the thread
+    { -11 }  CANCELLED: the run was cancelled: nothing is committed (it closes with run_abort)
 
   Side effects: entries, parents, head, entries count, bytes, updated, ledger rows,
   run record; the lease is deleted.
@@ -43,8 +46,9 @@ local marker, token, request_id, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local expected_count = thread_int(ARGV[5])
 local new_head, done_record = ARGV[6], ARGV[7]
 local n_entries, n_events = thread_int(ARGV[8]), thread_int(ARGV[9])
+local usage = ARGV[10]
 if not (expected_count and n_entries and n_events and thread_int(now_ms))
-    or #ARGV ~= 9 + 3 * n_entries + 2 * n_events then
+    or #ARGV ~= 10 + 3 * n_entries + 2 * n_events then
   return redis.error_reply('memtier: run_commit: malformed ARGV')
 end
 
@@ -55,7 +59,10 @@ local rec = thread_run_record(runs_key, request_id)
 if rec and rec.s == 'done' and rec.tok == token then
   return { 3 }
 end
-if rcall('GET', lease_key) ~= token then
+local lease = thread_lease_state(lease_key, token)
+if lease == 'cancelled' then
+  return { -11 }
+elseif lease == 'lost' then
   return { -10 }
 end
 if tonumber(rcall('HGET', thread_key, 'entries')) ~= expected_count then
@@ -64,12 +71,12 @@ end
 
 local added = 0
 for i = 0, n_entries - 1 do
-  local id, parent, entry = ARGV[10 + 3 * i], ARGV[11 + 3 * i], ARGV[12 + 3 * i]
+  local id, parent, entry = ARGV[11 + 3 * i], ARGV[12 + 3 * i], ARGV[13 + 3 * i]
   rcall('HSET', entries_key, id, entry)
   rcall('HSET', parents_key, id, parent)
   added = added + #entry
 end
-local base = 10 + 3 * n_entries
+local base = 11 + 3 * n_entries
 for i = 0, n_events - 1 do
   local etype, data = ARGV[base + 2 * i], ARGV[base + 1 + 2 * i]
   thread_xadd(events_key, now_ms, etype, data, request_id)
@@ -80,6 +87,7 @@ if new_head ~= '' then
   rcall('HSET', thread_key, 'head', new_head)
 end
 rcall('HINCRBY', thread_key, 'bytes', added)
+thread_charge(thread_key, usage)
 rcall('HSET', runs_key, request_id, done_record)
 rcall('DEL', lease_key)
 return { 0 }

@@ -51,7 +51,15 @@ from memtier.memory.models import (
     TurnRecord,
 )
 
-__all__ = ["CALL_PREFIX", "OUTPUT_PREFIX", "SESSION_NAMESPACE", "MemtierSession", "item_to_turn"]
+__all__ = [
+    "CALL_PREFIX",
+    "OUTPUT_PREFIX",
+    "SESSION_NAMESPACE",
+    "MemtierSession",
+    "OpenAIAgentsRunner",
+    "item_to_turn",
+    "runner",
+]
 
 #: ``uuid5(NAMESPACE_URL, "memtier:integrations:openai-agents")``: the default namespace
 #: of session ids (stable: changing it would orphan every stored session).
@@ -260,3 +268,12 @@ class MemtierSession:
             result = self.store.close()
             if result is not None:
                 await result
+
+
+# The threads runner lives in its own module; importing it here makes
+# `memtier serve --runner memtier.integrations.openai_agents:runner --agent pkg.mod:agent`
+# work as the issue (and docs/threads.md) spell it.
+from memtier.integrations.openai_agents_runner import (  # noqa: E402
+    OpenAIAgentsRunner,
+    runner,
+)

@@ -136,6 +136,7 @@ waits at most 300 s.  Configurable frozen limits: :class:`memtier.config.Threads
 from memtier.errors import ConversationError, ConversationErrorCode
 from memtier.threads.aio import AsyncConversationService, create_async_conversation_service
 from memtier.threads.models import (
+    AgentIdentity,
     BranchRef,
     ContinueResult,
     ContinueStatus,
@@ -146,10 +147,12 @@ from memtier.threads.models import (
     EventRecord,
     ExportResult,
     Ownership,
+    Principal,
     ReplayPage,
     ThreadPage,
     ThreadState,
 )
+from memtier.threads.runlimits import RunLimits
 from memtier.threads.runner import (
     AgentDenied,
     AsyncConversationRunner,
@@ -164,6 +167,7 @@ from memtier.threads.service import ConversationService, create_conversation_ser
 
 __all__ = [
     "AgentDenied",
+    "AgentIdentity",
     "AsyncConversationRunner",
     "AsyncConversationService",
     "AsyncRunnerTurn",
@@ -182,7 +186,9 @@ __all__ = [
     "EventRecord",
     "ExportResult",
     "Ownership",
+    "Principal",
     "ReplayPage",
+    "RunLimits",
     "RunnerEvent",
     "RunnerReply",
     "RunnerTurn",

@@ -29,10 +29,14 @@ from memtier.threads.core import (
     ScriptOp,
     SleepOp,
     ThreadsCore,
+    TurnCancelled,
     TurnState,
     outcome_of,
 )
 from memtier.threads.models import (
+    AgentIdentity,
+    CancelResult,
+    CancelStatus,
     ContinueResult,
     ConversationThread,
     DeleteResult,
@@ -41,6 +45,7 @@ from memtier.threads.models import (
     ReplayPage,
     ThreadPage,
 )
+from memtier.threads.runlimits import WALL_MS, RunLimits
 from memtier.threads.runner import (
     AgentDenied,
     AsyncConversationRunner,
@@ -72,6 +77,8 @@ class AsyncConversationService:
         busy_wait_s: float = 5.0,
         inflight_wait_s: float = 30.0,
         embedded: bool = False,
+        run_options_schema: Any = None,
+        run_limits: RunLimits | None = None,
     ) -> None:
         self.config = config or MemtierConfig.load()
         self.client = client
@@ -87,8 +94,19 @@ class AsyncConversationService:
             lease_ms=lease_ms,
             busy_wait_s=busy_wait_s,
             inflight_wait_s=inflight_wait_s,
+            run_options_schema=(
+                run_options_schema
+                if run_options_schema is not None
+                else getattr(runner, "run_options_schema", None)
+            ),
+            run_limits=(
+                run_limits if run_limits is not None else getattr(runner, "run_limits", None)
+            ),
         )
         self.scripts = load_registry("threads")
+        # Turns running in this process: (thread key, request id) -> (state, runner task).
+        self._active: dict[tuple[str, str], tuple[TurnState, asyncio.Task[Any]]] = {}
+        self._continues: set[asyncio.Future[Any]] = set()  # continue calls in flight
         # Opens the client once (cluster: before the first command), bounds calls in flight.
         self.guard = AsyncClientGuard(client, self.config.redis)
         self.retry_policy = RetryPolicy.from_config(self.config)
@@ -174,6 +192,8 @@ class AsyncConversationService:
                 except Exception:  # a missed beat is retried at the next interval
                     continue
                 if not self.core.renew_ok(reply):
+                    # cancelled by the caller, or lost / deleted: cancel the runner's task
+                    self._cancel_local(state, self.core.renew_failure(reply))
                     return
 
         turn = AsyncRunnerTurn(
@@ -183,18 +203,43 @@ class AsyncConversationService:
             request_id=state.request_id,
             leaf_id=state.leaf_id,
             emit=emit,
+            run_options=state.run_options,
+            identity=state.identity,
+            allowance=None if state.budget is None else state.budget.remaining(),
         )
         outcome = "error"
         started = time.perf_counter()
+        task: asyncio.Task[RunnerResult] = asyncio.ensure_future(self.runner(turn))
+        key = (state.keys.thread, state.request_id)
+        self._active[key] = (state, task)
+        wall: asyncio.TimerHandle | None = None
+        if state.budget is not None and WALL_MS in state.budget.allowance:
+
+            def out_of_time() -> None:
+                assert state.budget is not None
+                state.budget.exceeded = state.budget.exceeded or WALL_MS
+                self._cancel_local(state, "limit")
+
+            wall = asyncio.get_running_loop().call_later(
+                state.budget.allowance[WALL_MS] / 1000, out_of_time
+            )
         beat = asyncio.create_task(heartbeat(), name="memtier-lease")
         try:
-            result = await self.runner(turn)
+            try:
+                result = await task
+            except asyncio.CancelledError:
+                if state.cancel_reason is None or not task.done():
+                    raise  # this request itself was cancelled, not the turn
+                raise TurnCancelled(state.cancel_reason) from None
             outcome = "ok"
             return result
         except AgentDenied:
             outcome = "denied"
             raise
         finally:
+            if wall is not None:
+                wall.cancel()
+            self._active.pop(key, None)
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
@@ -222,8 +267,20 @@ class AsyncConversationService:
         await retry_async("open", self.guard.open, self.retry_policy)
         return self
 
-    async def aclose(self) -> None:
-        """Close the client (a later call opens it again)."""
+    def _cancel_local(self, state: TurnState, reason: str) -> None:
+        active = self._active.get((state.keys.thread, state.request_id))
+        if state.cancel_reason is None:
+            state.cancel_reason = reason
+        if active is not None:
+            active[1].cancel()
+
+    async def aclose(self, *, cancel_wait_s: float = 10.0) -> None:
+        """Cancel the turns running in this process (reason ``shutdown``), wait up to
+        ``cancel_wait_s`` for them to close their ledgers, then close the client."""
+        for state, _ in list(self._active.values()):
+            self._cancel_local(state, "shutdown")
+        if self._continues:
+            await asyncio.wait(set(self._continues), timeout=cancel_wait_s)
         await self.guard.aclose()
 
     async def __aenter__(self) -> AsyncConversationService:
@@ -287,11 +344,46 @@ class AsyncConversationService:
         *,
         request_id: str | None = None,
         leaf_id: str | None = None,
+        run_options: Mapping[str, Any] | None = None,
+        identity: AgentIdentity | None = None,
+    ) -> ContinueResult:
+        call = asyncio.ensure_future(
+            self._continue(
+                ownership, thread_id, message, request_id, leaf_id, run_options, identity
+            )
+        )
+        self._continues.add(call)
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        finally:
+            if call.done():
+                self._continues.discard(call)
+            else:
+                call.add_done_callback(self._continues.discard)
+
+    async def _continue(
+        self,
+        ownership: Ownership,
+        thread_id: str,
+        message: str,
+        request_id: str | None,
+        leaf_id: str | None,
+        run_options: Mapping[str, Any] | None,
+        identity: AgentIdentity | None,
     ) -> ContinueResult:
         return await self._drive(
             "continue",
             self.core.continue_(
-                ownership, thread_id, message, request_id=request_id, leaf_id=leaf_id
+                ownership,
+                thread_id,
+                message,
+                request_id=request_id,
+                leaf_id=leaf_id,
+                run_options=run_options,
+                identity=identity,
             ),
         )
 
@@ -334,6 +426,19 @@ class AsyncConversationService:
         return await self._drive(
             "replay", self.core.replay(ownership, thread_id, cursor=cursor, limit=limit)
         )
+
+    async def cancel_run(
+        self, ownership: Ownership, thread_id: str, request_id: str
+    ) -> CancelResult:
+        result: CancelResult = await self._drive(
+            "cancel_run", self.core.cancel_run(ownership, thread_id, request_id)
+        )
+        if result.status == CancelStatus.CANCELLING:  # running here: cancel it at once
+            key = (self.core.thread_keys(ownership, thread_id).thread, result.request_id)
+            active = self._active.get(key)
+            if active is not None:
+                self._cancel_local(active[0], "caller")
+        return result
 
     async def set_legal_hold(self, ownership: Ownership, thread_id: str) -> ConversationThread:
         return await self._drive(

@@ -16,6 +16,7 @@ Status codes of the scripts (:class:`ThreadStatus`) are listed in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import secrets
@@ -31,6 +32,7 @@ import orjson
 from memtier import limits
 from memtier.config import ThreadsConfig
 from memtier.errors import (
+    ConfigurationError,
     ConversationError,
     ConversationErrorCode,
     MemtierError,
@@ -51,7 +53,10 @@ from memtier.threads.models import (
     MARKER,
     RESERVED_EVENT_TYPES,
     TERMINAL_EVENT_TYPES,
+    AgentIdentity,
     BranchRef,
+    CancelResult,
+    CancelStatus,
     ContinueResult,
     ContinueStatus,
     ConversationEntry,
@@ -64,9 +69,12 @@ from memtier.threads.models import (
     ReplayPage,
     ThreadPage,
     ThreadState,
+    check_identity,
     ms_to_datetime,
 )
+from memtier.threads.runlimits import USAGE_EVENT, RunLimits, TurnBudget
 from memtier.threads.runner import RunnerEvent, RunnerReply
+from memtier.threads.runoptions import check_schema, validate_run_options
 
 __all__ = [
     "BatchOp",
@@ -78,6 +86,7 @@ __all__ = [
     "SleepOp",
     "ThreadStatus",
     "ThreadsCore",
+    "TurnCancelled",
     "TurnState",
 ]
 
@@ -90,6 +99,7 @@ class ThreadStatus(IntEnum):
 
     OK = 0
     EXISTED = 1  # create: same create already done; branch: already a ref; archive: no-op
+    ENDED_CANCELLED = 2  # run_cancel: the run already ended cancelled
     DONE = 3  # run_claim/run_commit: this request's run is already recorded
     CLAIMED = 4
     NOT_FOUND = -1
@@ -102,6 +112,7 @@ class ThreadStatus(IntEnum):
     REQUEST_IN_PROGRESS = -8
     REQUEST_CONFLICT = -9
     LEASE_LOST = -10
+    CANCELLED = -11
 
 
 _STATUS_ERRORS: Final[dict[int, tuple[ConversationErrorCode, str]]] = {
@@ -125,6 +136,10 @@ _STATUS_ERRORS: Final[dict[int, tuple[ConversationErrorCode, str]]] = {
     ThreadStatus.REQUEST_CONFLICT: (
         Code.REQUEST_CONFLICT,
         "this requestId was already used for a different message or leaf",
+    ),
+    ThreadStatus.CANCELLED: (
+        Code.RUN_CANCELLED,
+        "the run was cancelled; nothing was committed (a retry is a new run)",
     ),
     ThreadStatus.LEASE_LOST: (
         Code.THREAD_BUSY,
@@ -275,6 +290,10 @@ def scrub_paths(text: str) -> str:
     return _LOCAL_PATH_RE.sub(PATH_PLACEHOLDER, text)
 
 
+class TurnCancelled(Exception):
+    """Raised by the shells into the continue flow when they cancelled the runner."""
+
+
 @dataclass
 class TurnState:
     """Everything about one claimed turn that the service shells need while the runner runs."""
@@ -292,10 +311,16 @@ class TurnState:
     fingerprint: str
     entry_count: int
     first_entry: int  # number of the turn's first entry id, from the never-reused sequence
+    run_options: dict[str, Any] | None = None
+    stored_options: dict[str, Any] | None = None  # redacted, as the run record keeps them
+    identity: AgentIdentity | None = None
+    budget: TurnBudget | None = None  # shared run limits: allowance and consumption
     seq: int = 1  # emit batches; 1 = the agent_started batch
     kept: int = 0
     dropped: int = 0
     closed: bool = False
+    # Why the shells stopped the runner: "caller" (run_cancel), "shutdown", "lease_lost".
+    cancel_reason: str | None = None
     started_at: float = field(default_factory=time.perf_counter)
 
 
@@ -319,6 +344,8 @@ class ThreadsCore:
         lease_ms: int = limits.THREAD_LEASE_MS,
         busy_wait_s: float = 5.0,
         inflight_wait_s: float = 30.0,
+        run_options_schema: Any = None,
+        run_limits: RunLimits | None = None,
     ) -> None:
         if not 1_000 <= lease_ms <= 10 * limits.THREAD_LEASE_MS:
             raise ValueError(f"lease_ms must be within 1000..{10 * limits.THREAD_LEASE_MS}")
@@ -332,6 +359,10 @@ class ThreadsCore:
         self.lease_ms = lease_ms
         self.busy_wait_s = busy_wait_s
         self.inflight_wait_s = inflight_wait_s
+        self.run_options_schema = check_schema(run_options_schema)
+        if run_limits is not None and not isinstance(run_limits, RunLimits):
+            raise ConfigurationError("run_limits must be a RunLimits")
+        self.run_limits = run_limits
         self._codec: CursorCodec | None = None
         if cursor_secret is not None:
             raw = cursor_secret.encode("utf-8") if isinstance(cursor_secret, str) else cursor_secret
@@ -470,6 +501,7 @@ class ThreadsCore:
             version=int(fields["version"]),
             head_id=fields.get("head") or None,
             legal_hold=fields.get("held") == "1",
+            usage=_usage(fields),
         )
 
     def _thread_from_hgetall(
@@ -900,14 +932,27 @@ class ThreadsCore:
         *,
         request_id: str | None = None,
         leaf_id: str | None = None,
+        run_options: Mapping[str, Any] | None = None,
+        identity: AgentIdentity | None = None,
     ) -> Flow[ContinueResult]:
         keys = self.thread_keys(owner, thread_id)
+        check_identity(owner, identity)  # before any Redis call
         text, truncated = self._message(message)
         rid = self._request_id(request_id) or f"req_{secrets.token_hex(16)}"
         leaf = "" if leaf_id is None else self._entry_id(leaf_id)
-        fingerprint = _sha256([text, leaf])
+        options = validate_run_options(self.run_options_schema, run_options)
+        # A retry must repeat the message, the leaf and the options (else request_conflict);
+        # turns without options keep the fingerprint of earlier versions.
+        fingerprint = _sha256([text, leaf] if options is None else [text, leaf, options])
         token = secrets.token_hex(16)
-        record = _json({"s": "running", "tok": token, "fp": fingerprint, "at": self.clock()})
+        running: dict[str, Any] = {"s": "running", "tok": token, "fp": fingerprint}
+        running["at"] = self.clock()
+        ledger_options = None if options is None else self.event_data(options)
+        if ledger_options is not None:
+            running["opt"] = ledger_options  # stored with the run record, redacted
+        if identity is not None:
+            running["aid"] = identity.agent_id
+        record = _json(running)
         claim = ScriptOp(
             "run_claim",
             (keys.thread, keys.runs, keys.lease, keys.parents, keys.events),
@@ -927,6 +972,7 @@ class ThreadsCore:
                 record,
                 owner.tenant_id,
                 owner.user_id,
+                *(self.run_limits.claim_args() if self.run_limits else (0,)),
             ),
         )
         started = self.monotonic()
@@ -973,10 +1019,19 @@ class ThreadsCore:
             fingerprint=fingerprint,
             entry_count=count,
             first_entry=first,
+            run_options=options,
+            stored_options=ledger_options,
+            identity=identity,
+            budget=None if self.run_limits is None else self.run_limits.budget(thread.usage),
         )
         user_entry_id = f"e{first}"
+        started_row: dict[str, Any] = {"requestId": rid, "leafId": base or None}
+        if ledger_options is not None:
+            started_row["runOptions"] = ledger_options
+        if identity is not None:
+            started_row["agentId"] = identity.agent_id  # the ledger records who ran it
         opening = [
-            ("agent_started", {"requestId": rid, "leafId": base or None}),
+            ("agent_started", started_row),
             ("user_message", self._message_event(user_entry_id, text, truncated)),
         ]
         reply = yield self._append_op(state, opening, seq=1)
@@ -986,6 +1041,16 @@ class ThreadsCore:
             outcome = yield RunOp(state)
         except Exception as exc:
             state.closed = True
+            if state.budget is not None:
+                state.budget.charge_wall(int((time.perf_counter() - state.started_at) * 1000))
+            if _is_cancel(exc) and state.cancel_reason is None:
+                state.cancel_reason = "caller"  # an emit saw run_cancel's mark
+            if state.budget is not None and state.budget.exceeded:
+                result = yield from self._abort_over_limit(state)
+                return result
+            if state.cancel_reason is not None:
+                result = yield from self._abort_cancelled(state)
+                return result
             if _is_denial(exc):
                 result = yield from self._commit(state, None, _denial_reason(exc))
                 return result
@@ -1000,7 +1065,7 @@ class ThreadsCore:
             abort = yield ScriptOp(
                 "run_abort",
                 (keys.thread, keys.runs, keys.lease, keys.events),
-                (MARKER, token, rid, self.clock(), "error", _json(error)),
+                (MARKER, token, rid, self.clock(), "error", _json(error), "", _usage_arg(state)),
             )
             status = int(abort[0])
             if status != ThreadStatus.OK:
@@ -1010,11 +1075,119 @@ class ThreadsCore:
                 Code.RUNNER_FAILED, f"the runner failed ({type(exc).__name__})"
             ) from exc
         state.closed = True
+        if state.budget is not None:
+            if isinstance(outcome, RunnerReply) and outcome.usage:
+                with contextlib.suppress(ConversationError):  # over: budget.exceeded says so
+                    state.budget.consume(outcome.usage)
+            state.budget.charge_wall(int((time.perf_counter() - state.started_at) * 1000))
+            if state.budget.exceeded:
+                result = yield from self._abort_over_limit(state)
+                return result
+        if state.cancel_reason is not None:  # the runner returned after its cancellation
+            result = yield from self._abort_cancelled(state)
+            return result
         content = outcome.content if isinstance(outcome, RunnerReply) else outcome
         if not isinstance(content, str):
             raise ConversationError(Code.RUNNER_FAILED, "the runner returned no text")
         result = yield from self._commit(state, content, None)
         return result
+
+    def _abort_cancelled(self, state: TurnState) -> Flow[ContinueResult]:
+        """Close a cancelled turn: nothing committed, a ``cancelled`` terminal row, and a
+        ``cancelled`` run record (a retry with the same request id is a new run)."""
+        keys = state.keys
+        data = {
+            "requestId": state.request_id,
+            "reason": state.cancel_reason,
+            "entryIds": [],
+            "discardedEntryIds": self._turn_entry_ids(state),
+        }
+        record = _json(
+            {"s": "cancelled", "tok": state.token, "fp": state.fingerprint, "at": self.clock()}
+        )
+        abort = yield ScriptOp(
+            "run_abort",
+            (keys.thread, keys.runs, keys.lease, keys.events),
+            (
+                MARKER,
+                state.token,
+                state.request_id,
+                self.clock(),
+                "cancelled",
+                _json(data),
+                record,
+                _usage_arg(state),
+            ),
+        )
+        status = int(abort[0])
+        if status != ThreadStatus.OK:
+            raise self._status_error(status)  # deleted meanwhile, or the lease was lost
+        raise ConversationError(
+            Code.RUN_CANCELLED,
+            f"the run was cancelled ({state.cancel_reason}); nothing was committed",
+            reason=state.cancel_reason,
+        )
+
+    def _abort_over_limit(self, state: TurnState) -> Flow[ContinueResult]:
+        """Close a turn that would have passed a shared run limit: nothing committed, an
+        ``error`` row (``limit_exceeded``); what it consumed (within its allowance) is
+        charged; the request id may be retried."""
+        assert state.budget is not None and state.budget.exceeded
+        keys, meter = state.keys, state.budget.exceeded
+        data = {
+            "code": Code.LIMIT_EXCEEDED.value,
+            "limit": f"run:{meter}",
+            "usage": state.budget.used,
+            "entryIds": [],
+            "discardedEntryIds": self._turn_entry_ids(state),
+        }
+        abort = yield ScriptOp(
+            "run_abort",
+            (keys.thread, keys.runs, keys.lease, keys.events),
+            (
+                MARKER,
+                state.token,
+                state.request_id,
+                self.clock(),
+                "error",
+                _json(data),
+                "",
+                _usage_arg(state),
+            ),
+        )
+        status = int(abort[0])
+        if status != ThreadStatus.OK:
+            raise self._status_error(status)
+        raise ConversationError(
+            Code.LIMIT_EXCEEDED,
+            f"the turn would pass the shared run limit {meter!r}; nothing was committed",
+            limit=f"run:{meter}",
+        )
+
+    def cancel_run(
+        self, owner: Ownership, thread_id: str, request_id: str
+    ) -> Flow[CancelResult]:
+        """Cancel a run by request id (owner-only, idempotent); see ``run_cancel``."""
+        keys = self.thread_keys(owner, thread_id)
+        rid = self._request_id(request_id)
+        if rid is None:
+            raise ConversationError(Code.INVALID_REQUEST, "requestId is required")
+        data = {"requestId": rid, "reason": "abandoned", "entryIds": []}
+        reply = yield ScriptOp(
+            "run_cancel",
+            (keys.thread, keys.runs, keys.lease, keys.events),
+            (MARKER, rid, owner.tenant_id, owner.user_id, self.clock(), _json(data)),
+        )
+        status = int(reply[0])
+        if status == ThreadStatus.NOT_FOUND:
+            raise ConversationError(Code.NOT_FOUND, "no such run on this conversation")
+        if status == ThreadStatus.OK:
+            state = CancelStatus.CANCELLING
+        elif status == ThreadStatus.ENDED_CANCELLED:
+            state = CancelStatus.CANCELLED
+        else:
+            state = CancelStatus(_s(reply[1]))
+        return CancelResult(thread_id=thread_id, request_id=rid, status=state)
 
     @staticmethod
     def _turn_entry_ids(state: TurnState) -> list[str]:
@@ -1072,6 +1245,8 @@ class ThreadsCore:
             }
             if state.dropped:
                 finished["eventsDropped"] = state.dropped
+            if state.budget is not None:
+                finished["usage"] = state.budget.used
             events.append(("agent_finished", finished))
             res: dict[str, Any] = {
                 "status": ContinueStatus.COMPLETED.value,
@@ -1090,9 +1265,13 @@ class ThreadsCore:
             events.append(("agent_denied", denied_row))
             res = {"status": ContinueStatus.DENIED.value, "reason": reason, "entryIds": []}
             new_head = ""
-        done = _json(
-            {"s": "done", "tok": state.token, "fp": state.fingerprint, "at": now, "res": res}
-        )
+        done_record: dict[str, Any] = {"s": "done", "tok": state.token, "fp": state.fingerprint}
+        done_record.update(at=now, res=res)
+        if state.stored_options is not None:
+            done_record["opt"] = state.stored_options
+        if state.identity is not None:
+            done_record["aid"] = state.identity.agent_id
+        done = _json(done_record)
         args: list[str | int | bytes] = [
             MARKER,
             state.token,
@@ -1103,6 +1282,7 @@ class ThreadsCore:
             done,
             len(entries),
             len(events),
+            _usage_arg(state),
         ]
         entry_json = [_json(e) for e in entries]
         for entry, encoded in zip(entries, entry_json, strict=True):
@@ -1115,6 +1295,10 @@ class ThreadsCore:
             tuple(args),
         )
         status = int(reply[0])
+        if status == ThreadStatus.CANCELLED:  # cancelled while the runner finished
+            state.cancel_reason = state.cancel_reason or "caller"
+            result = yield from self._abort_cancelled(state)
+            return result
         if status not in (ThreadStatus.OK, ThreadStatus.DONE):
             raise self._status_error(status)
         return ContinueResult(
@@ -1187,6 +1371,8 @@ class ThreadsCore:
             )
         if state.closed:
             return None  # emitted after the turn ended: nothing is recorded
+        if event.type == USAGE_EVENT and state.budget is not None:
+            state.budget.consume(event.data)  # limit_exceeded (to the runner) past its allowance
         if state.kept >= limits.THREAD_EVENTS_PER_TURN:
             state.dropped += 1
             return None
@@ -1229,6 +1415,12 @@ class ThreadsCore:
     def renew_ok(reply: Sequence[Any]) -> bool:
         return int(reply[0]) == ThreadStatus.OK
 
+    @staticmethod
+    def renew_failure(reply: Sequence[Any]) -> str:
+        """Why a heartbeat failed, as a cancel reason: ``caller`` (run_cancel marked the
+        run) or ``lease_lost`` (expired, taken, or the thread deleted)."""
+        return "caller" if int(reply[0]) == ThreadStatus.CANCELLED else "lease_lost"
+
 
 _MAX_SUMMARY_DEPTH: Final = 16
 
@@ -1254,6 +1446,28 @@ def _summarize(node: Any, depth: int) -> Any:
     if isinstance(node, list | tuple):
         return [_summarize(item, depth + 1) for item in node]
     raise TypeError(f"not JSON: {type(node).__name__}")
+
+
+def _usage(fields: Mapping[str, str]) -> dict[str, int]:
+    """The shared run-limit counters of a thread hash (``use.<meter>`` fields)."""
+    usage: dict[str, int] = {}
+    for name, value in fields.items():
+        if name.startswith("use."):
+            try:
+                usage[name[4:]] = int(value)
+            except ValueError:
+                continue
+    return usage
+
+
+def _usage_arg(state: TurnState) -> str:
+    return "" if state.budget is None or not state.budget.used else _json(state.budget.used)
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    return isinstance(exc, TurnCancelled) or (
+        isinstance(exc, ConversationError) and exc.code == Code.RUN_CANCELLED
+    )
 
 
 def _is_denial(exc: BaseException) -> bool:

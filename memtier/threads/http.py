@@ -19,6 +19,7 @@ Routes (``{base}`` = ``/memtier/conversations`` unless configured)::
     POST   {base}/{id}/archive     archive         200 ConversationThread
     POST   {base}/{id}/export      export          200 ExportResult
     GET    {base}/{id}/events?cursor=&limit=       200 ReplayPage (replay)
+    DELETE {base}/{id}/runs/{requestId}   cancel  200 CancelResult
     GET    {base}/openapi.json     the OpenAPI document (no authorization)
 
 Order of checks for every API request, before any business rule:
@@ -61,7 +62,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, create_model
 from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -80,8 +81,10 @@ from memtier.errors import (
 )
 from memtier.threads.aio import AsyncConversationService
 from memtier.threads.models import (
+    AgentIdentity,
     ArchiveRequest,
     BranchRequest,
+    CancelResult,
     ContinueRequest,
     ContinueResult,
     ConversationThread,
@@ -90,6 +93,7 @@ from memtier.threads.models import (
     ExportRequest,
     ExportResult,
     Ownership,
+    Principal,
     ReplayPage,
     ThreadPage,
 )
@@ -107,11 +111,14 @@ __all__ = [
 
 DEFAULT_BASE_PATH = "/memtier/conversations"
 
-Authorize: TypeAlias = Callable[[Request], "Ownership | Awaitable[Ownership | None] | None"]
+Authorize: TypeAlias = Callable[
+    [Request], "Ownership | Principal | Awaitable[Ownership | Principal | None] | None"
+]
 Service: TypeAlias = AsyncConversationService | ConversationService
 
 _STATE_KEY = "memtier_ownership"
 _BODY_KEY = "memtier_body"
+_IDENTITY_KEY = "memtier_identity"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MAX_JSON_DEPTH = 64  # deepest JSON nesting a request body may have
 BEARER_SCHEME = "bearerAuth"
@@ -140,6 +147,7 @@ _ROUTE_SPECS: dict[str, _BodySpec] = {
     "archiveConversation": _BodySpec(ArchiveRequest),
     "exportConversation": _BodySpec(ExportRequest),
     "replayConversation": _BodySpec(query=_PAGED),
+    "cancelConversationRun": _BodySpec(),
 }
 
 
@@ -242,7 +250,8 @@ def _parse_body(
     if not _json_depth_ok(parsed, MAX_JSON_DEPTH):
         return _invalid(f"invalid request: JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return spec.model.model_validate(parsed)
+        # strict in JSON mode all the way down (the host's run-options schema included)
+        return spec.model.model_validate_json(body, strict=True)
     except PydanticValidationError as exc:
         return _invalid(_validation_message(exc))
 
@@ -305,14 +314,25 @@ def _replay_receive(body: bytes) -> Receive:
     return receive
 
 
-def _guarded_route_class(authorize: Authorize, body_cap: int) -> type[APIRoute]:
+def continue_request_model(schema: type[BaseModel] | None) -> type[ContinueRequest]:
+    """The continue body: ``runOptions`` exists (typed by the host's schema) only when the
+    service declares run options; otherwise it is an unknown field, refused."""
+    if schema is None:
+        return ContinueRequest
+    field: Any = (schema | None, Field(default=None, alias="runOptions"))
+    return create_model("ContinueRequest", __base__=ContinueRequest, run_options=field)
+
+
+def _guarded_route_class(
+    authorize: Authorize, body_cap: int, specs: dict[str, _BodySpec]
+) -> type[APIRoute]:
     """An APIRoute that authorizes, then caps the body, before FastAPI parses anything."""
 
     class GuardedRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             handler = super().get_route_handler()
 
-            spec = _ROUTE_SPECS.get(self.operation_id or "", _BodySpec())
+            spec = specs.get(self.operation_id or "", _BodySpec())
 
             async def guarded(request: Request) -> Response:
                 try:
@@ -323,8 +343,16 @@ def _guarded_route_class(authorize: Authorize, body_cap: int) -> type[APIRoute]:
                     if exc.code == ConversationErrorCode.UNAUTHORIZED:
                         return _unauthorized()
                     return error_response(exc)
+                identity: Any = None
+                if isinstance(owner, Principal):
+                    identity = owner.identity
+                    owner = owner.ownership
                 if not isinstance(owner, Ownership):
                     return _unauthorized()
+                if identity is not None and not (
+                    isinstance(identity, AgentIdentity) and identity.projects_onto(owner)
+                ):
+                    return _unauthorized()  # an identity never widens the ownership
                 body = b""
                 if request.method in _BODY_METHODS:
                     try:
@@ -343,6 +371,7 @@ def _guarded_route_class(authorize: Authorize, body_cap: int) -> type[APIRoute]:
                     replay = body if parsed is not None else b""
                     request = Request(request.scope, receive=_replay_receive(replay))
                 request.state.__setattr__(_STATE_KEY, owner)
+                request.state.__setattr__(_IDENTITY_KEY, identity)
                 request.state.__setattr__(_BODY_KEY, parsed)
                 try:
                     return await handler(request)
@@ -358,6 +387,10 @@ def _guarded_route_class(authorize: Authorize, body_cap: int) -> type[APIRoute]:
 
 def _ownership(request: Request) -> Ownership:
     return cast(Ownership, getattr(request.state, _STATE_KEY))
+
+
+def _identity(request: Request) -> AgentIdentity | None:
+    return cast("AgentIdentity | None", getattr(request.state, _IDENTITY_KEY, None))
 
 
 def _body(request: Request) -> Any:
@@ -399,7 +432,9 @@ _ROUTE_ERRORS: dict[str, tuple[ConversationErrorCode, ...]] = {
         _C.PAYLOAD_TOO_LARGE,
         _C.UNSUPPORTED_MEDIA_TYPE,
         _C.RUNNER_FAILED,
+        _C.RUN_CANCELLED,
     ),
+    "cancelConversationRun": (_C.LIMIT_EXCEEDED, _C.NOT_FOUND),
     "branchConversation": (
         _C.UNKNOWN_LEAF,
         _C.NOT_FOUND,
@@ -521,11 +556,15 @@ def create_conversation_router(
     if limits is not None:
         cap = min(cap, limits.request_body_bytes)
     bearer = HTTPBearer(auto_error=False, scheme_name=BEARER_SCHEME)
+    continue_model = continue_request_model(service.core.run_options_schema)
+    specs = dict(_ROUTE_SPECS)
+    specs["continueConversation"] = _BodySpec(continue_model, required=True)
     router = APIRouter(
-        route_class=_guarded_route_class(authorize, cap), dependencies=[Security(bearer)]
+        route_class=_guarded_route_class(authorize, cap, specs), dependencies=[Security(bearer)]
     )
     owner_dep = Depends(_ownership)
     body_dep = Depends(_body)
+    identity_dep = Depends(_identity)
     # The document states the configured caps; the service answers a value past them
     # with limit_exceeded (so they are documented here, not enforced by FastAPI).
     list_doc: dict[str, Any] = {"maximum": service.limits.list_page}
@@ -623,6 +662,13 @@ def create_conversation_router(
             "operationId": "continueConversation",
             "parameters": {"thread_id": "$response.body#/threadId"},
         },
+        "CancelRun": {
+            "operationId": "cancelConversationRun",
+            "parameters": {
+                "thread_id": "$response.body#/threadId",
+                "request_id": "$response.body#/requestId",
+            },
+        },
         **{
             name: {"operationId": op, "parameters": {"thread_id": "$response.body#/threadId"}}
             for name, op in _THREAD_LINKS
@@ -630,7 +676,34 @@ def create_conversation_router(
         },
     }
 
-    @router.post(
+    async def continue_(
+        thread_id: str,
+        body: ContinueRequest,
+        owner: Ownership = owner_dep,
+        parsed: ContinueRequest = body_dep,
+        identity: AgentIdentity | None = identity_dep,
+    ) -> ContinueResult:
+        options = getattr(parsed, "run_options", None)
+        result: ContinueResult = await call(
+            "continue_",
+            owner,
+            thread_id,
+            parsed.message,
+            request_id=parsed.request_id,
+            leaf_id=parsed.leaf_id,
+            run_options=(
+                None
+                if options is None
+                else options.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            ),
+            identity=identity,
+        )
+        return result
+
+    # The body's type is the service's continue model (with the host's runOptions schema):
+    # set on the function before FastAPI reads its signature.
+    continue_.__annotations__["body"] = continue_model
+    router.post(
         base + "/{thread_id}/continue",
         response_model=ContinueResult,
         response_model_exclude_none=True,
@@ -640,21 +713,19 @@ def create_conversation_router(
         },
         summary="Run one agent turn on the thread (idempotent by requestId)",
         operation_id="continueConversation",
+    )(continue_)
+
+    @router.delete(
+        base + "/{thread_id}/runs/{request_id:path}",
+        response_model=CancelResult,
+        responses=_errors("cancelConversationRun"),
+        summary="Cancel a run by its requestId (owner-only, idempotent; commits nothing)",
+        operation_id="cancelConversationRun",
     )
-    async def continue_(
-        thread_id: str,
-        body: ContinueRequest,
-        owner: Ownership = owner_dep,
-        parsed: ContinueRequest = body_dep,
-    ) -> ContinueResult:
-        result: ContinueResult = await call(
-            "continue_",
-            owner,
-            thread_id,
-            parsed.message,
-            request_id=parsed.request_id,
-            leaf_id=parsed.leaf_id,
-        )
+    async def cancel_run(
+        thread_id: str, request_id: str, owner: Ownership = owner_dep
+    ) -> CancelResult:
+        result: CancelResult = await call("cancel_run", owner, thread_id, request_id)
         return result
 
     @router.post(

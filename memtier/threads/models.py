@@ -8,6 +8,7 @@ fields left out: the spec's optional fields are absent, not ``null``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -23,9 +24,12 @@ __all__ = [
     "MARKER",
     "RESERVED_EVENT_TYPES",
     "TERMINAL_EVENT_TYPES",
+    "AgentIdentity",
     "ArchiveRequest",
     "BranchRef",
     "BranchRequest",
+    "CancelResult",
+    "CancelStatus",
     "ContinueRequest",
     "ContinueResult",
     "ContinueStatus",
@@ -39,10 +43,12 @@ __all__ = [
     "ExportRequest",
     "ExportResult",
     "Ownership",
+    "Principal",
     "ReplayPage",
     "ThreadPage",
     "ThreadState",
     "WireModel",
+    "check_identity",
     "ms_to_datetime",
 ]
 
@@ -51,7 +57,7 @@ __all__ = [
 MARKER: Final = "memtier.conversation/1"
 
 # Ledger rows that end a turn; ``terminal`` in replay pages refers to these.
-TERMINAL_EVENT_TYPES: Final = frozenset({"agent_finished", "agent_denied", "error"})
+TERMINAL_EVENT_TYPES: Final = frozenset({"agent_finished", "agent_denied", "error", "cancelled"})
 # Written by the service itself; a runner may not emit them.
 RESERVED_EVENT_TYPES: Final = TERMINAL_EVENT_TYPES | {
     "agent_started",
@@ -85,6 +91,81 @@ class Ownership:
                     ConversationErrorCode.INVALID_REQUEST,
                     f"ownership {name} must match [A-Za-z0-9_.@+-]{{1,128}}",
                 )
+
+
+_SCOPE_RE: Final = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,128}\Z")
+MAX_SCOPES: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class AgentIdentity:
+    """A verified identity of the calling agent, attached by the host's ``authorize`` hook.
+
+    ``agent_id``, ``tenant_id`` and ``user_id`` follow the ownership grammar; ``scopes``
+    are at most 64 strings of ``[A-Za-z0-9_.:/@+-]{1,128}`` (kept sorted, deduplicated).
+    It must project onto the turn's :class:`Ownership` (same tenant and user): it can
+    narrow what a runner does, never widen whose thread it is.
+    """
+
+    agent_id: str
+    tenant_id: str
+    user_id: str
+    scopes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, value in (
+            ("agent_id", self.agent_id),
+            ("tenant_id", self.tenant_id),
+            ("user_id", self.user_id),
+        ):
+            if not isinstance(value, str) or not OWNER_ID_RE.match(value):
+                raise ConversationError(
+                    ConversationErrorCode.INVALID_REQUEST,
+                    f"identity {name} must match [A-Za-z0-9_.@+-]{{1,128}}",
+                )
+        scopes = self.scopes
+        if isinstance(scopes, str) or not all(
+            isinstance(x, str) and _SCOPE_RE.match(x) for x in scopes
+        ):
+            raise ConversationError(
+                ConversationErrorCode.INVALID_REQUEST,
+                "identity scopes must be strings of [A-Za-z0-9_.:/@+-]{1,128}",
+            )
+        unique = tuple(sorted(set(scopes)))
+        if len(unique) > MAX_SCOPES:
+            raise ConversationError(
+                ConversationErrorCode.INVALID_REQUEST, f"at most {MAX_SCOPES} identity scopes"
+            )
+        object.__setattr__(self, "scopes", unique)
+
+    def projects_onto(self, ownership: Ownership) -> bool:
+        """True when this identity acts for exactly ``ownership`` (never wider)."""
+        return self.tenant_id == ownership.tenant_id and self.user_id == ownership.user_id
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """What ``authorize`` may return instead of a bare :class:`Ownership`: the ownership
+    and the agent identity verified with it."""
+
+    ownership: Ownership
+    identity: AgentIdentity | None = None
+
+
+def check_identity(ownership: Ownership, identity: AgentIdentity | None) -> None:
+    """``unauthorized`` unless ``identity`` is absent or projects onto ``ownership``
+    (called before any Redis call)."""
+    if identity is None:
+        return
+    if not isinstance(identity, AgentIdentity):
+        raise ConversationError(
+            ConversationErrorCode.INVALID_REQUEST, "identity must be an AgentIdentity"
+        )
+    if not identity.projects_onto(ownership):
+        raise ConversationError(
+            ConversationErrorCode.UNAUTHORIZED,
+            "the agent identity does not project onto the ownership (tenant or user differs)",
+        )
 
 
 class WireModel(BaseModel):
@@ -132,6 +213,7 @@ class ConversationThread(WireModel):
     version: int
     head_id: str | None = None
     legal_hold: bool = False
+    usage: dict[str, int] = Field(default_factory=dict)  # shared run-limit counters
 
 
 class EntryRole(StrEnum):
@@ -208,6 +290,21 @@ class DeleteResult(WireModel):
 class ContinueStatus(StrEnum):
     COMPLETED = "completed"
     DENIED = "denied"
+
+
+class CancelStatus(StrEnum):
+    CANCELLING = "cancelling"  # running: the signal is sent; the turn commits nothing
+    CANCELLED = "cancelled"  # the turn ended cancelled
+    COMPLETED = "completed"  # it finished before the cancel: unchanged
+    DENIED = "denied"
+
+
+class CancelResult(WireModel):
+    """``DELETE {base}/{id}/runs/{requestId}``: what became of the run (idempotent)."""
+
+    thread_id: str
+    request_id: str
+    status: CancelStatus
 
 
 class ContinueResult(WireModel):

@@ -8,6 +8,9 @@ service) carrying
 * ``history`` -- the durable entries along the chosen branch, root first,
   rebuilt from Redis (so the agent sees prior turns, whichever process ran them);
 * ``message`` -- the user's message, already redacted and bounded;
+* ``run_options`` -- the caller's per-call options (model settings, tool choice,
+  temperature...), validated against the schema the host declared, or ``None``;
+* ``identity`` -- the verified :class:`AgentIdentity` of the calling agent, or ``None``;
 * ``emit`` -- records one :class:`RunnerEvent` on the thread's ledger at once
   (so a client replaying mid-turn sees progress).  Event data is a *summary*:
   the service redacts secrets, replaces local paths with ``[PATH]``, omits raw
@@ -29,11 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
-from memtier.threads.models import ConversationEntry, ConversationThread
+from memtier.threads.models import AgentIdentity, ConversationEntry, ConversationThread
 
 __all__ = [
     "AgentDenied",
@@ -63,9 +67,11 @@ class RunnerReply:
     """What a turn produced: the assistant reply (redacted and bounded before storage)."""
 
     content: str
+    usage: Mapping[str, int] | None = None  # consumption of shared run limits (RunLimits)
 
 
 RunnerResult: TypeAlias = RunnerReply | str
+SYNC_CANCEL_WAIT_S = 30.0  # how long a cancelled sync runner (in a worker thread) is awaited
 
 
 class AgentDenied(Exception):
@@ -78,7 +84,9 @@ class AgentDenied(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RunnerTurn:
-    """One turn handed to a sync runner."""
+    """One turn handed to a sync runner; ``cancelled`` is set when the turn is cancelled
+    (the caller's cancel, the service shutting down, the lease lost): stop soon -- what
+    the runner returns afterwards is not committed."""
 
     thread: ConversationThread
     history: tuple[ConversationEntry, ...]
@@ -86,11 +94,19 @@ class RunnerTurn:
     request_id: str
     leaf_id: str | None
     emit: Callable[[RunnerEvent], None]
+    run_options: Mapping[str, Any] | None = None
+    identity: AgentIdentity | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    allowance: Mapping[str, int] | None = None  # what the turn may consume (RunLimits)
 
 
 @dataclass(frozen=True, slots=True)
 class AsyncRunnerTurn:
-    """One turn handed to an asyncio runner (``await turn.emit(event)``)."""
+    """One turn handed to an asyncio runner (``await turn.emit(event)``).
+
+    A cancelled turn is cancelled the asyncio way: the runner's task gets
+    ``CancelledError`` (clean up and re-raise; a reply returned anyway is not committed).
+    """
 
     thread: ConversationThread
     history: tuple[ConversationEntry, ...]
@@ -98,6 +114,9 @@ class AsyncRunnerTurn:
     request_id: str
     leaf_id: str | None
     emit: Callable[[RunnerEvent], Awaitable[None]]
+    run_options: Mapping[str, Any] | None = None
+    identity: AgentIdentity | None = None
+    allowance: Mapping[str, int] | None = None  # what the turn may consume (RunLimits)
 
 
 class ConversationRunner(Protocol):
@@ -143,6 +162,7 @@ def adapt_sync_runner(runner: ConversationRunner) -> AsyncConversationRunner:
         def emit(event: RunnerEvent) -> None:
             asyncio.run_coroutine_threadsafe(_await(turn.emit(event)), loop).result()
 
+        cancelled = threading.Event()
         sync_turn = RunnerTurn(
             thread=turn.thread,
             history=turn.history,
@@ -150,8 +170,20 @@ def adapt_sync_runner(runner: ConversationRunner) -> AsyncConversationRunner:
             request_id=turn.request_id,
             leaf_id=turn.leaf_id,
             emit=emit,
+            run_options=turn.run_options,
+            identity=turn.identity,
+            cancelled=cancelled,
+            allowance=turn.allowance,
         )
-        return await asyncio.to_thread(runner, sync_turn)
+        worker = asyncio.ensure_future(asyncio.to_thread(runner, sync_turn))
+        try:
+            return await asyncio.shield(worker)
+        except asyncio.CancelledError:
+            # asyncio cancellation -> the sync runner's threading.Event; wait (bounded) for
+            # the worker thread to stop, so that nothing it does outlives the turn.
+            cancelled.set()
+            await asyncio.wait({worker}, timeout=SYNC_CANCEL_WAIT_S)
+            raise
 
     return run
 

@@ -69,6 +69,7 @@ class ServeOptions:
     api_keys: str | None = None
     insecure_dev_auth: bool = False
     runner: str | None = None
+    agent: str | None = None
     base_path: str | None = None
     workers: int = 1
     log_level: str = "info"
@@ -102,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
         help="no authentication: every request is tenant 'dev', user 'dev' (loopback only)",
     )
     p.add_argument("--runner", help="agent runner factory, package.module:factory (default: echo)")
+    p.add_argument(
+        "--agent",
+        help="package.module:attribute of an agent object handed to the --runner factory"
+        " (factory(agent=...)), e.g. an OpenAI Agents SDK Agent",
+    )
     p.add_argument("--base-path", help="API base path (default /memtier/conversations)")
     p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -146,20 +152,33 @@ def check_options(options: ServeOptions) -> None:
         raise ConfigurationError("--workers must be within 1..64")
 
 
-def load_runner(spec: str) -> Any:
-    """``package.module:factory`` -> ``factory()``; the result must be callable."""
+def _import_object(flag: str, spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigurationError(f"--runner {spec!r}: expected package.module:factory")
+        form = "package.module:factory" if flag == "--runner" else "package.module:attribute"
+        raise ConfigurationError(f"{flag} {spec!r}: expected {form}")
     try:
         target: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"--runner {spec!r}: {exc}") from exc
+        raise ConfigurationError(f"{flag} {spec!r}: {exc}") from exc
+    return target
+
+
+def load_runner(spec: str, agent: str | None = None) -> Any:
+    """``package.module:factory`` -> ``factory()`` (``factory(agent=obj)`` with ``--agent``,
+    ``obj`` imported from ``package.module:attribute``); the result must be callable."""
+    target = _import_object("--runner", spec)
     if not callable(target):
-        raise ConfigurationError(f"--runner {spec!r}: {attr} is not callable")
-    runner = target()
+        raise ConfigurationError(f"--runner {spec!r}: not callable")
+    if agent is not None:
+        try:
+            runner = target(agent=_import_object("--agent", agent))
+        except TypeError as exc:
+            raise ConfigurationError(f"--runner {spec!r} does not take --agent: {exc}") from exc
+    else:
+        runner = target()
     if not callable(runner):
         raise ConfigurationError(f"--runner {spec!r}: the factory returned {runner!r}")
     return runner
@@ -205,7 +224,9 @@ def build_app(options: ServeOptions) -> Any:
         def authorize(request: Request) -> Ownership:
             return dev
 
-    runner = load_runner(options.runner) if options.runner else None
+    if options.agent and not options.runner:
+        raise ConfigurationError("--agent needs --runner (the factory the agent is handed to)")
+    runner = load_runner(options.runner, options.agent) if options.runner else None
     client, embedded = connect_async(config)
     if embedded:
         print(f"memtier serve: {EMBEDDED_NOTICE}", file=sys.stderr, flush=True)

@@ -32,6 +32,9 @@ from memtier.threads.core import (
     outcome_of,
 )
 from memtier.threads.models import (
+    AgentIdentity,
+    CancelResult,
+    CancelStatus,
     ContinueResult,
     ConversationThread,
     DeleteResult,
@@ -40,6 +43,7 @@ from memtier.threads.models import (
     ReplayPage,
     ThreadPage,
 )
+from memtier.threads.runlimits import WALL_MS, RunLimits
 from memtier.threads.runner import (
     AgentDenied,
     ConversationRunner,
@@ -85,6 +89,8 @@ class ConversationService:
         busy_wait_s: float = 5.0,
         inflight_wait_s: float = 30.0,
         embedded: bool = False,
+        run_options_schema: Any = None,
+        run_limits: RunLimits | None = None,
     ) -> None:
         self.config = config or MemtierConfig.load()
         self.client = client
@@ -98,8 +104,20 @@ class ConversationService:
             lease_ms=lease_ms,
             busy_wait_s=busy_wait_s,
             inflight_wait_s=inflight_wait_s,
+            run_options_schema=(
+                run_options_schema
+                if run_options_schema is not None
+                else getattr(runner, "run_options_schema", None)
+            ),
+            run_limits=(
+                run_limits if run_limits is not None else getattr(runner, "run_limits", None)
+            ),
         )
         self.scripts = load_registry("threads")
+        # Turns running in this process: (thread key, request id) -> (state, cancel event).
+        self._active: dict[tuple[str, str], tuple[TurnState, threading.Event]] = {}
+        self._active_lock = threading.Condition()
+        self._continues = 0  # continue calls in flight (close waits for their ledgers)
         # Back-pressure for a client shared by many threads, and the retry horizon.
         self.guard = SyncClientGuard(self.config.redis)
         self.retry_policy = RetryPolicy.from_config(self.config)
@@ -162,8 +180,14 @@ class ConversationService:
             flow.close()
             metrics.THREAD_OPERATIONS.labels(operation, outcome_of(failure)).inc()
 
+    def _cancel_local(self, state: TurnState, cancelled: threading.Event, reason: str) -> None:
+        if state.cancel_reason is None:
+            state.cancel_reason = reason
+        cancelled.set()
+
     def _run_turn(self, state: TurnState) -> RunnerResult:
         lock = threading.Lock()
+        cancelled = threading.Event()
 
         def emit(event: RunnerEvent) -> None:
             with lock:
@@ -178,12 +202,13 @@ class ConversationService:
             interval = self.core.lease_ms / 3000
             while not stop.wait(interval):
                 try:
-                    if not self.core.renew_ok(
-                        self._execute("lease_renew", self.core.renew_op(state))
-                    ):
-                        return  # lost or deleted: the commit will report it
+                    reply = self._execute("lease_renew", self.core.renew_op(state))
                 except Exception:  # a missed beat is retried at the next interval
                     continue
+                if not self.core.renew_ok(reply):
+                    # cancelled by the caller, or lost / deleted: stop the runner
+                    self._cancel_local(state, cancelled, self.core.renew_failure(reply))
+                    return
 
         beat = threading.Thread(target=heartbeat, name="memtier-lease", daemon=True)
         turn = RunnerTurn(
@@ -193,7 +218,25 @@ class ConversationService:
             request_id=state.request_id,
             leaf_id=state.leaf_id,
             emit=emit,
+            run_options=state.run_options,
+            identity=state.identity,
+            cancelled=cancelled,
+            allowance=None if state.budget is None else state.budget.remaining(),
         )
+        wall: threading.Timer | None = None
+        if state.budget is not None and WALL_MS in state.budget.allowance:
+
+            def out_of_time() -> None:
+                assert state.budget is not None
+                state.budget.exceeded = state.budget.exceeded or WALL_MS
+                self._cancel_local(state, cancelled, "limit")
+
+            wall = threading.Timer(state.budget.allowance[WALL_MS] / 1000, out_of_time)
+            wall.daemon = True
+            wall.start()
+        key = (state.keys.thread, state.request_id)
+        with self._active_lock:
+            self._active[key] = (state, cancelled)
         outcome = "error"
         started = time.perf_counter()
         beat.start()
@@ -205,8 +248,13 @@ class ConversationService:
             outcome = "denied"
             raise
         finally:
+            if wall is not None:
+                wall.cancel()
             stop.set()
             beat.join()
+            with self._active_lock:
+                self._active.pop(key, None)
+                self._active_lock.notify_all()
             metrics.THREAD_RUNNER_DURATION.labels(outcome).observe(time.perf_counter() - started)
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -222,7 +270,15 @@ class ConversationService:
             return found
         return bool(found) and all(bool(x) for x in found)
 
-    def close(self) -> None:
+    def close(self, *, cancel_wait_s: float = 10.0) -> None:
+        """Cancel the turns running in this process (reason ``shutdown``), wait up to
+        ``cancel_wait_s`` for them to close their ledgers, then close the client."""
+        deadline = time.monotonic() + cancel_wait_s
+        with self._active_lock:
+            for state, cancelled in list(self._active.values()):
+                self._cancel_local(state, cancelled, "shutdown")
+            while self._continues and (left := deadline - time.monotonic()) > 0:
+                self._active_lock.wait(left)
         self.client.close()
 
     def __enter__(self) -> ConversationService:
@@ -297,6 +353,8 @@ class ConversationService:
         *,
         request_id: str | None = None,
         leaf_id: str | None = None,
+        run_options: Mapping[str, Any] | None = None,
+        identity: AgentIdentity | None = None,
     ) -> ContinueResult:
         """Run one agent turn and record it (see :mod:`memtier.threads` for the protocol).
 
@@ -307,10 +365,37 @@ class ConversationService:
         still running).  Raises ``thread_archived``, ``thread_busy``,
         ``request_in_progress``, ``request_conflict``, ``runner_failed``, ...
         """
+        with self._active_lock:
+            self._continues += 1
+        try:
+            return self._continue(
+                ownership, thread_id, message, request_id, leaf_id, run_options, identity
+            )
+        finally:
+            with self._active_lock:
+                self._continues -= 1
+                self._active_lock.notify_all()
+
+    def _continue(
+        self,
+        ownership: Ownership,
+        thread_id: str,
+        message: str,
+        request_id: str | None,
+        leaf_id: str | None,
+        run_options: Mapping[str, Any] | None,
+        identity: AgentIdentity | None,
+    ) -> ContinueResult:
         return self._drive(
             "continue",
             self.core.continue_(
-                ownership, thread_id, message, request_id=request_id, leaf_id=leaf_id
+                ownership,
+                thread_id,
+                message,
+                request_id=request_id,
+                leaf_id=leaf_id,
+                run_options=run_options,
+                identity=identity,
             ),
         )
 
@@ -358,6 +443,21 @@ class ConversationService:
         return self._drive(
             "replay", self.core.replay(ownership, thread_id, cursor=cursor, limit=limit)
         )
+
+    def cancel_run(self, ownership: Ownership, thread_id: str, request_id: str) -> CancelResult:
+        """Cancel the run of ``request_id`` (owner-only, idempotent): a running turn gets its
+        cancellation signal, commits nothing and ends its ledger with ``cancelled``; its
+        ``continue_`` raises ``run_cancelled``.  A finished run is left as it is."""
+        result: CancelResult = self._drive(
+            "cancel_run", self.core.cancel_run(ownership, thread_id, request_id)
+        )
+        if result.status == CancelStatus.CANCELLING:  # running here: signal it at once
+            key = (self.core.thread_keys(ownership, thread_id).thread, result.request_id)
+            with self._active_lock:
+                active = self._active.get(key)
+            if active is not None:
+                self._cancel_local(active[0], active[1], "caller")
+        return result
 
     def set_legal_hold(self, ownership: Ownership, thread_id: str) -> ConversationThread:
         """Operators: block deletion of the thread until released."""

@@ -51,8 +51,16 @@ def async_client_for(backend: Any) -> Any:
 class ApiServer:
     """uvicorn in a thread on a free loopback port; ``url`` is the API base URL."""
 
-    def __init__(self, service: AsyncConversationService, base_path: str, **app_kw: Any) -> None:
-        conversations = create_conversation_app(service, authorize, base_path=base_path, **app_kw)
+    def __init__(
+        self,
+        service: AsyncConversationService,
+        base_path: str,
+        auth: Any = None,
+        **app_kw: Any,
+    ) -> None:
+        conversations = create_conversation_app(
+            service, auth or authorize, base_path=base_path, **app_kw
+        )
 
         async def ping(request: Request) -> PlainTextResponse:
             return PlainTextResponse("host says pong")
@@ -98,11 +106,12 @@ def api_server(
     *,
     threads: dict[str, Any] | None = None,
     base_path: str = DEFAULT_BASE_PATH,
+    auth: Any = None,
     **service_kw: Any,
 ) -> Iterator[ApiServer]:
     config = backend.config(threads=threads) if threads else backend.config()
     service = AsyncConversationService(async_client_for(backend), config, **service_kw)
-    server = ApiServer(service, base_path).start()
+    server = ApiServer(service, base_path, auth).start()
     try:
         yield server
     finally:

@@ -137,6 +137,7 @@ def test_every_error_code_has_one_documented_status() -> None:
         "request_conflict": 422,
         "unsupported_media_type": 415,
         "method_not_allowed": 405,
+        "run_cancelled": 409,
     }
 
 
@@ -235,6 +236,27 @@ def test_every_error_code_over_http(backend: Any) -> None:
             ),
             "request_conflict",
         )
+        # a turn cancelled by its caller (DELETE .../runs/<requestId>) answers run_cancelled
+        gate.clear()
+        runner.entered.clear()
+        answers: dict[str, httpx.Response] = {}
+        cancelled = threading.Thread(
+            target=lambda: answers.update(
+                r=httpx.post(
+                    f"{url}/{other}/continue",
+                    json={"message": "slow", "requestId": "cx"},
+                    headers=ALICE,
+                    timeout=120,
+                )
+            )
+        )
+        cancelled.start()
+        assert runner.entered.wait(60)
+        cancel = c.delete(f"{url}/{other}/runs/cx", headers=ALICE)
+        assert cancel.status_code == 200 and cancel.json()["status"] == "cancelling", cancel.text
+        cancelled.join(120)
+        check(answers["r"], "run_cancelled")
+        gate.set()
         runner.fail = RuntimeError("model exploded")
         check(
             c.post(f"{url}/{other}/continue", json={"message": "boom"}, headers=ALICE),
@@ -307,6 +329,7 @@ def test_wrong_owner_is_identical_to_missing_on_every_route(api: Any) -> None:
             ("POST", "/continue", {"message": "hi"}, None),
             ("POST", "/branch", {"leafId": "e2"}, None),
             ("POST", "/archive", {}, None),
+            ("DELETE", "/runs/r1", None, None),
             ("POST", "/export", {}, None),
             ("GET", "/events", None, None),
             ("GET", "/events", None, {"cursor": cursor["nextCursor"]}),
@@ -415,6 +438,7 @@ def test_openapi_document_is_served_valid_and_matches_responses(api: Any) -> Non
             base + "/{thread_id}/archive": ["post"],
             base + "/{thread_id}/export": ["post"],
             base + "/{thread_id}/events": ["get"],
+            base + "/{thread_id}/runs/{request_id}": ["delete"],
         }
         schemas = doc["components"]["schemas"]
         thread_props = set(schemas["ConversationThread"]["properties"])

@@ -61,10 +61,39 @@ def _st_command() -> list[str]:
     return [found]
 
 
+FUZZ_RUNNER = """
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memtier.threads import EchoRunner
+
+
+class FuzzOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    tool_choice: Literal["auto", "none", "required"] | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=100000)
+
+
+class FuzzRunner(EchoRunner):
+    run_options_schema = FuzzOptions
+
+
+def factory():
+    return FuzzRunner()
+"""
+
+
 @pytest.fixture
 def served(tmp_path: Path, redis_server: RedisServer) -> Any:
     env = {"MEMTIER_NAMESPACE": "st" + str(time.monotonic_ns())[-8:]}
+    # The echo runner with a run-options schema, so that `runOptions` is in the document
+    # (and fuzzed: positive and negative data against the host's schema).
+    (tmp_path / "fuzz_runner.py").write_text(FUZZ_RUNNER, encoding="utf-8")
     args = ["--redis-url", redis_server.url, "--api-keys", str(_keys_file(tmp_path))]
+    args += ["--runner", "fuzz_runner:factory"]
     with serve_process(args, tmp_path, env=env) as serve:
         serve.wait_status("/readyz", 200)
         yield serve
@@ -109,7 +138,7 @@ def test_schemathesis_finds_nothing_against_the_real_server(served: Any, tmp_pat
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output + "\n--- server log ---\n" + served.log()
-    assert "9 selected / 9 total" in output, output
+    assert "10 selected / 10 total" in output, output
     for phase in ("Coverage", "Fuzzing", "Stateful"):
         assert re.search(rf"✅\s+{phase}", output), (phase, output)
     assert re.search(r"Test cases:\s+\d+ generated, \d+ passed", output), output

@@ -92,6 +92,7 @@ class Harness:
             done,
             2,
             1,
+            "",  # no run-limit usage
             u,
             parent,
             json.dumps({"id": u}),
@@ -123,6 +124,7 @@ def test_every_script_is_registered_with_its_key_count() -> None:
         "lease_renew": 2,
         "read_events": 3,
         "run_abort": 4,
+        "run_cancel": 4,
         "run_claim": 5,
         "run_commit": 6,
     }
@@ -349,5 +351,7 @@ def test_every_writing_script_checks_the_stored_owner_before_it_writes(
         S.NOT_FOUND
     ]
     assert h.create() == [S.METADATA_CONFLICT]  # same fingerprint, but not this owner's row
+    cancel = (k.thread, k.runs, k.lease, k.events)
+    assert h.run("run_cancel", cancel, MARKER, "r1", *OWNER, NOW, "{}") == [S.NOT_FOUND]
     assert {key: h.client.dump(key) for key in before} == before
     assert h.client.exists(h.owner.recent_deletes) == 0

@@ -242,3 +242,21 @@ def test_serve_with_workers_aggregates_metrics(tmp_path: Path, redis_server: Red
             if line.startswith('memtier_thread_operations_total{operation="create",outcome="ok"}')
         )
         assert float(line.rsplit(" ", 1)[1]) == 20.0  # every worker's count, whichever answers
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--agent", "scripted_agent:agent"], "--agent needs --runner"),
+        (["--runner", "memtier.threads:EchoRunner", "--agent", "nodots"], "package.module:attr"),
+        (["--runner", "memtier.threads:EchoRunner", "--agent", "os:path"], "does not take --agent"),
+        (["--runner", "memtier.integrations.openai_agents_runner:runner"], "needs --agent"),
+    ],
+)
+def test_serve_refuses_bad_agent_options(args: list[str], message: str) -> None:
+    from memtier.errors import ConfigurationError
+    from memtier.threads.serve import build_app, parse_args
+
+    with pytest.raises(ConfigurationError) as err:
+        build_app(parse_args(["--insecure-dev-auth", *args]))
+    assert message in err.value.message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +67,10 @@ class CountingRunner:
         for event in self.events:
             turn.emit(event)
         if self.gate is not None:
-            assert self.gate.wait(120), "test gate never opened"
+            # the gate, or the turn's cancellation signal (a cancelled turn stops early)
+            deadline = time.monotonic() + 120
+            while not self.gate.wait(0.02) and not turn.cancelled.is_set():
+                assert time.monotonic() < deadline, "test gate never opened"
         if self.fail is not None:
             raise self.fail
         return RunnerReply(self.reply(turn))
@@ -141,5 +145,35 @@ def process_continue(url: str | None, namespace: str, thread_id: str, request_id
     try:
         result = service.continue_(OWNER, thread_id, "cross-process", request_id=request_id)
         return result.model_dump_json()
+    finally:
+        service.close()
+
+
+def process_limited_continue(
+    url: str | None, namespace: str, thread_id: str, request_id: str, tokens: int, cap: int
+) -> str:
+    """Run in a spawned process: one continue under ``RunLimits(per_thread={"tokens": cap})``
+    whose runner reports ``tokens``; returns "ok" or the error code."""
+    from memtier.config import MemtierConfig
+    from memtier.errors import ConversationError
+    from memtier.threads import RunLimits, create_conversation_service
+
+    config = MemtierConfig.load(redis_url=url, namespace=namespace)
+
+    def runner(turn: RunnerTurn) -> RunnerReply:
+        turn.emit(RunnerEvent("usage", {"tokens": tokens}))
+        return RunnerReply("spent")
+
+    service = create_conversation_service(
+        config,
+        runner=runner,
+        run_limits=RunLimits(per_thread={"tokens": cap}),
+        busy_wait_s=240.0,
+    )
+    try:
+        service.continue_(OWNER, thread_id, "spend", request_id=request_id)
+        return "ok"
+    except ConversationError as exc:
+        return exc.code
     finally:
         service.close()
