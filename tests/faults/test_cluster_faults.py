@@ -143,9 +143,15 @@ def _settle_and_judge(
 
 
 def _wait_first_acks(ledgers: list[Path], count: int = 30) -> None:
+    """Inject the fault only once every writer has connected and is writing.
+
+    A writer still starting when a primary dies would build its cluster client from a
+    dead startup node (the URL names one node) and never get going.
+    """
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        if sum(p.read_text().count('"s":"ack"') for p in ledgers if p.exists()) >= count:
+        acks = [p.read_text().count('"s":"ack"') if p.exists() else 0 for p in ledgers]
+        if min(acks) >= 1 and sum(acks) >= count:
             return
         time.sleep(0.05)
     raise AssertionError("the writers acknowledged nothing before the fault")
@@ -179,9 +185,11 @@ def test_primary_killed_under_load(cluster: FaultCluster, tmp_path: Path) -> Non
         assert node.proc is not None
         os.kill(node.proc.pid, signal.SIGKILL)  # a pid we launched
         node.proc.wait(timeout=30)
-        _wait_primary_changed(cluster, slot, primary)
-        wait_writers(writers)
-    cluster.restart_node(primary)  # it comes back as a replica of the promoted node
+        try:
+            _wait_primary_changed(cluster, slot, primary)
+            wait_writers(writers)
+        finally:
+            cluster.restart_node(primary)  # back as a replica of the promoted node
     verdict = _settle_and_judge(cluster, namespace, writers.ledgers, lossy=True)
     # Asynchronous replication on loopback: at most the writes in flight at the kill.
     assert verdict.lost_unreplicated <= 3, verdict
@@ -282,8 +290,10 @@ def test_replicated_appends_survive_their_primary_killed_right_after(
     assert node.proc is not None
     os.kill(node.proc.pid, signal.SIGKILL)  # right after the last acknowledgement
     node.proc.wait(timeout=30)
-    _wait_primary_changed(cluster, slot, primary)
-    cluster.restart_node(primary)
+    try:
+        _wait_primary_changed(cluster, slot, primary)
+    finally:
+        cluster.restart_node(primary)
     cluster.wait_healthy()
     client = _judge_client(cluster)
     try:

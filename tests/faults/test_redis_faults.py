@@ -79,11 +79,11 @@ def _settle_and_judge(
 
 
 def _wait_first_acks(ledgers: list[Path], count: int = 20, timeout_s: float = 60.0) -> None:
-    """Inject the fault only once the workload is really writing."""
+    """Inject the fault only once every writer has connected and is writing."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        acks = sum(p.read_text().count('"s":"ack"') for p in ledgers if p.exists())
-        if acks >= count:
+        acks = [p.read_text().count('"s":"ack"') if p.exists() else 0 for p in ledgers]
+        if min(acks) >= 1 and sum(acks) >= count:
             return
         time.sleep(0.05)
     raise AssertionError("the writers acknowledged nothing before the fault")
