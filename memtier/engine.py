@@ -1,0 +1,168 @@
+"""The one sans-I/O engine of memtier: the request vocabulary and its driver pair.
+
+Every public operation of conversation memory and of conversation threads is a *plan*:
+a generator that yields requests and receives each reply back (or has the exception
+thrown into it, so it can clean up or translate it).  Its return value is the result.
+The plan never touches a socket, a file descriptor of Redis, or a clock of its own
+beyond what its core was given; the shells only drive it:
+
+* :func:`drive_sync` runs a plan with a synchronous ``execute``;
+* :func:`drive_async` runs it with an awaitable ``execute``.  Plans that do blocking
+  work between requests (snapshot files, a blocking summarizer hook) are driven with
+  ``offload=True``, which advances the generator in a worker thread so the event loop
+  never stalls; the hot paths (append, context) step inline.
+
+:class:`~memtier.executor.SyncExecutor` and :class:`~memtier.executor.AsyncExecutor`
+perform the requests (guard, retry, scripts); workers and the bench use them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+if TYPE_CHECKING:
+    from memtier.scripts import Durable
+
+__all__ = [
+    "Batch",
+    "Command",
+    "Handoff",
+    "Plan",
+    "Request",
+    "ScriptCall",
+    "Sleep",
+    "drive_async",
+    "drive_sync",
+]
+
+T = TypeVar("T")
+
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """Run one Lua script: its name, KEYS and ARGV (all encoded).
+
+    ``attempts`` (if given) counts the tries the executor made (a plan that must know
+    whether a lost reply may have applied reads it); ``durable`` asks the executor to
+    ``WAIT`` for replicas after the script (``durability="replicated"``).
+    """
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[str | int | bytes, ...]
+    attempts: list[int] | None = field(default=None, compare=False)
+    durable: Durable | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One plain redis-py client call: ``getattr(client, method)(*args, **kwargs)``.
+
+    Only commands that are safe to re-send after a lost reply are used (reads, XACK,
+    XDEL, SET NX of a value that is the same on every attempt).
+    """
+
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=lambda: _NO_KWARGS)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Several :class:`Command` s in one non-transactional pipeline (keys on one slot)."""
+
+    commands: tuple[Command, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait ``seconds`` (a bounded poll, e.g. while another worker restores)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """Work only the host can do (run an agent turn); the shell's executor performs it."""
+
+    work: Any
+
+
+Request: TypeAlias = ScriptCall | Command | Batch | Sleep | Handoff
+Plan: TypeAlias = Generator[Request, Any, T]
+# What a driver needs: perform one request that is not a Sleep.
+SyncExecute: TypeAlias = Callable[[Request], Any]
+AsyncExecute: TypeAlias = Callable[[Request], Awaitable[Any]]
+
+
+def drive_sync(plan: Plan[T], execute: SyncExecute) -> T:
+    """Run ``plan`` to completion; ``execute`` performs each request but :class:`Sleep`."""
+    reply: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                request = plan.throw(error) if error is not None else plan.send(reply)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            reply, error = None, None
+            try:
+                if isinstance(request, Sleep):
+                    time.sleep(max(0.0, request.seconds))
+                else:
+                    reply = execute(request)
+            except Exception as exc:  # handed to the plan, which re-raises after cleanup
+                error = exc
+    finally:
+        plan.close()
+
+
+async def drive_async(plan: Plan[T], execute: AsyncExecute, *, offload: bool = False) -> T:
+    """Asyncio twin of :func:`drive_sync`.
+
+    ``offload``: advance the generator in a worker thread (:func:`asyncio.to_thread`),
+    for plans that do blocking file I/O or call a blocking hook between requests.
+    """
+    reply: Any = None
+    error: BaseException | None = None
+
+    def step(reply: Any, error: BaseException | None) -> tuple[bool, Any]:
+        try:
+            return False, (plan.throw(error) if error is not None else plan.send(reply))
+        except StopIteration as stop:
+            return True, stop.value
+
+    try:
+        while True:
+            if offload:
+                done, value = await asyncio.to_thread(step, reply, error)
+            else:
+                done, value = step(reply, error)
+            if done:
+                return value  # type: ignore[no-any-return]
+            reply, error = None, None
+            try:
+                if isinstance(value, Sleep):
+                    await asyncio.sleep(max(0.0, value.seconds))
+                else:
+                    reply = await execute(value)
+            except Exception as exc:
+                error = exc
+    finally:
+        _close(plan)
+
+
+def _close(plan: Plan[Any]) -> None:
+    # A cancelled drive_async may leave an offloaded step still running in its thread:
+    # closing a running generator raises ValueError; that step ends the plan itself.
+    try:
+        plan.close()
+    except ValueError:
+        pass

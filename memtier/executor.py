@@ -1,0 +1,197 @@
+"""Perform the requests of :mod:`memtier.engine` on a redis-py client: the only I/O.
+
+:class:`SyncExecutor` and :class:`AsyncExecutor` are the public way to run a plan's
+requests (the stores, the threads service, the workers and the bench all use them):
+each request goes through the client guard (back-pressure) and the bounded retry, and
+each script reply is handed to the ``on_script`` hooks (metrics, progress).  A
+:class:`~memtier.engine.Handoff` goes to the ``handoff`` callable the shell gave.
+
+``operation`` names the retry metric's label: a shell binds it per public call
+(``executor.bind("append")``) or leaves the script's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from memtier.connection import AsyncClientGuard, SyncClientGuard
+from memtier.engine import (
+    AsyncExecute,
+    Batch,
+    Command,
+    Handoff,
+    Plan,
+    Request,
+    ScriptCall,
+    SyncExecute,
+    drive_async,
+    drive_sync,
+)
+from memtier.retry import RetryPolicy, retry_async, retry_sync
+from memtier.scripts import ScriptRegistry
+
+__all__ = ["AsyncExecutor", "ScriptHook", "SyncExecutor"]
+
+# Called with (script name, ARGV, reply) after every script reply (each attempt).
+ScriptHook = Callable[[str, Sequence[Any], Any], None]
+
+
+class SyncExecutor:
+    """Perform requests on a synchronous redis-py client (standalone or cluster)."""
+
+    def __init__(
+        self,
+        client: Any,
+        scripts: ScriptRegistry,
+        guard: SyncClientGuard,
+        policy: RetryPolicy,
+        *,
+        on_script: Sequence[ScriptHook] = (),
+        handoff: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.client = client
+        self.scripts = scripts
+        self.guard = guard
+        self.policy = policy
+        self.on_script: list[ScriptHook] = list(on_script)
+        self.handoff = handoff
+
+    def run(self, plan: Plan[Any], operation: str | None = None) -> Any:
+        """Drive ``plan`` to completion on this client."""
+        return drive_sync(plan, self.bind(operation))
+
+    def bind(self, operation: str | None) -> SyncExecute:
+        """``execute`` for :func:`~memtier.engine.drive_sync`, retries labelled ``operation``."""
+        return lambda request: self.execute(request, operation)
+
+    def execute(self, request: Request, operation: str | None = None) -> Any:
+        """Perform one request (not a Sleep: the driver waits)."""
+        if isinstance(request, ScriptCall):
+            return retry_sync(operation or request.script, self._script(request), self.policy)
+        if isinstance(request, Command):
+            bound = getattr(self.client, request.method)
+            return retry_sync(
+                operation or request.method,
+                lambda: self.guard.call(lambda: bound(*request.args, **request.kwargs)),
+                self.policy,
+            )
+        if isinstance(request, Batch):
+            return retry_sync(
+                operation or "batch",
+                lambda: self.guard.call(lambda: self._batch(request)),
+                self.policy,
+            )
+        if isinstance(request, Handoff):
+            if self.handoff is None:
+                raise TypeError("this executor takes no hand-off work")
+            return self.handoff(request.work)
+        raise TypeError(f"not an executable request: {request!r}")
+
+    def _script(self, call: ScriptCall) -> Callable[[], Any]:
+        script = self.scripts[call.script]
+        client, durable = self.client, call.durable
+
+        def attempt() -> Any:
+            if call.attempts is not None:
+                call.attempts[0] += 1
+            if durable is None:
+                reply = self.guard.call(lambda: script(client, call.keys, call.args))
+            else:
+                reply = self.guard.call(
+                    lambda: script.call_replicated(client, call.keys, call.args, durable)
+                )
+            for hook in self.on_script:
+                hook(call.script, call.args, reply)
+            return reply
+
+        return attempt
+
+    def _batch(self, batch: Batch) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        for command in batch.commands:
+            getattr(pipe, command.method)(*command.args, **command.kwargs)
+        return pipe.execute()
+
+
+class AsyncExecutor:
+    """Perform requests on an asyncio redis-py client (standalone or cluster)."""
+
+    def __init__(
+        self,
+        client: Any,
+        scripts: ScriptRegistry,
+        guard: AsyncClientGuard,
+        policy: RetryPolicy,
+        *,
+        on_script: Sequence[ScriptHook] = (),
+        handoff: Callable[[Any], Awaitable[Any]] | None = None,
+    ) -> None:
+        self.client = client
+        self.scripts = scripts
+        self.guard = guard
+        self.policy = policy
+        self.on_script: list[ScriptHook] = list(on_script)
+        self.handoff = handoff
+
+    async def run(
+        self, plan: Plan[Any], operation: str | None = None, *, offload: bool = False
+    ) -> Any:
+        """Drive ``plan`` to completion (``offload``: its steps block, run them in a thread)."""
+        return await drive_async(plan, self.bind(operation), offload=offload)
+
+    def bind(self, operation: str | None) -> AsyncExecute:
+        """``execute`` for :func:`~memtier.engine.drive_async`, retries labelled ``operation``."""
+        return lambda request: self.execute(request, operation)
+
+    async def execute(self, request: Request, operation: str | None = None) -> Any:
+        """Perform one request (not a Sleep: the driver waits)."""
+        if isinstance(request, ScriptCall):
+            return await retry_async(
+                operation or request.script, self._script(request), self.policy
+            )
+        if isinstance(request, Command):
+            bound = getattr(self.client, request.method)
+            return await retry_async(
+                operation or request.method,
+                lambda: self.guard.call(lambda: bound(*request.args, **request.kwargs)),
+                self.policy,
+            )
+        if isinstance(request, Batch):
+            return await retry_async(
+                operation or "batch",
+                lambda: self.guard.call(lambda: self._batch(request)),
+                self.policy,
+            )
+        if isinstance(request, Handoff):
+            if self.handoff is None:
+                raise TypeError("this executor takes no hand-off work")
+            return await self.handoff(request.work)
+        raise TypeError(f"not an executable request: {request!r}")
+
+    def _script(self, call: ScriptCall) -> Callable[[], Awaitable[Any]]:
+        script = self.scripts[call.script]
+        client, durable = self.client, call.durable
+
+        async def attempt() -> Any:
+            if call.attempts is not None:
+                call.attempts[0] += 1
+            if durable is None:
+                reply = await self.guard.call(
+                    lambda: script.call_async(client, call.keys, call.args)
+                )
+            else:
+                reply = await self.guard.call(
+                    lambda: script.call_replicated_async(client, call.keys, call.args, durable)
+                )
+            for hook in self.on_script:
+                hook(call.script, call.args, reply)
+            return reply
+
+        return attempt
+
+    async def _batch(self, batch: Batch) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        for command in batch.commands:
+            getattr(pipe, command.method)(*command.args, **command.kwargs)
+        return await pipe.execute()
