@@ -1,0 +1,110 @@
+"""Declared script inputs: each Lua script's KEYS (by role) and ARGV (by name), once.
+
+A :class:`ScriptSpec` names a script's KEYS and ARGV in the order the script reads
+them; callers build a :class:`~memtier.engine.ScriptCall` by name
+(``SPEC.call(keys, turn_id=..., payload=...)``), never by position.  The script's
+header is the other half of the contract: its ``KEYS[i] <role>`` and ``ARGV[i] <name>``
+lines must match the declaration, which :func:`header_inputs` reads and the contract
+tests compare (tests/test_script_specs.py).
+
+Header grammar (inside the leading ``--[[ ... ]]`` comment)::
+
+    KEYS[1] session_hash   free text ...
+    ARGV[3] turn_id        free text ...
+
+one line per input, the role/name an identifier (``[a-z][a-z0-9_]*``).  Continuation
+lines of the free text do not start with ``KEYS[`` / ``ARGV[``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memtier.engine import ScriptCall
+
+__all__ = ["ScriptSpec", "header_inputs"]
+
+_INPUT_LINE = re.compile(r"^\s*(KEYS|ARGV)\[(\d+)\]\s+([A-Za-z_][A-Za-z0-9_]*)")
+_IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class ScriptSpec:
+    """One script's declared inputs: ``keys`` roles and ``argv`` names, in order."""
+
+    script: str
+    keys: tuple[str, ...]
+    argv: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for name in (*self.keys, *self.argv):
+            if not _IDENTIFIER.match(name):
+                raise ValueError(f"{self.script}: {name!r} is not an identifier")
+        if len(set(self.keys)) != len(self.keys) or len(set(self.argv)) != len(self.argv):
+            raise ValueError(f"{self.script}: a KEYS role or ARGV name is declared twice")
+        # The position of each name, computed once (the hot path builds calls by name).
+        object.__setattr__(self, "_argv_index", {n: i for i, n in enumerate(self.argv)})
+
+    def call(
+        self, keys: Mapping[str, str] | tuple[str, ...], /, **argv: str | int | bytes
+    ) -> ScriptCall:
+        """A call with ``keys`` (by role, or a tuple already in KEYS order) and ``argv`` by
+        name; every declared name must be given, and no other."""
+        return ScriptCall(self.script, self.key_tuple(keys), self.arg_tuple(argv))
+
+    def key_tuple(self, keys: Mapping[str, str] | tuple[str, ...]) -> tuple[str, ...]:
+        if isinstance(keys, tuple):
+            if len(keys) != len(self.keys):
+                raise TypeError(f"{self.script} takes {len(self.keys)} keys, got {len(keys)}")
+            return keys
+        if keys.keys() != set(self.keys):
+            raise TypeError(
+                f"{self.script} keys: missing {sorted(set(self.keys) - keys.keys())},"
+                f" unknown {sorted(keys.keys() - set(self.keys))}"
+            )
+        return tuple(keys[role] for role in self.keys)
+
+    def arg_tuple(self, argv: Mapping[str, str | int | bytes]) -> tuple[str | int | bytes, ...]:
+        if len(argv) != len(self.argv) or argv.keys() != set(self.argv):
+            raise TypeError(
+                f"{self.script} ARGV: missing {sorted(set(self.argv) - argv.keys())},"
+                f" unknown {sorted(argv.keys() - set(self.argv))}"
+            )
+        return tuple(argv[name] for name in self.argv)
+
+    def index(self, name: str) -> int:
+        """The 0-based ARGV position of ``name`` (for readers of a built call's args)."""
+        positions: dict[str, int] = getattr(self, "_argv_index")  # noqa: B009
+        return positions[name]
+
+    def arg(self, call: ScriptCall, name: str) -> Any:
+        """The value of ARGV ``name`` in ``call`` (a call of this script)."""
+        return call.args[self.index(name)]
+
+
+def header_inputs(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(KEYS roles, ARGV names) as a script's header declares them, in order.
+
+    Raises ValueError when the numbering has a gap or a repeat (a header that cannot
+    be matched against a declaration is itself a defect).
+    """
+    header = source.split("]]", 1)[0]
+    found: dict[str, dict[int, str]] = {"KEYS": {}, "ARGV": {}}
+    for line in header.splitlines():
+        match = _INPUT_LINE.match(line)
+        if match is None:
+            continue
+        kind, index, name = match.group(1), int(match.group(2)), match.group(3)
+        if index in found[kind]:
+            raise ValueError(f"{kind}[{index}] is declared twice in the header")
+        found[kind][index] = name
+    result: list[tuple[str, ...]] = []
+    for kind in ("KEYS", "ARGV"):
+        indexes = sorted(found[kind])
+        if indexes != list(range(1, len(indexes) + 1)):
+            raise ValueError(f"{kind} numbering in the header is not 1..n: {indexes}")
+        result.append(tuple(found[kind][i] for i in indexes))
+    return result[0], result[1]
