@@ -97,7 +97,8 @@ else
         (cd "$fetch_dir" && apt-get download -qq prometheus >>"$APT_LOG" 2>&1) || true
     fi
     deb=$(find "$fetch_dir" -name 'prometheus_*.deb' -print -quit)
-    if [ -n "$deb" ] && dpkg-deb -x "$deb" "$VENV/prometheus"; then
+    # dpkg-deb -x creates one directory level only: make the whole target first.
+    if [ -n "$deb" ] && mkdir -p "$VENV/prometheus" && dpkg-deb -x "$deb" "$VENV/prometheus"; then
         say "promtool and prometheus unpacked into $PROM_DIR"
     else
         say "WARNING: could not get promtool/prometheus (see $APT_LOG); their tests will fail"
