@@ -5,10 +5,15 @@
   "{<ns>:o:<tenant>:<user>}" (memtier/keys.py), so each script runs in one
   Redis Cluster slot and can only ever see the caller's own threads.
 
-  Status codes (mirrored by memtier.threads.core.ThreadStatus):
-     0 OK                   3 DONE (run already recorded)
+  Status convention (mirrored by memtier.threads.status.ThreadStatus): every script
+  answers { status, ... }.  Negative: refused, nothing written.  Zero: done as asked.
+  Positive: a documented variant of a successful answer.  Each script's header lists
+  every status it returns.
+     0 OK
+     1 EXISTED (already so: same create, a branch ref already, archived, a batch replayed)
      2 ENDED_CANCELLED (run_cancel: the run already ended cancelled)
-     1 EXISTED / NOOP       4 CLAIMED
+     3 DONE (this request already completed: run_claim, run_commit, run_cancel, delete)
+     4 HELD (delete: a legal hold blocks it; nothing removed)
     -1 NOT_FOUND           -2 METADATA_CONFLICT   -3 THREAD_ARCHIVED
     -4 BRANCH_LIMIT        -5 UNKNOWN_LEAF        -6 LIMIT_EXCEEDED
     -7 THREAD_BUSY         -8 REQUEST_IN_PROGRESS -9 REQUEST_CONFLICT

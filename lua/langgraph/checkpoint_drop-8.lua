@@ -5,10 +5,16 @@
   writes and every blob no remaining checkpoint references, keeping the byte total exact.
 
   Input:
-    KEYS[1..8] the thread's keys, as in checkpoint_write-8.lua (G:s G:z G:ck G:v G:b G:w
-               G:wz G:rz)
+    KEYS[1] state        G:s    state hash: tid, bytes, checkpoints, writes
+    KEYS[2] index        G:z    checkpoint index, ZSET, lex
+    KEYS[3] checkpoints  G:ck   checkpoints HASH
+    KEYS[4] versions     G:v    versions HASH
+    KEYS[5] blobs        G:b    blobs HASH
+    KEYS[6] writes       G:w    writes HASH
+    KEYS[7] write_index  G:wz   write index, ZSET, lex
+    KEYS[8] runs         G:rz   run index, ZSET, lex
     ARGV[1] mode   "thread": everything (delete_thread, prune "delete")
-                   "runs": ARGV[2..] = run ids whose checkpoints go (delete_for_runs)
+                   "runs": then the run ids whose checkpoints go (delete_for_runs)
                    "keep_latest": all but the newest checkpoint of each namespace (prune)
 
   Output:

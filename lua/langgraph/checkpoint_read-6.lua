@@ -4,14 +4,14 @@
   round trip (get_tuple, list pages). Read-only.
 
   Input:
-    KEYS[1] checkpoint index G:z
-    KEYS[2] checkpoints      G:ck
-    KEYS[3] versions         G:v
-    KEYS[4] blobs            G:b
-    KEYS[5] writes           G:w
-    KEYS[6] write index      G:wz
-    ARGV[1] mode             "latest": ARGV[2] = checkpoint namespace, its newest checkpoint
-                             "ids": ARGV[2..] = members "<ns>\0<checkpoint id>"
+    KEYS[1] index        G:z    checkpoint index
+    KEYS[2] checkpoints  G:ck
+    KEYS[3] versions     G:v
+    KEYS[4] blobs        G:b
+    KEYS[5] writes       G:w
+    KEYS[6] write_index  G:wz   write index
+    ARGV[1] mode         "latest": then one checkpoint namespace: its newest checkpoint
+                         "ids": then members "<ns>\0<checkpoint id>"
 
   Output:
     { n, record_1, ..., record_n }, each record flattened as

@@ -5,25 +5,24 @@
   thread's TTL refreshed.
 
   Input:
-    KEYS[1] state hash       G:s    tid, bytes, checkpoints, writes
-    KEYS[2] checkpoint index G:z    ZSET, lex
-    KEYS[3] checkpoints      G:ck   HASH
-    KEYS[4] versions         G:v    HASH
-    KEYS[5] blobs            G:b    HASH
-    KEYS[6] writes           G:w    HASH
-    KEYS[7] write index      G:wz   ZSET, lex
-    KEYS[8] run index        G:rz   ZSET, lex
+    KEYS[1] state        G:s    state hash: tid, bytes, checkpoints, writes
+    KEYS[2] index        G:z    checkpoint index, ZSET, lex
+    KEYS[3] checkpoints  G:ck   checkpoints HASH
+    KEYS[4] versions     G:v    versions HASH
+    KEYS[5] blobs        G:b    blobs HASH
+    KEYS[6] writes       G:w    writes HASH
+    KEYS[7] write_index  G:wz   write index, ZSET, lex
+    KEYS[8] runs         G:rz   run index, ZSET, lex
     ARGV[1] thread_id        stored in G:s `tid`
     ARGV[2] ttl_ms           PEXPIRE of every key of the thread (refreshed on each write)
     ARGV[3] max_bytes        byte ceiling of the thread (sum of the value bytes of hashes 3-6)
-    ARGV[4..] ops, three arguments each: op, key index (1-8), field, value
-              (four arguments: op, k, field, value):
+    then the ops, four arguments each: op, key index k (1-8), field, value:
       "set"  HSET KEYS[k] field value (replaces; accounting by the old HSTRLEN)
       "nx"   HSET KEYS[k] field value only if the field is absent (idempotent writes)
       "zadd" ZADD KEYS[k] 0 field (value ignored)
 
   Output:
-    { 0, bytes, delta }        written: the thread's bytes after, and the change
+    { 0, bytes, delta }        OK: written: the thread's bytes after, and the change
     { -1, needed, max_bytes }  THREAD_FULL: the ops would pass max_bytes; nothing written
 
   Side effects: G:s `checkpoints` = ZCARD G:z and `writes` = ZCARD G:wz after the ops;

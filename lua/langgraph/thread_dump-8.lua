@@ -4,7 +4,14 @@
   Read-only.
 
   Input:
-    KEYS[1..8] the thread's keys, as in checkpoint_write-8.lua
+    KEYS[1] state        G:s    state hash: tid, bytes, checkpoints, writes
+    KEYS[2] index        G:z    checkpoint index, ZSET, lex
+    KEYS[3] checkpoints  G:ck   checkpoints HASH
+    KEYS[4] versions     G:v    versions HASH
+    KEYS[5] blobs        G:b    blobs HASH
+    KEYS[6] writes       G:w    writes HASH
+    KEYS[7] write_index  G:wz   write index, ZSET, lex
+    KEYS[8] runs         G:rz   run index, ZSET, lex
     (no ARGV)
 
   Output:

@@ -3,7 +3,7 @@
   Archive a thread: a compare-and-swap on its version; archiving an archived thread is a no-op.
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>
+    KEYS[1] thread            thread hash T:t:<thread_id>
     ARGV[1] marker            thread marker
     ARGV[2] expected_version  the version the caller read (its snapshot)
     ARGV[3] now_ms            wall clock, ms
@@ -12,9 +12,9 @@
 
   Output (checked in this order):
     { -1 }             NOT_FOUND (missing, deleted, or stored for another owner)
-    { 1, hgetall... }  NOOP: already archived (whatever the version)
+    { 1, hgetall... }  EXISTED: already archived (whatever the version); unchanged
     { -2, version }    METADATA_CONFLICT: version moved since the caller's snapshot
-    { 0, hgetall... }  archived; version + 1
+    { 0, hgetall... }  OK: archived; version + 1
 
   Side effects: state, version, updated.
 ]]

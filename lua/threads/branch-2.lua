@@ -3,8 +3,8 @@
   Record a branch ref (a leaf entry id) on a thread: a compare-and-swap on its version.
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>
-    KEYS[2] parents hash   T:p:<thread_id>      entry id -> parent entry id ("" = root)
+    KEYS[1] thread            thread hash T:t:<thread_id>
+    KEYS[2] parents           parents hash T:p:<thread_id>: entry id -> parent entry id ("" = root)
     ARGV[1] marker            thread marker
     ARGV[2] leaf_id           entry id to branch from
     ARGV[3] expected_version  the version the caller read (its snapshot)
@@ -16,12 +16,13 @@
   Output (checked in this order):
     { -1 }             NOT_FOUND (missing, deleted, or stored for another owner: a branch
                        never re-creates a thread nor touches a row it does not own)
-    { 1, hgetall... }  NOOP: leaf_id already is a branch ref (refs are append-only; replay-safe)
+    { 1, hgetall... }  EXISTED: leaf_id already is a branch ref (refs are append-only;
+                       replay-safe)
     { -2, version }    METADATA_CONFLICT: version moved since the caller's snapshot
     { -3 }             THREAD_ARCHIVED
     { -5 }             UNKNOWN_LEAF: no such entry in this thread
     { -4, count }      BRANCH_LIMIT: max_branches refs already recorded
-    { 0, hgetall... }  recorded; version + 1
+    { 0, hgetall... }  OK: recorded; version + 1
 
   Side effects: branches JSON array gains {leafId, createdAt}; version and updated change.
 ]]

@@ -3,8 +3,8 @@
   Create one conversation thread (create-only: never overwrites an existing thread).
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>      (T = "{<ns>:o:<tenant>:<user>}")
-    KEYS[2] owner index    T:ix                 ZSET, all scores 0, member "<created ms, 20 digits>|<id>"
+    KEYS[1] thread   thread hash T:t:<thread_id> (T = "{<ns>:o:<tenant>:<user>}")
+    KEYS[2] index    owner index T:ix: ZSET, all scores 0, member "<created ms, 20 digits>|<id>"
     ARGV[1]  marker         thread marker ("memtier.conversation/1")
     ARGV[2]  thread_id      validated id
     ARGV[3]  tenant         owner tenant id (immutable after create)
@@ -18,7 +18,7 @@
     ARGV[11] max_threads    threads one owner may hold
 
   Output:
-    { 0, hgetall... }  created
+    { 0, hgetall... }  OK: created
     { 1, hgetall... }  EXISTED: the same create already happened (same fingerprint); unchanged
     { -2 }             METADATA_CONFLICT: the id exists with a different create, or as a row
                        of another owner / without the marker; unchanged.  The client reads

@@ -3,14 +3,14 @@
   Delete a thread and every key it owns, unless a legal hold is set.
 
   Input:
-    KEYS[1] thread hash     T:t:<thread_id>
-    KEYS[2] entries hash    T:e:<thread_id>
-    KEYS[3] parents hash    T:p:<thread_id>
-    KEYS[4] runs hash       T:r:<thread_id>
-    KEYS[5] events stream   T:v:<thread_id>
-    KEYS[6] lease string    T:l:<thread_id>
-    KEYS[7] owner index     T:ix
-    KEYS[8] recent deletes  T:dx   ZSET member "<thread_id>|<token>", score = ms of the delete
+    KEYS[1] thread          thread hash T:t:<thread_id>
+    KEYS[2] entries         entries hash T:e:<thread_id>
+    KEYS[3] parents         parents hash T:p:<thread_id>
+    KEYS[4] runs            runs hash T:r:<thread_id>
+    KEYS[5] events          events stream T:v:<thread_id>
+    KEYS[6] lease           lease string T:l:<thread_id>
+    KEYS[7] index           owner index T:ix
+    KEYS[8] recent_deletes  T:dx: ZSET member "<thread_id>|<token>", score = ms of the delete
     ARGV[1] marker      thread marker
     ARGV[2] tenant      owner tenant id (checked against the row before any write)
     ARGV[3] user        owner user id
@@ -21,12 +21,12 @@
     ARGV[8] keep_max    at most this many recent deletes are remembered per owner
 
   Output:
-    { -1 }       NOT_FOUND: missing (and not deleted by this token), or stored for another owner
-    { 0, 1 }     HELD: a legal hold blocks the delete; nothing removed
-    { 0, 0 }     deleted: every key above removed, index member removed
-    { 0, 0, 1 }  ALREADY: an earlier attempt of this same delete (same token) deleted it; its
-                 reply was lost.  Only the token proves that: a retry never claims a delete
-                 of a thread that did not exist or is not the caller's.
+    { -1 }  NOT_FOUND: missing (and not deleted by this token), or stored for another owner
+    { 4 }   HELD: a legal hold blocks the delete; nothing removed
+    { 0 }   OK: deleted: every key above removed, index member removed
+    { 3 }   DONE: an earlier attempt of this same delete (same token) deleted it; its reply
+            was lost.  Only the token proves that: a retry never claims a delete of a
+            thread that did not exist or is not the caller's.
 
   Side effects: a run in flight loses its lease (its commit then fails NOT_FOUND and
   writes nothing: a delete always wins).  The recent-deletes ZSET is trimmed by age and size,
@@ -43,12 +43,12 @@ end
 local member = thread_id .. '|' .. token
 if not thread_owned(thread_key, marker, tenant, user) then
   if rcall('ZSCORE', deletes_key, member) then
-    return { 0, 0, 1 }
+    return { 3 }
   end
   return { -1 }
 end
 if rcall('HGET', thread_key, 'held') == '1' then
-  return { 0, 1 }
+  return { 4 }
 end
 local index_member = rcall('HGET', thread_key, 'ixm')
 if index_member then
@@ -61,4 +61,4 @@ if rcall('ZCARD', deletes_key) > keep_max then
   rcall('ZREMRANGEBYRANK', deletes_key, 0, -(keep_max + 1))
 end
 rcall('PEXPIRE', deletes_key, keep_ms)  -- the set itself goes once nothing is recent
-return { 0, 0 }
+return { 0 }

@@ -3,21 +3,21 @@
   Append a batch of redacted events of a running turn to the thread's ledger.
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>
-    KEYS[2] events stream  T:v:<thread_id>
-    KEYS[3] lease string   T:l:<thread_id>
+    KEYS[1] thread       thread hash T:t:<thread_id>
+    KEYS[2] events       events stream T:v:<thread_id>
+    KEYS[3] lease        lease string T:l:<thread_id>
     ARGV[1] marker       thread marker
     ARGV[2] token        the run's token (must hold the lease)
     ARGV[3] seq          batch number within the run, 1, 2, ... (replays are dropped)
     ARGV[4] lease_ms     lease extension, ms
     ARGV[5] now_ms       wall clock, ms (row ids: see thread_xadd)
     ARGV[6] request_id   the run's request id (stored on each row)
-    ARGV[7] n            number of events in this batch
-    ARGV[8 + 2i], ARGV[9 + 2i]  type, data JSON (already redacted and bounded), i = 0..n-1
+    ARGV[7] n_events     number of events in this batch
+    then n_events pairs  type, data JSON (already redacted and bounded)
 
   Output:
-    { 0, last_id }  appended (last_id = "" when n = 0)
-    { 1 }           DUPLICATE: batch seq already applied (a retried call); nothing added
+    { 0, last_id }  OK: appended (last_id = "" when n_events = 0)
+    { 1 }           EXISTED: batch seq already applied (a retried call); nothing added
     { -1 }          NOT_FOUND (deleted: never re-creates the ledger)
     { -10 }         LEASE_LOST: this run no longer holds the thread
     { -11 }         CANCELLED: the run was cancelled (nothing added)

@@ -3,7 +3,7 @@
   Set or release the legal hold of a thread (operators).  A held thread cannot be deleted.
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>
+    KEYS[1] thread   thread hash T:t:<thread_id>
     ARGV[1] marker   thread marker
     ARGV[2] held     "1" to set the hold, "0" to release it
     ARGV[3] tenant   owner tenant id (checked against the row before any write)
@@ -11,7 +11,7 @@
 
   Output:
     { -1 }             NOT_FOUND (missing, or stored for another owner)
-    { 0, hgetall... }  the thread after the change (idempotent: setting a set hold is fine)
+    { 0, hgetall... }  OK: the thread after the change (idempotent: setting a set hold is fine)
 
   Side effects: the held field only (version unchanged: a hold is not thread metadata).
 ]]

@@ -3,14 +3,14 @@
   Heartbeat of a running turn: extend the thread lease while the runner works.
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>
-    KEYS[2] lease string   T:l:<thread_id>
+    KEYS[1] thread     thread hash T:t:<thread_id>
+    KEYS[2] lease      lease string T:l:<thread_id>
     ARGV[1] marker     thread marker
     ARGV[2] token      the run's token
     ARGV[3] lease_ms   new lease duration from now, ms
 
   Output:
-    { 0 }    renewed
+    { 0 }    OK: renewed
     { -1 }   NOT_FOUND (the thread was deleted)
     { -10 }  LEASE_LOST: another token holds the lease, or it expired
     { -11 }  CANCELLED: run_cancel marked this run (the lease is left as it is)

@@ -5,9 +5,9 @@
   the type of the newest row (a terminal row ends a turn).  Read-only.
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>
-    KEYS[2] events stream  T:v:<thread_id>
-    KEYS[3] lease string   T:l:<thread_id>
+    KEYS[1] thread   thread hash T:t:<thread_id>
+    KEYS[2] events   events stream T:v:<thread_id>
+    KEYS[3] lease    lease string T:l:<thread_id>
     ARGV[1] marker   thread marker
     ARGV[2] start    "-" for the beginning, or "(<id>" to start after a served row
     ARGV[3] count    rows to read, 1..1001 (page size + 1: the caller learns whether more exist)
@@ -17,6 +17,7 @@
   Output:
     { -1 }   NOT_FOUND (missing, or stored for another owner)
     { 0, running, newest_type, id, type, data, run, redacted, ... }
+             OK:
              running = 1 while a turn holds the lease, else 0;
              newest_type = type of the newest row if written through the redactor, else "";
              then 5 strings per row, ordered by id (= by (timestamp, id));

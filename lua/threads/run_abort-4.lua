@@ -6,15 +6,15 @@
   written.
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>
-    KEYS[2] runs hash      T:r:<thread_id>
-    KEYS[3] lease string   T:l:<thread_id>
-    KEYS[4] events stream  T:v:<thread_id>
+    KEYS[1] thread      thread hash T:t:<thread_id>
+    KEYS[2] runs        runs hash T:r:<thread_id>
+    KEYS[3] lease       lease string T:l:<thread_id>
+    KEYS[4] events      events stream T:v:<thread_id>
     ARGV[1] marker      thread marker
     ARGV[2] token       the run's token (must hold the lease)
     ARGV[3] request_id  the run's request id
     ARGV[4] now_ms      wall clock, ms
-    ARGV[5] type        closing event type ("error")
+    ARGV[5] type        closing event type ("error" or "cancelled")
     ARGV[6] data        its data JSON (redacted, bounded)
     ARGV[7] record      "" = delete the run record; else the record JSON to store
                         ({"s":"cancelled",...}: what run_cancel and run_claim read)
@@ -22,7 +22,7 @@
                         is charged even though it commits nothing
 
   Output:
-    { 0 }    closed
+    { 0 }    OK: closed
     { -1 }   NOT_FOUND: the thread was deleted meanwhile (nothing written)
     { -10 }  LEASE_LOST: this run no longer holds the thread (nothing written)
                         (a lease marked cancelled by run_cancel still counts as this run's)

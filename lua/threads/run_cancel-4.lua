@@ -4,10 +4,10 @@
   Idempotent: cancelling again answers the same way, and never touches a finished run.
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>
-    KEYS[2] runs hash      T:r:<thread_id>
-    KEYS[3] lease string   T:l:<thread_id>
-    KEYS[4] events stream  T:v:<thread_id>
+    KEYS[1] thread      thread hash T:t:<thread_id>
+    KEYS[2] runs        runs hash T:r:<thread_id>
+    KEYS[3] lease       lease string T:l:<thread_id>
+    KEYS[4] events      events stream T:v:<thread_id>
     ARGV[1] marker      thread marker
     ARGV[2] request_id  the run to cancel
     ARGV[3] tenant      owner tenant id (checked against the row before any write)
@@ -17,9 +17,9 @@
 
   Output:
     { -1 }             NOT_FOUND: no such thread for this owner, or no such run
-    { 0 }              CANCELLING: the run is running; its lease is marked "<token>:cancel"
+    { 0 }              OK: cancelling: the run is running; its lease is marked "<token>:cancel"
                        (its heartbeat, emits and commit see CANCELLED; it closes the ledger)
-    { 2 }              CANCELLED: the run already ended cancelled (or was abandoned by a dead
+    { 2 }              ENDED_CANCELLED: the run already ended cancelled (or was abandoned by a dead
                        process: this call closed it with a "cancelled" row)
     { 3, status }      DONE: the run finished before ("completed" | "denied"); unchanged
 

@@ -4,15 +4,16 @@
   per-thread lease (serialization) in one step, plus the history path for the runner.
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>
-    KEYS[2] runs hash      T:r:<thread_id>      request id -> run record JSON
-    KEYS[3] lease string   T:l:<thread_id>      token of the run holding the thread
-    KEYS[4] parents hash   T:p:<thread_id>      entry id -> parent entry id ("" = root)
-    KEYS[5] events stream  T:v:<thread_id>
+    KEYS[1] thread    thread hash T:t:<thread_id>
+    KEYS[2] runs      runs hash T:r:<thread_id>: request id -> run record JSON
+    KEYS[3] lease     lease string T:l:<thread_id>: token of the run holding the thread
+    KEYS[4] parents   parents hash T:p:<thread_id>: entry id -> parent entry id ("" = root)
+    KEYS[5] events    events stream T:v:<thread_id>
     ARGV[1]  marker           thread marker
     ARGV[2]  request_id       idempotency key of this continue
     ARGV[3]  token            random token of this attempt (CSPRNG)
-    ARGV[4]  fingerprint      sha256 of (message, leaf id): an exact retry has the same one
+    ARGV[4]  fingerprint      sha256 of (message, leaf id, options): an exact retry has
+                              the same one
     ARGV[5]  lease_ms         lease duration, ms (renewed by the runner's heartbeat)
     ARGV[6]  leaf_id          "" = continue from the head; else a recorded branch ref
     ARGV[7]  max_entries      entries one thread may hold
@@ -39,15 +40,16 @@
     { -6, what }               LIMIT_EXCEEDED: "entries" | "events" | "bytes" would pass a cap,
                                or "run:<meter>": the thread's shared run limit is used up
     { -7 }                     THREAD_BUSY: another request's run holds the lease
-    { 4, base, count, first, id... }
-                               CLAIMED: base = entry the turn hangs off ("" = none);
+    { 0, base, count, first, id... }
+                               OK: claimed; base = entry the turn hangs off ("" = none);
                                count = entries so far; first = the number of the turn's first
                                entry id ("e<first>", then "e<first+1>"): allocated from the
                                thread's entry-id sequence, never reused even when a turn fails;
                                ids = path base -> root (bounded by count)
     A record whose token no longer holds the lease (its process died; the lease expired)
     is abandoned and claimed again.  A "cancelled" record is a finished cancellation: the
-    same request id runs again as a new run (any message).  A replay of our own claim (same token) returns CLAIMED.
+    same request id runs again as a new run (any message).  A replay of our own claim (same
+    token) claims again (OK).
 
   Side effects: lease SET PX lease_ms; run record; eseq reset (emit batches of this run);
   eidseq advanced by turn_entries.
@@ -148,7 +150,7 @@ end
 local first = (tonumber(rcall('HGET', thread_key, 'eidseq')) or count) + 1
 rcall('HSET', thread_key, 'eidseq', first + turn_entries - 1)
 
-local reply = { 4, base, count, first }
+local reply = { 0, base, count, first }
 local cursor = base
 local steps = 0
 while cursor and cursor ~= '' and steps < count do  -- a path is never longer than count

@@ -4,12 +4,12 @@
   then release the thread lease.
 
   Input:
-    KEYS[1] thread hash    T:t:<thread_id>
-    KEYS[2] entries hash   T:e:<thread_id>      entry id -> entry JSON
-    KEYS[3] parents hash   T:p:<thread_id>      entry id -> parent id
-    KEYS[4] runs hash      T:r:<thread_id>
-    KEYS[5] lease string   T:l:<thread_id>
-    KEYS[6] events stream  T:v:<thread_id>
+    KEYS[1] thread    thread hash T:t:<thread_id>
+    KEYS[2] entries   entries hash T:e:<thread_id>: entry id -> entry JSON
+    KEYS[3] parents   parents hash T:p:<thread_id>: entry id -> parent id
+    KEYS[4] runs      runs hash T:r:<thread_id>
+    KEYS[5] lease     lease string T:l:<thread_id>
+    KEYS[6] events    events stream T:v:<thread_id>
     ARGV[1] marker          thread marker
     ARGV[2] token           the run's token (must hold the lease)
     ARGV[3] request_id      the run's request id
@@ -25,7 +25,7 @@
     then n_events pairs     type, data JSON (redacted, bounded)
 
   Output:
-    { 0 }    committed
+    { 0 }    OK: committed
     { 3 }    DONE: already committed by this token (a retried call); nothing changed
     { -1 }   NOT_FOUND: the thread was deleted meanwhile (delete wins; nothing written)
     { -10 }  LEASE_LOST: the lease expired and another run took the thread

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import ormsgpack
 from langchain_core.runnables import RunnableConfig
@@ -25,10 +25,13 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from memtier import limits, metrics
+from memtier.engine import ScriptCall
 from memtier.errors import CapacityError, ConfigurationError, ScriptError, ValidationError
 from memtier.keys import CheckpointKeyspace, CheckpointThreadKeys
+from memtier.scriptspec import ScriptSpec
 
 __all__ = [
+    "SPECS",
     "Budget",
     "CheckpointSteps",
     "as_bytes",
@@ -45,8 +48,42 @@ _SEP = "\0"  # between the parts of a field name
 _LIST_SEP = "\1"  # between the blob fields of a G:v value
 _EMPTY = b"empty"  # the type of a channel that has a version but no value
 _Op = tuple[str, int, str, bytes | str]
-# KEYS indexes (1-based) of checkpoint_write-8.lua
+# KEYS indexes (1-based) of checkpoint_write-8.lua, named in its ops
 _Z, _CK, _V, _B, _W, _WZ, _RZ = 2, 3, 4, 5, 6, 7, 8
+
+# Declared inputs of the lua/langgraph scripts (KEYS roles = CheckpointThreadKeys fields);
+# tests/integrations/test_langgraph_script_specs.py checks them against the headers.
+# An ARGV ending in a counted tail (ops, member ids, run ids) declares its fixed part.
+_THREAD_KEYS: Final = (
+    "state",
+    "index",
+    "checkpoints",
+    "versions",
+    "blobs",
+    "writes",
+    "write_index",
+    "runs",
+)
+WRITE: Final = ScriptSpec(
+    "checkpoint_write", keys=_THREAD_KEYS, argv=("thread_id", "ttl_ms", "max_bytes")
+)
+READ: Final = ScriptSpec("checkpoint_read", keys=_THREAD_KEYS[1:7], argv=("mode",))
+DROP: Final = ScriptSpec("checkpoint_drop", keys=_THREAD_KEYS, argv=("mode",))
+DUMP: Final = ScriptSpec("thread_dump", keys=_THREAD_KEYS, argv=())
+SPECS: Final = (DROP, READ, WRITE, DUMP)
+
+
+def checkpoint_call(
+    spec: ScriptSpec,
+    keys: CheckpointThreadKeys,
+    /,
+    *,
+    tail: Sequence[str | int | bytes] = (),
+    **argv: str | int | bytes,
+) -> ScriptCall:
+    """A call of ``spec`` on one thread: KEYS by role, ARGV by name, then the ``tail``."""
+    call = spec.call({role: getattr(keys, role) for role in spec.keys}, **argv)
+    return ScriptCall(call.script, call.keys, (*call.args, *tail))
 
 
 @dataclass
@@ -193,11 +230,27 @@ class CheckpointSteps:
             ops.append(("zadd", _WZ, field, b""))
         return tid, ops
 
-    def _write_args(self, tid: str, ops: Sequence[_Op]) -> list[Any]:
-        args: list[Any] = [tid, self.ttl_ms, self.max_thread_bytes]
+    def _write_call(self, tid: str, ops: Sequence[_Op]) -> ScriptCall:
+        tail: list[str | int | bytes] = []
         for op, k, field, value in ops:
-            args += [op, k, field, value]
-        return args
+            tail += [op, k, field, value]
+        return checkpoint_call(
+            WRITE,
+            self._keys(tid),
+            tail=tail,
+            thread_id=tid,
+            ttl_ms=self.ttl_ms,
+            max_bytes=self.max_thread_bytes,
+        )
+
+    def _read_call(self, tid: str, mode: str, rest: Sequence[str | bytes]) -> ScriptCall:
+        return checkpoint_call(READ, self._keys(tid), tail=rest, mode=mode)
+
+    def _drop_call(self, tid: str, mode: str, rest: Sequence[str] = ()) -> ScriptCall:
+        return checkpoint_call(DROP, self._keys(tid), tail=rest, mode=mode)
+
+    def _dump_call(self, tid: str) -> ScriptCall:
+        return checkpoint_call(DUMP, self._keys(tid))
 
     def _written(self, operation: str, reply: Sequence[Any]) -> int:
         status = int(reply[0])
@@ -266,13 +319,13 @@ class CheckpointSteps:
             )
         return out
 
-    def _get_request(self, config: RunnableConfig) -> tuple[str, list[str]]:
+    def _get_request(self, config: RunnableConfig) -> tuple[str, ScriptCall]:
         tid = thread_id_of(config)
         ns = ident(config["configurable"].get("checkpoint_ns", ""), "checkpoint_ns")
         cid = get_checkpoint_id(config)
         if cid:
-            return tid, ["ids", ns + _SEP + ident(cid, "checkpoint_id")]
-        return tid, ["latest", ns]
+            return tid, self._read_call(tid, "ids", [ns + _SEP + ident(cid, "checkpoint_id")])
+        return tid, self._read_call(tid, "latest", [ns])
 
     @staticmethod
     def _range(

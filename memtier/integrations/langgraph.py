@@ -36,6 +36,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
+from memtier.engine import ScriptCall
 from memtier.errors import ConfigurationError
 from memtier.integrations._checkpoint_core import (
     Budget,
@@ -119,9 +120,9 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
             raise ConfigurationError("this checkpointer has no sync client (pass client=)")
         return self.client
 
-    def _script(self, name: str, operation: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        client = self._sync()
-        return retry_sync(operation, lambda: self.scripts[name](client, keys, args))
+    def _script(self, operation: str, call: ScriptCall) -> Any:
+        client, script = self._sync(), self.scripts[call.script]
+        return retry_sync(operation, lambda: script(client, call.keys, call.args))
 
     def _fill_index(self, tid: str, runs: set[str] | None, pipe: Any) -> None:
         now = int(time.time() * 1000)
@@ -149,9 +150,7 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         tid, _ns, ops, run, next_config = self._put_plan(config, checkpoint, metadata, new_versions)
         self._index(tid, {run} if run else None)
-        reply = self._script(
-            "checkpoint_write", "put", self._keys(tid).all(), self._write_args(tid, ops)
-        )
+        reply = self._script("put", self._write_call(tid, ops))
         self._written("put", reply)
         return next_config
 
@@ -165,14 +164,12 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
         tid, ops = self._writes_ops(config, writes, task_id, task_path)
         if not ops:
             return
-        reply = self._script(
-            "checkpoint_write", "put_writes", self._keys(tid).all(), self._write_args(tid, ops)
-        )
+        reply = self._script("put_writes", self._write_call(tid, ops))
         self._written("put_writes", reply)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        tid, args = self._get_request(config)
-        reply = self._script("checkpoint_read", "get_tuple", self._keys(tid).reads(), args)
+        tid, call = self._get_request(config)
+        reply = self._script("get_tuple", call)
         found = self._decode_records(tid, reply)
         metrics.CHECKPOINT_OPERATIONS.labels("get_tuple", "ok").inc()
         return found[0] if found else None
@@ -195,7 +192,7 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
             if not page:
                 return
             offset += len(page)
-            reply = self._script("checkpoint_read", "list", keys.reads(), ["ids", *page])
+            reply = self._script("list", self._read_call(tid, "ids", page))
             for tup in self._decode_records(tid, reply):
                 if self._keep(tup, cid, before_id, flt) and budget.left != 0:
                     budget.left -= 1
@@ -230,7 +227,7 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
         metrics.CHECKPOINT_OPERATIONS.labels("list", "ok").inc()
 
     def _drop(self, tid: str, operation: str, args: Sequence[Any]) -> int:
-        reply = self._script("checkpoint_drop", operation, self._keys(tid).all(), args)
+        reply = self._script(operation, self._drop_call(tid, args[0], args[1:]))
         if int(reply[2]) == 0:
             retry_sync("checkpoint_index", lambda: self._sync().zrem(self.keyspace.threads, tid))
         metrics.CHECKPOINT_OPERATIONS.labels(operation, "ok").inc()
@@ -253,14 +250,12 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         src, dst = thread_id_of(source_thread_id), thread_id_of(target_thread_id)
-        dump = self._script("thread_dump", "copy_thread", self._keys(src).all(), [])
+        dump = self._script("copy_thread", self._dump_call(src))
         ops, runs = self._dump_ops(dump)
         if not ops:
             return
         self._index(dst, runs)
-        reply = self._script(
-            "checkpoint_write", "copy_thread", self._keys(dst).all(), self._write_args(dst, ops)
-        )
+        reply = self._script("copy_thread", self._write_call(dst, ops))
         self._written("copy_thread", reply)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -269,14 +264,12 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
             self._drop(thread_id_of(tid), "prune", [mode])
 
     # --- asyncio -------------------------------------------------------------------------------
-    async def _ascript(
-        self, name: str, operation: str, keys: Sequence[str], args: Sequence[Any]
-    ) -> Any:
+    async def _ascript(self, operation: str, call: ScriptCall) -> Any:
         if self.aclient is None:
-            return await asyncio.to_thread(self._script, name, operation, keys, args)
-        aclient = self.aclient
+            return await asyncio.to_thread(self._script, operation, call)
+        aclient, script = self.aclient, self.scripts[call.script]
         return await retry_async(
-            operation, lambda: self.scripts[name].call_async(aclient, keys, args)
+            operation, lambda: script.call_async(aclient, call.keys, call.args)
         )
 
     async def _acommand(self, operation: str, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -317,9 +310,7 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         tid, _ns, ops, run, next_config = self._put_plan(config, checkpoint, metadata, new_versions)
         await self._aindex(tid, {run} if run else None)
-        reply = await self._ascript(
-            "checkpoint_write", "put", self._keys(tid).all(), self._write_args(tid, ops)
-        )
+        reply = await self._ascript("put", self._write_call(tid, ops))
         self._written("put", reply)
         return next_config
 
@@ -333,14 +324,12 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
         tid, ops = self._writes_ops(config, writes, task_id, task_path)
         if not ops:
             return
-        reply = await self._ascript(
-            "checkpoint_write", "put_writes", self._keys(tid).all(), self._write_args(tid, ops)
-        )
+        reply = await self._ascript("put_writes", self._write_call(tid, ops))
         self._written("put_writes", reply)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        tid, args = self._get_request(config)
-        reply = await self._ascript("checkpoint_read", "get_tuple", self._keys(tid).reads(), args)
+        tid, call = self._get_request(config)
+        reply = await self._ascript("get_tuple", call)
         found = self._decode_records(tid, reply)
         metrics.CHECKPOINT_OPERATIONS.labels("get_tuple", "ok").inc()
         return found[0] if found else None
@@ -362,7 +351,7 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
             if not page:
                 return
             offset += len(page)
-            reply = await self._ascript("checkpoint_read", "list", keys.reads(), ["ids", *page])
+            reply = await self._ascript("list", self._read_call(tid, "ids", page))
             for tup in self._decode_records(tid, reply):
                 if self._keep(tup, cid, before_id, flt) and budget.left != 0:
                     budget.left -= 1
@@ -399,7 +388,7 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
         metrics.CHECKPOINT_OPERATIONS.labels("list", "ok").inc()
 
     async def _adrop(self, tid: str, operation: str, args: Sequence[Any]) -> int:
-        reply = await self._ascript("checkpoint_drop", operation, self._keys(tid).all(), args)
+        reply = await self._ascript(operation, self._drop_call(tid, args[0], args[1:]))
         if int(reply[2]) == 0:
             await self._acommand("checkpoint_index", "zrem", self.keyspace.threads, tid)
         metrics.CHECKPOINT_OPERATIONS.labels(operation, "ok").inc()
@@ -419,14 +408,12 @@ class MemtierCheckpointSaver(CheckpointSteps, BaseCheckpointSaver[str]):
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         src, dst = thread_id_of(source_thread_id), thread_id_of(target_thread_id)
-        dump = await self._ascript("thread_dump", "copy_thread", self._keys(src).all(), [])
+        dump = await self._ascript("copy_thread", self._dump_call(src))
         ops, runs = self._dump_ops(dump)
         if not ops:
             return
         await self._aindex(dst, runs)
-        reply = await self._ascript(
-            "checkpoint_write", "copy_thread", self._keys(dst).all(), self._write_args(dst, ops)
-        )
+        reply = await self._ascript("copy_thread", self._write_call(dst, ops))
         self._written("copy_thread", reply)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:

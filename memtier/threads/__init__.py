@@ -12,11 +12,15 @@ and ``memtier serve`` (:mod:`memtier.threads.serve`).  User documentation:
 Design decisions (and why)
 --------------------------
 
-*One core, two shells.*  Every operation is a generator in
-:mod:`memtier.threads.core` that yields I/O requests (script, command,
-pipelined reads, sleep, runner call); the sync and asyncio services only
-execute them.  Validation, keys, ARGV, decoding, errors, paging and the whole
-continue protocol exist once, so the two APIs cannot drift.
+*One core, two shells.*  Every operation is a plan (:mod:`memtier.engine`)
+built by :mod:`memtier.threads.core` that yields requests (script call, command,
+pipelined reads, sleep, the hand-off of a claimed turn to the runner); the sync
+and asyncio services only drive them through the public executors
+(:mod:`memtier.executor`).  Validation, keys, ARGV (declared once per script in
+:mod:`memtier.threads.specs`), decoding, errors, paging, the continue protocol
+(:mod:`memtier.threads.turns`) and the run-turn protocol -- emit, heartbeat,
+wall-clock limit, cancellation (:mod:`memtier.threads.runturn`) -- exist once,
+so the two APIs cannot drift.
 
 *Storage and ownership.*  All keys of one owner share the hash tag
 ``{<ns>:o:<tenant>:<user>}`` (layout in :mod:`memtier.keys`): each script runs

@@ -1,42 +1,31 @@
-"""The asyncio conversation service: the same flows as the sync one, on redis-py's asyncio client.
+"""The asyncio conversation service: the same plans as the sync one, on redis-py's asyncio client.
 
 Method names, arguments, results and errors mirror
 :class:`memtier.threads.service.ConversationService` exactly; the runner is
 an async callable (a sync runner is run in a worker thread, see
-:func:`memtier.threads.runner.as_async_runner`).
+:func:`memtier.threads.runner.as_async_runner`).  A claimed turn runs as a task: the
+heartbeat is a second task, the wall-clock limit a ``call_later``, and cancellation
+cancels the runner's task (:mod:`memtier.threads.runturn` holds the rest).
 """
 
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from memtier import limits, metrics
+from memtier import limits
 from memtier.config import MemtierConfig, ThreadsConfig
 from memtier.connection import AsyncClientGuard, connect_async
+from memtier.engine import Plan
+from memtier.executor import AsyncExecutor
 from memtier.retry import RetryPolicy, retry_async
-from memtier.scripts import load_registry
-from memtier.threads.core import (
-    BatchOp,
-    CommandOp,
-    Flow,
-    Op,
-    RunOp,
-    ScriptOp,
-    SleepOp,
-    ThreadsCore,
-    TurnCancelled,
-    TurnState,
-    outcome_of,
-)
+from memtier.scripts import ScriptRegistry, load_registry
+from memtier.threads.core import ThreadsCore, TurnCancelled, TurnState
 from memtier.threads.models import (
     AgentIdentity,
     CancelResult,
-    CancelStatus,
     ContinueResult,
     ConversationThread,
     DeleteResult,
@@ -45,9 +34,8 @@ from memtier.threads.models import (
     ReplayPage,
     ThreadPage,
 )
-from memtier.threads.runlimits import WALL_MS, RunLimits
+from memtier.threads.runlimits import RunLimits
 from memtier.threads.runner import (
-    AgentDenied,
     AsyncConversationRunner,
     AsyncRunnerTurn,
     EchoRunner,
@@ -55,6 +43,7 @@ from memtier.threads.runner import (
     RunnerResult,
     as_async_runner,
 )
+from memtier.threads.runturn import ActiveTurns, TurnControl, counted
 
 __all__ = ["AsyncConversationService", "create_async_conversation_service"]
 
@@ -103,161 +92,48 @@ class AsyncConversationService:
                 run_limits if run_limits is not None else getattr(runner, "run_limits", None)
             ),
         )
-        self.scripts = load_registry("threads")
-        # Turns running in this process: (thread key, request id) -> (state, runner task).
-        self._active: dict[tuple[str, str], tuple[TurnState, asyncio.Task[Any]]] = {}
-        self._continues: set[asyncio.Future[Any]] = set()  # continue calls in flight
         # Opens the client once (cluster: before the first command), bounds calls in flight.
         self.guard = AsyncClientGuard(client, self.config.redis)
         self.retry_policy = RetryPolicy.from_config(self.config)
-
-    async def _retry(self, operation: str, fn: Callable[[], Awaitable[T]]) -> T:
-        return await retry_async(operation, lambda: self.guard.call(fn), self.retry_policy)
+        self.executor = AsyncExecutor(
+            client, load_registry("threads"), self.guard, self.retry_policy, handoff=self._run_turn
+        )
+        self.turns = ActiveTurns()  # turns running in this process (cancel_run, aclose)
+        self._continues: set[asyncio.Future[Any]] = set()  # continue calls in flight
 
     @property
     def limits(self) -> ThreadsConfig:
         return self.core.config
 
-    # --- plumbing --------------------------------------------------------------------------------
+    @property
+    def scripts(self) -> ScriptRegistry:
+        return self.executor.scripts
 
-    async def _execute(self, operation: str, op: Op) -> Any:
-        if isinstance(op, ScriptOp):
-            script = self.scripts[op.script]
+    @scripts.setter
+    def scripts(self, registry: ScriptRegistry) -> None:
+        self.executor.scripts = registry
 
-            async def call() -> Any:
-                if op.attempts is not None:
-                    op.attempts[0] += 1
-                return await script.call_async(self.client, op.keys, op.args)
-
-            return await self._retry(operation, call)
-        if isinstance(op, CommandOp):
-            method = getattr(self.client, op.method)
-
-            async def command() -> Any:
-                return await method(*op.args, **dict(op.kwargs))
-
-            return await self._retry(operation, command)
-        if isinstance(op, BatchOp):
-
-            async def batch() -> Any:
-                pipe = self.client.pipeline(transaction=False)
-                for cmd in op.commands:
-                    getattr(pipe, cmd.method)(*cmd.args, **dict(cmd.kwargs))
-                return await pipe.execute()
-
-            return await self._retry(operation, batch)
-        if isinstance(op, SleepOp):
-            await asyncio.sleep(op.seconds)
-            return None
-        if isinstance(op, RunOp):
-            return await self._run_turn(op.turn)
-        raise TypeError(f"unknown operation {op!r}")  # pragma: no cover
-
-    async def _drive(self, operation: str, flow: Flow[T]) -> T:
-        failure: BaseException | None = None
-        try:
-            op = next(flow)
-            while True:
-                try:
-                    value = await self._execute(operation, op)
-                except Exception as exc:
-                    op = flow.throw(exc)
-                    continue
-                op = flow.send(value)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            flow.close()
-            metrics.THREAD_OPERATIONS.labels(operation, outcome_of(failure)).inc()
+    async def _run(self, operation: str, plan: Plan[T]) -> T:
+        with counted(operation):
+            return await self.executor.run(plan, operation)  # type: ignore[no-any-return]
 
     async def _run_turn(self, state: TurnState) -> RunnerResult:
-        lock = asyncio.Lock()
-
-        async def emit(event: RunnerEvent) -> None:
-            async with lock:
-                op = self.core.emit_op(state, event)
-                if op is None:
-                    return
-                self.core.check_emit(await self._execute("emit", op))
-
-        async def heartbeat() -> None:
-            interval = self.core.lease_ms / 3000
-            while True:
-                await asyncio.sleep(interval)
-                try:
-                    reply = await self._execute("lease_renew", self.core.renew_op(state))
-                except Exception:  # a missed beat is retried at the next interval
-                    continue
-                if not self.core.renew_ok(reply):
-                    # cancelled by the caller, or lost / deleted: cancel the runner's task
-                    self._cancel_local(state, self.core.renew_failure(reply))
-                    return
-
-        turn = AsyncRunnerTurn(
-            thread=state.thread,
-            history=state.history,
-            message=state.message,
-            request_id=state.request_id,
-            leaf_id=state.leaf_id,
-            emit=emit,
-            run_options=state.run_options,
-            identity=state.identity,
-            allowance=None if state.budget is None else state.budget.remaining(),
-        )
-        outcome = "error"
-        started = time.perf_counter()
-        task: asyncio.Task[RunnerResult] = asyncio.ensure_future(self.runner(turn))
-        key = (state.keys.thread, state.request_id)
-        self._active[key] = (state, task)
-        wall: asyncio.TimerHandle | None = None
-        if state.budget is not None and WALL_MS in state.budget.allowance:
-
-            def out_of_time() -> None:
-                assert state.budget is not None
-                state.budget.exceeded = state.budget.exceeded or WALL_MS
-                self._cancel_local(state, "limit")
-
-            wall = asyncio.get_running_loop().call_later(
-                state.budget.allowance[WALL_MS] / 1000, out_of_time
-            )
-        beat = asyncio.create_task(heartbeat(), name="memtier-lease")
-        try:
-            try:
-                result = await task
-            except asyncio.CancelledError:
-                if state.cancel_reason is None or not task.done():
-                    raise  # this request itself was cancelled, not the turn
-                raise TurnCancelled(state.cancel_reason) from None
-            outcome = "ok"
-            return result
-        except AgentDenied:
-            outcome = "denied"
-            raise
-        finally:
-            if wall is not None:
-                wall.cancel()
-            self._active.pop(key, None)
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
-            metrics.THREAD_RUNNER_DURATION.labels(outcome).observe(time.perf_counter() - started)
+        """The plan's hand-off: run the runner for a claimed turn."""
+        control = TurnControl(self.core, state)
+        return await _run_in_task(control, self.runner, self.executor, self.turns)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def load_scripts(self) -> None:
         """``SCRIPT LOAD`` every thread script (on Cluster: on every primary)."""
-        await self._retry("load_scripts", lambda: self.scripts.load_all_async(self.client))
+        load = lambda: self.guard.call(lambda: self.scripts.load_all_async(self.client))  # noqa: E731
+        await retry_async("load_scripts", load, self.retry_policy)
 
     async def scripts_loaded(self) -> bool:
         """True when Redis answers and ``SCRIPT EXISTS`` is true for every thread script."""
         shas = self.scripts.shas_for(self.client)
         found = await self.guard.call(lambda: self.client.script_exists(*shas))
-        if isinstance(found, bool):
-            return found
-        return bool(found) and all(bool(x) for x in found)
+        return found if isinstance(found, bool) else bool(found) and all(bool(x) for x in found)
 
     async def open(self) -> AsyncConversationService:
         """Initialise the client now (once; a cluster client reads its slot map).
@@ -267,18 +143,10 @@ class AsyncConversationService:
         await retry_async("open", self.guard.open, self.retry_policy)
         return self
 
-    def _cancel_local(self, state: TurnState, reason: str) -> None:
-        active = self._active.get((state.keys.thread, state.request_id))
-        if state.cancel_reason is None:
-            state.cancel_reason = reason
-        if active is not None:
-            active[1].cancel()
-
     async def aclose(self, *, cancel_wait_s: float = 10.0) -> None:
         """Cancel the turns running in this process (reason ``shutdown``), wait up to
         ``cancel_wait_s`` for them to close their ledgers, then close the client."""
-        for state, _ in list(self._active.values()):
-            self._cancel_local(state, "shutdown")
+        self.turns.cancel_all("shutdown")
         if self._continues:
             await asyncio.wait(set(self._continues), timeout=cancel_wait_s)
         await self.guard.aclose()
@@ -300,16 +168,10 @@ class AsyncConversationService:
         request_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> ConversationThread:
-        return await self._drive(
-            "create",
-            self.core.create(
-                ownership,
-                title=title,
-                thread_id=thread_id,
-                request_id=request_id,
-                metadata=metadata,
-            ),
+        plan = self.core.create(
+            ownership, title=title, thread_id=thread_id, request_id=request_id, metadata=metadata
         )
+        return await self._run("create", plan)
 
     async def create_or_get(
         self,
@@ -322,19 +184,13 @@ class AsyncConversationService:
     ) -> tuple[ConversationThread, bool]:
         """``(thread, created)``: like :meth:`create`, and says whether this call created it
         (the HTTP API answers 201 for a new thread, 200 for an existing one)."""
-        return await self._drive(
-            "create",
-            self.core.create_or_get(
-                ownership,
-                title=title,
-                thread_id=thread_id,
-                request_id=request_id,
-                metadata=metadata,
-            ),
+        plan = self.core.create_or_get(
+            ownership, title=title, thread_id=thread_id, request_id=request_id, metadata=metadata
         )
+        return await self._run("create", plan)
 
     async def get(self, ownership: Ownership, thread_id: str) -> ConversationThread:
-        return await self._drive("get", self.core.get(ownership, thread_id))
+        return await self._run("get", self.core.get(ownership, thread_id))
 
     async def continue_(
         self,
@@ -347,45 +203,16 @@ class AsyncConversationService:
         run_options: Mapping[str, Any] | None = None,
         identity: AgentIdentity | None = None,
     ) -> ContinueResult:
-        call = asyncio.ensure_future(
-            self._continue(
-                ownership, thread_id, message, request_id, leaf_id, run_options, identity
-            )
+        plan = self.core.continue_(
+            ownership,
+            thread_id,
+            message,
+            request_id=request_id,
+            leaf_id=leaf_id,
+            run_options=run_options,
+            identity=identity,
         )
-        self._continues.add(call)
-        try:
-            return await asyncio.shield(call)
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        finally:
-            if call.done():
-                self._continues.discard(call)
-            else:
-                call.add_done_callback(self._continues.discard)
-
-    async def _continue(
-        self,
-        ownership: Ownership,
-        thread_id: str,
-        message: str,
-        request_id: str | None,
-        leaf_id: str | None,
-        run_options: Mapping[str, Any] | None,
-        identity: AgentIdentity | None,
-    ) -> ContinueResult:
-        return await self._drive(
-            "continue",
-            self.core.continue_(
-                ownership,
-                thread_id,
-                message,
-                request_id=request_id,
-                leaf_id=leaf_id,
-                run_options=run_options,
-                identity=identity,
-            ),
-        )
+        return await _tracked(self._continues, self._run("continue", plan))
 
     async def branch(
         self,
@@ -395,25 +222,22 @@ class AsyncConversationService:
         *,
         expected_version: int | None = None,
     ) -> ConversationThread:
-        return await self._drive(
-            "branch",
-            self.core.branch(ownership, thread_id, leaf_id, expected_version=expected_version),
-        )
+        plan = self.core.branch(ownership, thread_id, leaf_id, expected_version=expected_version)
+        return await self._run("branch", plan)
 
     async def archive(
         self, ownership: Ownership, thread_id: str, *, expected_version: int | None = None
     ) -> ConversationThread:
-        return await self._drive(
-            "archive", self.core.archive(ownership, thread_id, expected_version=expected_version)
-        )
+        plan = self.core.archive(ownership, thread_id, expected_version=expected_version)
+        return await self._run("archive", plan)
 
     async def export(
         self, ownership: Ownership, thread_id: str, *, cursor: str | None = None
     ) -> ExportResult:
-        return await self._drive("export", self.core.export(ownership, thread_id, cursor=cursor))
+        return await self._run("export", self.core.export(ownership, thread_id, cursor=cursor))
 
     async def delete(self, ownership: Ownership, thread_id: str) -> DeleteResult:
-        return await self._drive("delete", self.core.delete(ownership, thread_id))
+        return await self._run("delete", self.core.delete(ownership, thread_id))
 
     async def replay(
         self,
@@ -423,42 +247,96 @@ class AsyncConversationService:
         cursor: str | None = None,
         limit: int | None = None,
     ) -> ReplayPage:
-        return await self._drive(
-            "replay", self.core.replay(ownership, thread_id, cursor=cursor, limit=limit)
-        )
+        plan = self.core.replay(ownership, thread_id, cursor=cursor, limit=limit)
+        return await self._run("replay", plan)
 
     async def cancel_run(
         self, ownership: Ownership, thread_id: str, request_id: str
     ) -> CancelResult:
-        result: CancelResult = await self._drive(
-            "cancel_run", self.core.cancel_run(ownership, thread_id, request_id)
-        )
-        if result.status == CancelStatus.CANCELLING:  # running here: cancel it at once
-            key = (self.core.thread_keys(ownership, thread_id).thread, result.request_id)
-            active = self._active.get(key)
-            if active is not None:
-                self._cancel_local(active[0], "caller")
-        return result
+        plan = self.core.cancel_run(ownership, thread_id, request_id)
+        result = await self._run("cancel_run", plan)
+        return self.turns.cancelled(self.core.thread_keys(ownership, thread_id).thread, result)
 
     async def set_legal_hold(self, ownership: Ownership, thread_id: str) -> ConversationThread:
-        return await self._drive(
-            "set_legal_hold", self.core.set_legal_hold(ownership, thread_id, True)
-        )
+        plan = self.core.set_legal_hold(ownership, thread_id, True)
+        return await self._run("set_legal_hold", plan)
 
     async def release_legal_hold(self, ownership: Ownership, thread_id: str) -> ConversationThread:
-        return await self._drive(
-            "release_legal_hold", self.core.set_legal_hold(ownership, thread_id, False)
-        )
+        plan = self.core.set_legal_hold(ownership, thread_id, False)
+        return await self._run("release_legal_hold", plan)
 
     async def list(
         self, ownership: Ownership, *, cursor: str | None = None, limit: int | None = None
     ) -> ThreadPage:
-        return await self._drive(
-            "list", self.core.list_threads(ownership, cursor=cursor, limit=limit)
-        )
+        plan = self.core.list_threads(ownership, cursor=cursor, limit=limit)
+        return await self._run("list", plan)
 
-    def script_names(self) -> builtins.list[str]:
-        return self.scripts.names()
+
+async def _tracked(continues: set[asyncio.Future[Any]], call: Awaitable[T]) -> T:
+    """Run one continue as its own task, tracked in ``continues`` until it ends: aclose
+    waits for it; a cancelled caller cancels it (shielded, so it closes its ledger)."""
+    task = asyncio.ensure_future(call)
+    continues.add(task)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        if task.done():
+            continues.discard(task)
+        else:
+            task.add_done_callback(continues.discard)
+
+
+async def _run_in_task(
+    control: TurnControl,
+    runner: AsyncConversationRunner,
+    executor: AsyncExecutor,
+    active: ActiveTurns,
+) -> RunnerResult:
+    """Run the runner as a task; a heartbeat task renews the lease, ``call_later`` enforces
+    the wall-clock limit, and cancellation cancels the runner's task."""
+    emitting = asyncio.Lock()
+
+    async def emit(event: RunnerEvent) -> None:
+        async with emitting:
+            call = control.emit_call(event)
+            if call is not None:
+                control.check_emit(await executor.execute(call, "emit"))
+
+    async def heartbeat() -> None:
+        while True:
+            await asyncio.sleep(control.beat_interval)
+            try:
+                reply = await executor.execute(control.renew_call(), "lease_renew")
+            except Exception:  # a missed beat is retried at the next interval
+                continue
+            if not control.renewed(reply):
+                return  # cancelled by the caller, or lost / deleted: the runner's task was
+
+    turn = AsyncRunnerTurn(**control.turn_fields(), emit=emit)
+    with control.running(active):
+        task: asyncio.Task[RunnerResult] = asyncio.ensure_future(runner(turn))
+        control.stop = task.cancel
+        wall: asyncio.TimerHandle | None = None
+        if (seconds := control.wall_seconds()) is not None:
+            wall = asyncio.get_running_loop().call_later(seconds, control.out_of_time)
+        beat = asyncio.create_task(heartbeat(), name="memtier-lease")
+        try:
+            try:
+                return await task
+            except asyncio.CancelledError:
+                reason = control.state.cancel_reason
+                if reason is None or not task.done():
+                    raise  # this request itself was cancelled, not the turn
+                raise TurnCancelled(reason) from None
+        finally:
+            if wall is not None:
+                wall.cancel()
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
 
 
 def create_async_conversation_service(

@@ -344,7 +344,7 @@ class RequestModel(BaseModel):
     )
 
 
-# The documented grammar of an id given to create (memtier.threads.core.create_thread_id
+# The documented grammar of an id given to create (threads.validation.create_thread_id
 # also refuses the route names, which a JSON-schema pattern cannot express).
 CREATE_ID_PATTERN: Final = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$"
 ROUTE_NAMES: Final = ("openapi.json", "events", "continue", "branch", "archive", "export")

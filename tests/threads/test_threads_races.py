@@ -22,12 +22,13 @@ from threadhelpers import (
     process_continue,
     run_concurrently,
     scan_keys,
+    watch_requests,
 )
 
+from memtier.engine import Sleep
 from memtier.errors import ConversationError
 from memtier.keys import ThreadKeyspace
 from memtier.threads import ConversationService, ThreadState
-from memtier.threads.core import SleepOp
 
 pytestmark = pytest.mark.slow
 
@@ -275,16 +276,13 @@ class _SleepCounter:
         self.changed = threading.Condition(self.lock)
 
     def wrap(self, service: ConversationService) -> None:
-        original = service._execute
-
-        def execute(operation: str, op: Any) -> Any:
-            if isinstance(op, SleepOp):
+        def see(request: Any) -> None:
+            if isinstance(request, Sleep):
                 with self.lock:
                     self.sleepers.add(id(service))
                     self.changed.notify_all()
-            return original(operation, op)
 
-        service._execute = execute  # type: ignore[method-assign]
+        watch_requests(service, see)
 
     def wait_for(self, n: int) -> None:
         """Until n distinct services waited for an in-flight request."""

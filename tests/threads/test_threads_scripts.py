@@ -104,7 +104,7 @@ class Harness:
         )
 
     def turn(self, request_id: str, token: str, count: int) -> None:
-        assert self.claim(request_id, token)[0] == S.CLAIMED
+        assert self.claim(request_id, token)[0] == S.OK
         assert self.commit(request_id, token, count) == [S.OK]
 
 
@@ -201,12 +201,12 @@ def test_hold_and_delete(h: Harness) -> None:
     h.create()
     h.turn("r1", "t1", 0)
     assert h.run("hold", (k.thread,), MARKER, "1", *OWNER)[0] == S.OK
-    assert delete() == [0, 1]  # held: nothing removed
+    assert delete() == [S.HELD]  # held: nothing removed
     assert h.client.exists(k.thread, k.entries, k.parents, k.runs, k.events) == 5
     h.run("hold", (k.thread,), MARKER, "0", *OWNER)
-    assert delete() == [0, 0]
+    assert delete() == [S.OK]
     assert h.client.exists(*all_keys[:-1]) == 0
-    assert delete() == [0, 0, 1]  # a retry of the same delete (its reply was lost)
+    assert delete() == [S.DONE]  # a retry of the same delete (its reply was lost)
     assert delete("d2") == [S.NOT_FOUND]  # another delete: the thread is gone
     # the recent-deletes set is bounded by age and by size
     for i in range(5):
@@ -214,7 +214,7 @@ def test_hold_and_delete(h: Harness) -> None:
         assert h.run("delete", all_keys, MARKER, *OWNER, "conv_1", f"x{i}", NOW + 1, 600_000, 3)
     assert h.client.zcard(h.owner.recent_deletes) == 3
     h.create()
-    assert delete("late", NOW + 700_000) == [0, 0]
+    assert delete("late", NOW + 700_000) == [S.OK]
     assert h.client.zrange(h.owner.recent_deletes, 0, -1) == [b"conv_1|late"]
     with pytest.raises(ScriptError):
         h.run("hold", (k.thread,), MARKER, "yes", *OWNER)
@@ -233,13 +233,13 @@ def test_run_claim_outcomes(h: Harness) -> None:
     assert h.claim("r2", "t2", max_bytes=10, turn_bytes=100) == [S.LIMIT_EXCEEDED, "bytes"]
     claimed = h.claim("r2", "t2")
     # base, count, first entry number (from the never-reused id sequence), path base -> root
-    assert claimed == [S.CLAIMED, "e2", 2, 3, "e2", "e1"]
+    assert claimed == [S.OK, "e2", 2, 3, "e2", "e1"]
     replayed = h.claim("r2", "t2")  # a replay of our own claim: the same turn, fresh ids
     assert replayed[:3] == claimed[:3] and replayed[3] == 5 and replayed[4:] == claimed[4:]
     assert h.claim("r2", "t3") == [S.REQUEST_IN_PROGRESS]  # a duplicate while it runs
     assert h.claim("r3", "t4") == [S.THREAD_BUSY]  # another request while it runs
     h.client.delete(h.keys.lease)  # the first attempt died: its lease expired
-    assert h.claim("r2", "t5")[0] == S.CLAIMED  # abandoned run taken over
+    assert h.claim("r2", "t5")[0] == S.OK  # abandoned run taken over
     h.client.hset(h.keys.thread, "state", "archived")
     h.client.delete(h.keys.lease)
     assert h.claim("r9", "t6") == [S.THREAD_ARCHIVED]
@@ -249,7 +249,7 @@ def test_run_claim_outcomes(h: Harness) -> None:
 
 def test_run_claim_lease_expires(h: Harness) -> None:
     h.create()
-    assert h.claim("r1", "t1", lease_ms=1)[0] == S.CLAIMED
+    assert h.claim("r1", "t1", lease_ms=1)[0] == S.OK
     assert h.client.pttl(h.keys.lease) <= 1
 
 
@@ -301,7 +301,7 @@ def test_run_abort_outcomes(h: Harness) -> None:
     assert h.run("run_abort", abort, MARKER, "zz", "r1", NOW, "error", "{}") == [S.LEASE_LOST]
     assert h.run("run_abort", abort, MARKER, "t1", "r1", NOW, "error", "{}") == [S.OK]
     assert h.client.hexists(k.runs, "r1") == 0 and h.client.exists(k.lease) == 0
-    assert h.claim("r1", "t2")[0] == S.CLAIMED  # the request may run again
+    assert h.claim("r1", "t2")[0] == S.OK  # the request may run again
 
 
 def test_read_events(h: Harness) -> None:
@@ -338,9 +338,7 @@ def test_every_writing_script_checks_the_stored_owner_before_it_writes(
     k = h.keys
     before = {key: h.client.dump(key) for key in (*k.all(), h.owner.index)}
     all_keys = (*k.all(), h.owner.index, h.owner.recent_deletes)
-    assert h.run("branch", (k.thread, k.parents), MARKER, "e2", 1, 16, NOW, *OWNER) == [
-        S.NOT_FOUND
-    ]
+    assert h.run("branch", (k.thread, k.parents), MARKER, "e2", 1, 16, NOW, *OWNER) == [S.NOT_FOUND]
     assert h.run("archive", (k.thread,), MARKER, 1, NOW, *OWNER) == [S.NOT_FOUND]
     assert h.run("hold", (k.thread,), MARKER, "1", *OWNER) == [S.NOT_FOUND]
     assert h.run("delete", all_keys, MARKER, *OWNER, "conv_1", "d", NOW, 600_000, 10) == [

@@ -6,7 +6,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from threadhelpers import OTHER, OTHER_TENANT, OWNER, Clock, CountingRunner, scan_keys
+from threadhelpers import (
+    OTHER,
+    OTHER_TENANT,
+    OWNER,
+    Clock,
+    CountingRunner,
+    scan_keys,
+    watch_requests,
+)
 
 from memtier.errors import ConversationError
 from memtier.keys import ThreadKeyspace
@@ -69,26 +77,24 @@ def test_only_the_loser_of_a_true_create_race_gets_metadata_conflict(
     make_service: MakeService,
 ) -> None:
     """The rival's create lands between this create's read and its create-only write."""
-    from memtier.threads.core import ScriptOp
+    from memtier.engine import ScriptCall
 
     service, rival = make_service(), make_service()
-    real = service._execute
+    rival_body: dict[str, Any] = {}
 
-    def racing(body: dict[str, Any]) -> Any:
-        def execute(operation: str, op: Any) -> Any:
-            if isinstance(op, ScriptOp) and op.script == "create":
-                rival.create(OWNER, **body)
-            return real(operation, op)
+    def see(request: Any) -> None:
+        if isinstance(request, ScriptCall) and request.script == "create":
+            rival.create(OWNER, **rival_body)
 
-        return execute
-
-    service._execute = racing({"thread_id": "raced", "title": "winner"})  # type: ignore[method-assign]
+    watch_requests(service, see)
+    rival_body.update(thread_id="raced", title="winner")
     lost = err(lambda: service.create(OWNER, thread_id="raced", title="loser"))
     assert lost.code == "metadata_conflict" and lost.http_status == 409
     assert "won the race" in lost.message and "do not retry" in lost.message
     assert service.get(OWNER, "raced").title == "winner"
     # an identical concurrent create is no conflict: both get the one thread
-    service._execute = racing({"thread_id": "same", "title": "t"})  # type: ignore[method-assign]
+    rival_body.clear()
+    rival_body.update(thread_id="same", title="t")
     thread, created = service.create_or_get(OWNER, thread_id="same", title="t")
     assert not created and thread == service.get(OWNER, "same")
 
@@ -110,8 +116,22 @@ def test_request_id_derived_ids_are_rfc4122_version_5(service: ConversationServi
 
 @pytest.mark.parametrize(
     "bad_id",
-    [".", "..", "...", ".hidden", "openapi.json", "events", "continue", "branch", "archive",
-     "export", "EVENTS", "a/b", "", "x" * 129],
+    [
+        ".",
+        "..",
+        "...",
+        ".hidden",
+        "openapi.json",
+        "events",
+        "continue",
+        "branch",
+        "archive",
+        "export",
+        "EVENTS",
+        "a/b",
+        "",
+        "x" * 129,
+    ],
 )
 def test_create_refuses_ids_clients_cannot_address(
     service: ConversationService, bad_id: str

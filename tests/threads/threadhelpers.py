@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtier.engine import Plan, Request
 from memtier.keys import ThreadKeyspace
 from memtier.threads import (
     ConversationService,
@@ -20,6 +21,28 @@ from memtier.threads import (
 OWNER = Ownership("acme", "alice")
 OTHER = Ownership("acme", "mallory")  # same tenant, another user
 OTHER_TENANT = Ownership("globex", "alice")  # same user id, another tenant
+
+
+def watch_requests(service: Any, see: Callable[[Request], None]) -> None:
+    """Call ``see(request)`` for every request a plan of ``service`` yields, before it is
+    performed (Sleep included): wraps the public executor's ``run``."""
+    run = service.executor.run
+
+    def watching(plan: Plan[Any]) -> Plan[Any]:
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                request = plan.throw(error) if error is not None else plan.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            see(request)
+            try:
+                reply, error = (yield request), None
+            except Exception as exc:
+                reply, error = None, exc
+
+    service.executor.run = lambda plan, operation=None, **kw: run(watching(plan), operation, **kw)
 
 
 def scan_keys(backend: Any, client: Any, pattern: str) -> list[str]:
@@ -117,8 +140,8 @@ def process_continue(url: str | None, namespace: str, thread_id: str, request_id
     import time
 
     from memtier.config import MemtierConfig
+    from memtier.engine import Sleep
     from memtier.threads import create_conversation_service
-    from memtier.threads.core import SleepOp
 
     tag = "{" + namespace + ":test}"
     config = MemtierConfig.load(redis_url=url, namespace=namespace)
@@ -134,14 +157,12 @@ def process_continue(url: str | None, namespace: str, thread_id: str, request_id
         return RunnerReply(f"ran in {os.getpid()}")
 
     service.runner = runner
-    original = service._execute
 
-    def execute(operation: str, op: Any) -> Any:
-        if isinstance(op, SleepOp):
+    def see(request: Any) -> None:
+        if isinstance(request, Sleep):
             probe.sadd(f"{tag}:sleepers", os.getpid())
-        return original(operation, op)
 
-    service._execute = execute  # type: ignore[method-assign]
+    watch_requests(service, see)
     try:
         result = service.continue_(OWNER, thread_id, "cross-process", request_id=request_id)
         return result.model_dump_json()

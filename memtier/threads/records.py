@@ -1,0 +1,141 @@
+"""The stored forms of a thread and of its entries: one owner that encodes and decodes each.
+
+* the thread hash (``T:t:<id>``: marker, owner, title, metadata, state, branches, head,
+  version, hold and the shared run-limit counters ``use.<meter>``), written by the
+  scripts and read here into a :class:`~memtier.threads.models.ConversationThread`;
+* an entry (``T:e:<id>`` field value): the JSON of one user or assistant message.
+
+What is served is redacted again on the way out (a row written by hand or by an older
+version never reaches a caller as it is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from memtier.errors import ConversationError, ConversationErrorCode
+from memtier.errors import ValidationError as MemtierValidationError
+from memtier.threads.models import (
+    MARKER,
+    BranchRef,
+    ConversationEntry,
+    ConversationThread,
+    EntryRole,
+    Ownership,
+    ThreadState,
+    ms_to_datetime,
+)
+from memtier.threads.pathscrub import served_json, served_text
+
+__all__ = ["entry_from_json", "entry_row", "pairs", "text", "thread_from_fields", "thread_of"]
+
+
+def text(value: Any) -> str:
+    """A reply value as text (redis-py answers bytes unless decode_responses)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
+
+
+def pairs(flat: Sequence[Any]) -> dict[str, str]:
+    """A flat ``field, value, ...`` reply (HGETALL inside a script) as a dict."""
+    return {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+def usage_of(fields: Mapping[str, str]) -> dict[str, int]:
+    """The shared run-limit counters of a thread hash (``use.<meter>`` fields)."""
+    usage: dict[str, int] = {}
+    for name, value in fields.items():
+        if name.startswith("use."):
+            try:
+                usage[name[4:]] = int(value)
+            except ValueError:
+                continue
+    return usage
+
+
+def thread_from_fields(
+    fields: Mapping[str, str], owner: Ownership, thread_id: str
+) -> ConversationThread:
+    """A stored thread hash -> model; anything not this owner's thread is not-found."""
+    if (
+        fields.get("marker") != MARKER
+        or fields.get("id") != thread_id
+        or fields.get("tenant") != owner.tenant_id
+        or fields.get("user") != owner.user_id
+    ):
+        raise ConversationError(ConversationErrorCode.NOT_FOUND, "conversation not found")
+    branches = tuple(
+        BranchRef(leaf_id=str(ref["leafId"]), created_at=ms_to_datetime(int(ref["createdAt"])))
+        for ref in (orjson.loads(fields.get("branches") or "[]") or [])
+    )
+    title = fields.get("title")
+    try:
+        metadata = served_json(orjson.loads(fields.get("metadata") or "{}"), scrub=False)
+    except (MemtierValidationError, orjson.JSONDecodeError):
+        metadata = {}  # a row written by hand beyond the bounds: never served as is
+    if not isinstance(metadata, dict):
+        metadata = {}
+    return ConversationThread(
+        id=thread_id,
+        title=None if title is None else served_text(title, scrub=False),
+        state=ThreadState(fields.get("state", "active")),
+        branches=branches,
+        created_at=ms_to_datetime(int(fields["created"])),
+        updated_at=ms_to_datetime(int(fields["updated"])),
+        tenant_id=owner.tenant_id,
+        user_id=owner.user_id,
+        metadata=metadata,
+        version=int(fields["version"]),
+        head_id=fields.get("head") or None,
+        legal_hold=fields.get("held") == "1",
+        usage=usage_of(fields),
+    )
+
+
+def thread_of(
+    raw: Mapping[Any, Any] | None, owner: Ownership, thread_id: str
+) -> ConversationThread:
+    """An HGETALL reply of a thread hash -> model (see :func:`thread_from_fields`)."""
+    fields = {text(k): text(v) for k, v in (raw or {}).items()}
+    return thread_from_fields(fields, owner, thread_id)
+
+
+def entry_row(
+    entry_id: str,
+    parent_id: str,
+    role: str,
+    content: str,
+    created_ms: int,
+    request_id: str,
+    truncated: bool,
+) -> dict[str, Any]:
+    """One entry as it is stored (JSON object; ``truncated`` only when the text was cut)."""
+    row: dict[str, Any] = {
+        "id": entry_id,
+        "parentId": parent_id,
+        "role": role,
+        "content": content,
+        "createdAt": created_ms,
+        "requestId": request_id,
+    }
+    if truncated:
+        row["truncated"] = True
+    return row
+
+
+def entry_from_json(raw: str | bytes) -> ConversationEntry:
+    """A stored entry (its JSON) -> model."""
+    data = orjson.loads(raw)
+    return ConversationEntry(
+        id=data["id"],
+        parent_id=data.get("parentId") or None,
+        role=EntryRole(data["role"]),
+        content=data["content"],
+        created_at=ms_to_datetime(int(data["createdAt"])),
+        request_id=data.get("requestId"),
+        truncated=True if data.get("truncated") else None,
+    )
