@@ -15,14 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memtier import redaction
 from memtier.errors import ErrorCode, ValidationError
 from memtier.redaction import (
     FALLBACK_TEXT,
     SanitizedText,
     SecretKind,
     bound_utf8,
+    bounding,
     contains_secret,
+    core,
     json_contains_secret,
     normalize_controls,
     placeholder,
@@ -527,7 +528,7 @@ def test_redaction_of_embedded_secrets_is_idempotent(parts: list[tuple[str, int]
     once = redact(text)
     assert redact(once.text) == (once.text, ())
     assert not contains_secret(once.text)
-    _, counts = redaction._redact_once(once.text)  # a single pass is already a fixpoint
+    _, counts = core.redact_once(once.text)  # a single pass is already a fixpoint
     assert counts == {}
     for _, i in parts:
         assert POSITIVE[i].secret not in once.text
@@ -581,7 +582,7 @@ def test_bound_utf8_at_every_cut_offset(text: str) -> None:
         assert out.startswith(previous)  # monotonic in max_bytes
         previous = out
         # never a dangling part of a grapheme cluster
-        assert not redaction._splits_cluster(text, len(out))
+        assert not bounding.splits_cluster(text, len(out))
     assert bound_utf8(text, size) == (text, False)
 
 
@@ -663,7 +664,7 @@ def test_sanitize_untouched_text() -> None:
 def test_sanitize_fails_closed_when_rounds_do_not_converge(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(redaction, "contains_secret", lambda text: True)
+    monkeypatch.setattr(core, "contains_secret", lambda text: True)
     result = sanitize("y" * 50, 20)
     assert result.text == FALLBACK_TEXT
     assert result.truncated
