@@ -7,9 +7,11 @@ Windows drive paths, ``~/`` and ``file://`` URLs become :data:`PATH_PLACEHOLDER`
 secret, so :func:`~memtier.redaction.redact` keeps it; the threads ledger and its exports
 leave a user's directory layout out (docs/threads.md).
 
-Copied unchanged from ``memtier/threads/core.py`` (issue 13: the path scrubber moves into
+Moved here from ``memtier/threads/core.py`` (issue 13: the path scrubber moves into
 redaction); the threads modules import it from :mod:`memtier.redaction` once they are
-repointed.
+repointed.  Two leaks of that copy are closed here (tests/test_redaction_paths.py pins
+them): a first component that merely starts with a root name (``/workspaces/alice``) lost
+only the root name, and a path after ``:`` was not scrubbed at all.
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ from memtier.redaction.core import redact_json, redact_text
 __all__ = ["PATH_PLACEHOLDER", "scrub_json_paths", "scrub_paths", "served_json", "served_text"]
 
 # Absolute local paths (POSIX roots where users' files live, Windows drives, ~/, file://).
+# A path starts at the beginning of the text or after a character that cannot continue a
+# word, a relative path or a URL host (``[\w./~-]``); a ":" before it is a separator, so the
+# second entry of ``PATH=/usr/bin:/home/alice/bin``, a remote ``host:/home/alice`` and
+# ``C:/Users/alice`` are paths too.  After a root, the whole run of path characters goes:
+# ``/workspaces/alice`` or ``/datasets/alice`` is scrubbed whole, not cut after the root
+# name ("[PATH]s/alice" would serve the rest).
 _LOCAL_PATH_RE: Final = re.compile(
     r"(?:file://[^\s\"'<>]{1,4096}+"
-    r"|(?<![\w.:/~-])(?:/(?:home|Users|root|tmp|var|etc|opt|srv|mnt|media|private|usr"
-    r"|Library|Volumes|proc|run|workspace|work|data|app)(?:/[^\s\"'<>|:]{0,4096}+)?"
+    r"|(?<![\w./~-])(?:/(?:home|Users|root|tmp|var|etc|opt|srv|mnt|media|private|usr"
+    r"|Library|Volumes|proc|run|workspace|work|data|app)[^\s\"'<>|:]{0,4096}+"
     r"|~/[^\s\"'<>|:]{0,4096}+"
     r"|[A-Za-z]:\\[^\s\"'<>|]{0,4096}+))"
 )
