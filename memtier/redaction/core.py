@@ -28,7 +28,7 @@ from memtier.redaction.placeholders import (
     placeholder,
     sorted_kinds,
 )
-from memtier.redaction.prefilter import next_candidate
+from memtier.redaction.prefilter import run_filtered
 
 __all__ = [
     "MAX_SANITIZE_ROUNDS",
@@ -51,29 +51,27 @@ MAX_SANITIZE_ROUNDS: Final = 4
 _MAX_JSON_DEPTH: Final = 64
 
 
+def _run_detector(detector: Detector, text: str, counts: dict[SecretKind, int]) -> str | None:
+    """Replace every match of one detector, counting kinds; the new text, or None if unchanged."""
+    before = len(counts), sum(counts.values())
+
+    def sub(m: re.Match[str]) -> str:
+        result = detector.replace(m)
+        if result is None:
+            return m.group(0)
+        new, kinds = result
+        for kind in kinds:
+            counts[kind] = counts.get(kind, 0) + 1
+        return new
+
+    text = detector.pattern.sub(sub, text)
+    return text if (len(counts), sum(counts.values())) != before else None
+
+
 def redact_once(text: str) -> tuple[str, dict[SecretKind, int]]:
     """One pass of every detector, in order; returns the text and counts per kind."""
     counts: dict[SecretKind, int] = {}
-    detectors = DETECTORS
-    # lowered: text.lower(), computed when a detector with hints first needs it
-    index, lowered = next_candidate(detectors, 0, text, None)
-    while index < len(detectors):
-        detector = detectors[index]
-        before = len(counts), sum(counts.values())
-
-        def sub(m: re.Match[str], detector: Detector = detector) -> str:
-            result = detector.replace(m)
-            if result is None:
-                return m.group(0)
-            new, kinds = result
-            for kind in kinds:
-                counts[kind] = counts.get(kind, 0) + 1
-            return new
-
-        text = detector.pattern.sub(sub, text)
-        if (len(counts), sum(counts.values())) != before:
-            lowered = None  # the text changed
-        index, lowered = next_candidate(detectors, index + 1, text, lowered)
+    text = run_filtered(DETECTORS, text, _run_detector, counts)
     # Last: specific formats first (GITHUB_TOKEN=ghp_... reports github_token).
     text = apply_assignments(text, counts)
     return text, counts

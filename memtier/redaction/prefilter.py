@@ -1,4 +1,4 @@
-"""The pre-filter: which detector could match next, decided by cheap substring searches.
+"""The pre-filter: run only the detectors that could match, decided by cheap substring searches.
 
 Every :class:`~memtier.redaction.detectors.Detector` declares pre-filters (``chars``,
 ``needles``, ``hints``, ``gate``), each a NECESSARY condition for a match: a detector whose
@@ -12,31 +12,36 @@ longer literal is 3-10x cheaper than running the pattern, and most chat text pas
 
 The filters are checked on the *current* text before every run, so a replacement made by an
 earlier detector is seen.  The checks are plain loops (a generator per detector per call
-costs more than the substring searches themselves), and :func:`next_candidate` scans ahead
-to the next detector worth running in one call, so the cost of a call is paid once per
-detector that runs, not once per detector.
+costs more than the substring searches themselves), inside one loop over the detectors:
+the engine's work for a detector that passes is a callback, so a detector that is skipped
+costs its filter checks and nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from memtier.redaction.detectors import Detector
+from memtier.redaction.placeholders import SecretKind
 
-__all__ = ["next_candidate"]
+__all__ = ["run_filtered"]
 
 
-def next_candidate(
-    detectors: Sequence[Detector], start: int, text: str, lowered: str | None
-) -> tuple[int, str | None]:
-    """The index of the first detector at or after ``start`` whose filters pass on ``text``.
+def run_filtered(
+    detectors: Sequence[Detector],
+    text: str,
+    run: Callable[[Detector, str, dict[SecretKind, int]], str | None],
+    counts: dict[SecretKind, int],
+) -> str:
+    """Call ``run(detector, text, counts)`` for each detector, in order, whose filters pass on
+    the current text; returns the text after the last one.
 
-    ``len(detectors)`` when none does.  ``lowered`` is ``text.lower()`` if the caller has it
-    (else None); it is computed here when a detector with hints first needs it, and returned
-    so the caller can reuse it until the text changes.
+    ``run`` returns the new text if the detector replaced something, else None: the filters
+    of the detectors after it are checked on the text as it is then.  (``counts`` is passed
+    through so that ``run`` needs no closure built per call.)
     """
-    for index in range(start, len(detectors)):
-        detector = detectors[index]
+    lowered: str | None = None  # text.lower(), computed when a detector with hints needs it
+    for detector in detectors:
         if detector.chars:
             missing = False
             for char in detector.chars:
@@ -61,5 +66,8 @@ def next_candidate(
                 continue
         if detector.gate is not None and detector.gate.search(text) is None:
             continue
-        return index, lowered
-    return len(detectors), lowered
+        changed = run(detector, text, counts)
+        if changed is not None:
+            text = changed
+            lowered = None
+    return text
