@@ -792,3 +792,34 @@ def test_documented_examples_redact_as_documented() -> None:
         result = redact(example)
         assert result.text == m["output"].replace("\\n", "\n"), m["kind"]
         assert SecretKind(m["kind"]) in result.kinds
+
+
+# --- the package layout ------------------------------------------------------------------------
+
+PACKAGE = Path(__file__).resolve().parent.parent / "memtier" / "redaction"
+
+
+def test_each_redaction_module_is_small_and_says_what_it_owns() -> None:
+    import ast
+
+    modules = sorted(PACKAGE.glob("*.py"))
+    assert {m.name for m in modules} >= {"__init__.py", "patterns.py", "core.py", "paths.py"}
+    for module in modules:
+        source = module.read_text("utf-8")
+        assert source.count("\n") < 600, module.name
+        assert ast.get_docstring(ast.parse(source)), module.name
+
+
+def test_the_package_exports_the_public_api() -> None:
+    import memtier.redaction as package
+
+    exported = set(package.__all__)
+    assert exported == {
+        "FALLBACK_TEXT", "MAX_SANITIZE_ROUNDS", "RedactionResult", "SanitizedText",
+        "SecretKind", "bound_utf8", "contains_secret", "json_contains_secret",
+        "normalize_controls", "placeholder", "redact", "redact_json", "redact_text",
+        "sanitize",
+        # the local-path scrubber (moved here from memtier/threads/core.py)
+        "PATH_PLACEHOLDER", "scrub_json_paths", "scrub_paths", "served_json", "served_text",
+    }  # fmt: skip
+    assert all(hasattr(package, name) for name in exported)

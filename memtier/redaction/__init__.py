@@ -33,7 +33,6 @@ patterns.  Text that cannot be encoded as UTF-8 (a lone surrogate) is refused
 by :func:`bound_utf8` and :func:`sanitize` with a
 :class:`~memtier.errors.ValidationError` (code ``invalid_input``).
 
-
 Every pattern, with an example, is listed in README.md (section *Redaction and text bounding*).
 
 Layout, one concern per module (this package re-exports the public API: import from here):
