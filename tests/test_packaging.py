@@ -61,6 +61,56 @@ def test_wheel_contains_py_typed(wheel: Path) -> None:
         assert "memtier/py.typed" in zf.namelist()
 
 
+def _module_sources() -> list[str]:
+    package = REPO / "memtier"
+    return sorted(
+        p.relative_to(REPO).as_posix()
+        for p in package.rglob("*.py")
+        if "__pycache__" not in p.parts and "_lua" not in p.relative_to(package).parts
+    )
+
+
+def test_wheel_contains_every_python_module(wheel: Path) -> None:
+    """Subpackages (memtier/redaction/, memtier/threads/...) ship whole, byte for byte."""
+    sources = _module_sources()
+    assert "memtier/redaction/__init__.py" in sources and "memtier/redaction/patterns.py" in sources
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        assert [s for s in sources if s not in names] == []
+        for source in sources:
+            assert zf.read(source) == (REPO / source).read_bytes(), source
+
+
+def test_installed_wheel_imports_the_redaction_package(wheel: Path, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    probe = textwrap.dedent(
+        f"""
+        import json, sys
+        sys.path.insert(0, {str(site)!r})
+        import memtier.redaction as r
+        print(json.dumps({{
+            "module": r.__file__,
+            "all": sorted(r.__all__),
+            "redacted": r.redact("token ghp_" + "Z9" * 18).text,
+            "scrubbed": r.scrub_paths("see /home/alice/x"),
+        }}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, cwd=tmp_path, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode("utf-8", "replace")
+    report = json.loads(done.stdout)
+    assert report["module"] == str(site / "memtier" / "redaction" / "__init__.py")
+    import memtier.redaction
+
+    assert report["all"] == sorted(memtier.redaction.__all__)
+    assert report["redacted"] == "token [REDACTED:github_token]"
+    assert report["scrubbed"] == "see [PATH]"
+
+
 def test_wheel_declares_the_console_script(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         entry_points = next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))

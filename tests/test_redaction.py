@@ -15,14 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memtier import redaction
 from memtier.errors import ErrorCode, ValidationError
 from memtier.redaction import (
     FALLBACK_TEXT,
     SanitizedText,
     SecretKind,
     bound_utf8,
+    bounding,
     contains_secret,
+    core,
     json_contains_secret,
     normalize_controls,
     placeholder,
@@ -527,7 +528,7 @@ def test_redaction_of_embedded_secrets_is_idempotent(parts: list[tuple[str, int]
     once = redact(text)
     assert redact(once.text) == (once.text, ())
     assert not contains_secret(once.text)
-    _, counts = redaction._redact_once(once.text)  # a single pass is already a fixpoint
+    _, counts = core.redact_once(once.text)  # a single pass is already a fixpoint
     assert counts == {}
     for _, i in parts:
         assert POSITIVE[i].secret not in once.text
@@ -581,7 +582,7 @@ def test_bound_utf8_at_every_cut_offset(text: str) -> None:
         assert out.startswith(previous)  # monotonic in max_bytes
         previous = out
         # never a dangling part of a grapheme cluster
-        assert not redaction._splits_cluster(text, len(out))
+        assert not bounding.splits_cluster(text, len(out))
     assert bound_utf8(text, size) == (text, False)
 
 
@@ -663,7 +664,7 @@ def test_sanitize_untouched_text() -> None:
 def test_sanitize_fails_closed_when_rounds_do_not_converge(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(redaction, "contains_secret", lambda text: True)
+    monkeypatch.setattr(core, "contains_secret", lambda text: True)
     result = sanitize("y" * 50, 20)
     assert result.text == FALLBACK_TEXT
     assert result.truncated
@@ -791,3 +792,34 @@ def test_documented_examples_redact_as_documented() -> None:
         result = redact(example)
         assert result.text == m["output"].replace("\\n", "\n"), m["kind"]
         assert SecretKind(m["kind"]) in result.kinds
+
+
+# --- the package layout ------------------------------------------------------------------------
+
+PACKAGE = Path(__file__).resolve().parent.parent / "memtier" / "redaction"
+
+
+def test_each_redaction_module_is_small_and_says_what_it_owns() -> None:
+    import ast
+
+    modules = sorted(PACKAGE.glob("*.py"))
+    assert {m.name for m in modules} >= {"__init__.py", "patterns.py", "core.py", "paths.py"}
+    for module in modules:
+        source = module.read_text("utf-8")
+        assert source.count("\n") < 600, module.name
+        assert ast.get_docstring(ast.parse(source)), module.name
+
+
+def test_the_package_exports_the_public_api() -> None:
+    import memtier.redaction as package
+
+    exported = set(package.__all__)
+    assert exported == {
+        "FALLBACK_TEXT", "MAX_SANITIZE_ROUNDS", "RedactionResult", "SanitizedText",
+        "SecretKind", "bound_utf8", "contains_secret", "json_contains_secret",
+        "normalize_controls", "placeholder", "redact", "redact_json", "redact_text",
+        "sanitize",
+        # the local-path scrubber (moved here from memtier/threads/core.py)
+        "PATH_PLACEHOLDER", "scrub_json_paths", "scrub_paths", "served_json", "served_text",
+    }  # fmt: skip
+    assert all(hasattr(package, name) for name in exported)

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from test_redaction import FILLER, NEGATIVE, SECRETS, fake
 
 from memtier import redaction
+from memtier.redaction import core, detectors, patterns
 
-DETECTORS = redaction._DETECTORS
+DETECTORS = detectors.DETECTORS
 
 
 def _discord(user_id: bytes) -> str:
@@ -37,7 +38,7 @@ EXTRA = [
 EXAMPLES = SECRETS + EXTRA
 
 
-def _filters_pass(detector: redaction._Detector, text: str) -> bool:
+def _filters_pass(detector: detectors.Detector, text: str) -> bool:
     if not all(c in text for c in detector.chars):
         return False
     if detector.needles and not any(n in text for n in detector.needles):
@@ -109,17 +110,29 @@ UNFILTERED = tuple(dataclasses.replace(d, chars="", needles=(), gate=None) for d
 def test_redact_is_the_same_without_chars_needles_and_gates(parts: list[str]) -> None:
     text = " ".join(parts)
     filtered = redaction.redact(text)
-    saved = redaction._DETECTORS
+    saved = core.DETECTORS  # the list redact_once runs
     try:
-        redaction._DETECTORS = UNFILTERED  # type: ignore[misc]
+        core.DETECTORS = UNFILTERED  # type: ignore[misc]
         unfiltered = redaction.redact(text)
     finally:
-        redaction._DETECTORS = saved  # type: ignore[misc]
+        core.DETECTORS = saved  # type: ignore[misc]
     assert filtered == unfiltered
 
 
+def test_redact_runs_the_detector_list_the_comparison_replaces() -> None:
+    """The comparison above is not vacuous: redact really runs ``core.DETECTORS``."""
+    token = "ghp_" + fake(36)
+    assert redaction.redact(token).text != token
+    saved = core.DETECTORS
+    try:
+        core.DETECTORS = ()  # type: ignore[misc]
+        assert redaction.redact(token).text == token
+    finally:
+        core.DETECTORS = saved  # type: ignore[misc]
+
+
 def test_discord_gate_is_the_token_middle() -> None:
-    gate = redaction._DISCORD_GATE_RE
+    gate = patterns.DISCORD_GATE_RE
     assert isinstance(gate, re.Pattern)
     assert gate.search("MTIzNDU2Nzg5MDEyMzQ1Njc4.GaBcDe.xyz")
     assert gate.search("nothing. here.") is None
