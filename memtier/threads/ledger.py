@@ -22,7 +22,7 @@ from memtier.engine import Command, Plan
 from memtier.errors import ConversationError, ConversationErrorCode
 from memtier.errors import ValidationError as MemtierValidationError
 from memtier.keys import ThreadKeys
-from memtier.redaction import redact_json
+from memtier.redaction import redact_json, scrub_json_paths, scrub_paths, served_json
 from memtier.threads.cursor import CursorKind
 from memtier.threads.models import (
     MARKER,
@@ -35,7 +35,6 @@ from memtier.threads.models import (
     ReplayPage,
     ms_to_datetime,
 )
-from memtier.threads.pathscrub import scrub_json, scrub_paths, served_json
 from memtier.threads.records import text, thread_of
 from memtier.threads.specs import READ_EVENTS, thread_call
 from memtier.threads.status import ThreadStatus, status_error
@@ -188,7 +187,7 @@ def exported_thread(thread: ConversationThread) -> ConversationThread:
     return thread.model_copy(
         update={
             "title": None if thread.title is None else scrub_paths(thread.title),
-            "metadata": scrub_json(thread.metadata),
+            "metadata": scrub_json_paths(thread.metadata),
         }
     )
 

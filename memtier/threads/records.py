@@ -18,6 +18,7 @@ import orjson
 
 from memtier.errors import ConversationError, ConversationErrorCode
 from memtier.errors import ValidationError as MemtierValidationError
+from memtier.redaction import served_json, served_text
 from memtier.threads.models import (
     MARKER,
     BranchRef,
@@ -28,7 +29,6 @@ from memtier.threads.models import (
     ThreadState,
     ms_to_datetime,
 )
-from memtier.threads.pathscrub import served_json, served_text
 
 __all__ = ["entry_from_json", "entry_row", "pairs", "text", "thread_from_fields", "thread_of"]
 

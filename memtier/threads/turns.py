@@ -24,6 +24,7 @@ from memtier import limits
 from memtier.engine import Command, Handoff, Plan, ScriptCall, Sleep
 from memtier.errors import ConversationError, ConversationErrorCode
 from memtier.keys import ThreadKeys
+from memtier.redaction import scrub_paths
 from memtier.threads.ledger import event_data, message_event, row_args
 from memtier.threads.models import (
     MARKER,
@@ -37,7 +38,6 @@ from memtier.threads.models import (
     Ownership,
     check_identity,
 )
-from memtier.threads.pathscrub import scrub_paths
 from memtier.threads.records import entry_from_json, entry_row, text, thread_of
 from memtier.threads.runlimits import TurnBudget
 from memtier.threads.runner import AgentDenied, RunnerReply
