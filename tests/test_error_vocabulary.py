@@ -341,7 +341,7 @@ def test_grep_finds_one_error_code_enum() -> None:
         for name in pattern.findall(path.read_text())
     ]
     error_enums = [(p, n) for p, n in found if "Error" in n]
-    assert error_enums == [("memtier/errors.py", "ErrorCode")], found
+    assert error_enums == [("memtier/errorcodes.py", "ErrorCode")], found
 
 
 def test_the_table_has_every_code_and_every_status_a_title() -> None:
