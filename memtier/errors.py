@@ -286,11 +286,8 @@ class ConversationError(MemtierError, metaclass=_ByCode):
 
     def __init_subclass__(cls, register: bool = True, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not register:
-            return
-        if cls.code in _THREADS_CLASSES:
-            raise TypeError(f"{cls.code.value} already has {_THREADS_CLASSES[cls.code]}")
-        _THREADS_CLASSES[cls.code] = cls
+        if register:  # the first class of a code is its class (a host's subclass is not)
+            _THREADS_CLASSES.setdefault(cls.code, cls)
 
 
 class _ThreadsError(ConversationError, register=False):

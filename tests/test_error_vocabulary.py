@@ -391,6 +391,12 @@ def test_conversation_error_builds_the_class_of_its_code() -> None:
     with pytest.raises(ThreadBusyError):
         raise ConversationError(ErrorCode.THREAD_BUSY, "another turn holds the thread")
     assert ConversationError(ErrorCode.NOT_FOUND).message == "not found"
+
+    class HostBusy(ThreadBusyError):  # a host may subclass; the factory keeps memtier's
+        pass
+
+    assert type(ConversationError(ErrorCode.THREAD_BUSY)) is ThreadBusyError
+    assert HostBusy("x").code is ErrorCode.THREAD_BUSY
     with pytest.raises(ValueError, match="not a conversation-threads code"):
         ConversationError(ErrorCode.SESSION_FULL)
     with pytest.raises(ValueError):
