@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn, TypeVar
 
@@ -60,6 +60,7 @@ from memtier.errors import (
     BackendBusyError,
     BackendError,
     BackendRefusedError,
+    ErrorCode,
     MemtierError,
     OutcomeUnknownError,
     TransientBackendError,
@@ -137,13 +138,25 @@ _CONNECT_MARKERS = ("connecting to", "Timeout connecting", "Connection refused")
 _POOL_MARKERS = ("No connection available", "Too many connections")
 
 
+# What a *retryable* memtier error raised inside an attempt means to this layer.  Any
+# other retryable one (outcome_unknown, thread_busy, ...) is the caller's to retry with
+# its id: passed through, never retried here on top of its own retries.
+_RETRYABLE_ERROR_FAULTS: Final[Mapping[ErrorCode, Fault]] = {
+    ErrorCode.BACKEND_TRANSIENT: Fault.NOT_APPLIED,  # memtier saw it: nothing applied
+    ErrorCode.BACKEND_BUSY: Fault.BUSY,  # the caller already waited for a connection
+}
+
+
 def classify(exc: BaseException) -> Fault:
-    """What ``exc`` (raised by one attempt) says about the command and its retry."""
-    if isinstance(exc, BackendBusyError):
-        return Fault.BUSY
-    if isinstance(exc, TransientBackendError):
-        return Fault.NOT_APPLIED
-    if isinstance(exc, MemtierError) or not isinstance(exc, Exception):
+    """What ``exc`` (raised by one attempt) says about the command and its retry.
+
+    A memtier error is retried only if it is ``retryable`` (:data:`memtier.errors.ERRORS`).
+    """
+    if isinstance(exc, MemtierError):
+        if not exc.retryable:
+            return Fault.PASS_THROUGH
+        return _RETRYABLE_ERROR_FAULTS.get(exc.code, Fault.PASS_THROUGH)
+    if not isinstance(exc, Exception):
         return Fault.PASS_THROUGH
     if isinstance(exc, rexc.SlotNotCoveredError):  # no node to send to: nothing sent
         return Fault.NOT_APPLIED

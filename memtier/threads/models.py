@@ -17,7 +17,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from memtier.errors import ConversationError, ConversationErrorCode
+from memtier.errors import ConversationError, ErrorCode
 from memtier.keys import OWNER_ID_RE
 
 __all__ = [
@@ -88,7 +88,7 @@ class Ownership:
         for name, value in (("tenant_id", self.tenant_id), ("user_id", self.user_id)):
             if not isinstance(value, str) or not OWNER_ID_RE.match(value):
                 raise ConversationError(
-                    ConversationErrorCode.INVALID_REQUEST,
+                    ErrorCode.INVALID_REQUEST,
                     f"ownership {name} must match [A-Za-z0-9_.@+-]{{1,128}}",
                 )
 
@@ -120,7 +120,7 @@ class AgentIdentity:
         ):
             if not isinstance(value, str) or not OWNER_ID_RE.match(value):
                 raise ConversationError(
-                    ConversationErrorCode.INVALID_REQUEST,
+                    ErrorCode.INVALID_REQUEST,
                     f"identity {name} must match [A-Za-z0-9_.@+-]{{1,128}}",
                 )
         scopes = self.scopes
@@ -128,13 +128,13 @@ class AgentIdentity:
             isinstance(x, str) and _SCOPE_RE.match(x) for x in scopes
         ):
             raise ConversationError(
-                ConversationErrorCode.INVALID_REQUEST,
+                ErrorCode.INVALID_REQUEST,
                 "identity scopes must be strings of [A-Za-z0-9_.:/@+-]{1,128}",
             )
         unique = tuple(sorted(set(scopes)))
         if len(unique) > MAX_SCOPES:
             raise ConversationError(
-                ConversationErrorCode.INVALID_REQUEST, f"at most {MAX_SCOPES} identity scopes"
+                ErrorCode.INVALID_REQUEST, f"at most {MAX_SCOPES} identity scopes"
             )
         object.__setattr__(self, "scopes", unique)
 
@@ -158,12 +158,10 @@ def check_identity(ownership: Ownership, identity: AgentIdentity | None) -> None
     if identity is None:
         return
     if not isinstance(identity, AgentIdentity):
-        raise ConversationError(
-            ConversationErrorCode.INVALID_REQUEST, "identity must be an AgentIdentity"
-        )
+        raise ConversationError(ErrorCode.INVALID_REQUEST, "identity must be an AgentIdentity")
     if not identity.projects_onto(ownership):
         raise ConversationError(
-            ConversationErrorCode.UNAUTHORIZED,
+            ErrorCode.UNAUTHORIZED,
             "the agent identity does not project onto the ownership (tenant or user differs)",
         )
 

@@ -66,7 +66,7 @@ NOT_APPLIED_CODES = frozenset(
         "backend_refused",
         "backend_busy",  # no connection came free: nothing was sent
         "backend_unavailable",  # no attempt could have reached Redis (memtier.retry)
-        "invalid_input",
+        "invalid_request",  # (spelt invalid_input before issue 13)
         "unsupported_channel",
         "turn_too_large",
         "capacity_exceeded",
