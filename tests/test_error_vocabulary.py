@@ -61,8 +61,8 @@ def header_refusals(source: str) -> dict[str, int]:
 
 
 def status_table(source: str) -> dict[str, int]:
-    """The ``Status codes`` block of a Lua include: ``NAME -> value``."""
-    block = source.split("Status codes", 1)[1].split("\n\n", 1)[0]
+    """The ``Status convention`` block of a Lua include: ``NAME -> value``."""
+    block = source.split("Status convention", 1)[1].split("\n\n", 1)[0]
     return {name: int(value) for value, name in _STATUS_ROW_RE.findall(block)}
 
 
@@ -202,7 +202,7 @@ def test_the_checker_reports_reason_codes_both_ways() -> None:
 def test_the_parsers_read_headers_tables_and_event_calls() -> None:
     header = "--[[\n  Output:\n    { 0, x }  stored\n    { -2, a, b }  AGGREGATE_FULL: no\n]]\n"
     assert header_refusals(header + "return { -9 } -- NOT_A_HEADER") == {"AGGREGATE_FULL": -2}
-    table = "Status codes (x):\n     0 OK     1 EXISTED / NOOP\n    -1 NOT_FOUND\n\nlater -5 NOPE"
+    table = "Status convention (x):\n     0 OK     1 EXISTED / NOOP\n    -1 NOT_FOUND\n\nlater -5 NOPE"
     assert status_table(table) == {"OK": 0, "EXISTED": 1, "NOT_FOUND": -1}
     lua = (
         "memtier_emit(events_key, max_events, 'popped', member)\n"
@@ -235,11 +235,11 @@ def _scripts() -> dict[str, str]:
 
 
 def _thread_statuses() -> tuple[dict[str, int], Any, Mapping[int, Any]]:
-    from memtier.threads import core
+    from memtier.threads import status
 
     table = status_table((LUA / "includes" / "thread_common.lua").read_text())
-    # memtier.threads.core's status -> (code, message) table (its one mapping)
-    return table, core.ThreadStatus, core._STATUS_ERRORS
+    # memtier.threads.status's status -> (code, message) table (its one mapping)
+    return table, status.ThreadStatus, status.STATUS_ERRORS
 
 
 def _code_of(call: Callable[[], object]) -> str:

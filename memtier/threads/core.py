@@ -28,7 +28,7 @@ from typing import Any, Final
 from memtier import limits
 from memtier.config import ThreadsConfig
 from memtier.engine import Batch, Command, Plan
-from memtier.errors import ConfigurationError, ConversationError, ConversationErrorCode
+from memtier.errors import ConfigurationError, ConversationError, ErrorCode
 from memtier.keys import ThreadKeys, ThreadKeyspace
 from memtier.threads import ledger, turns
 from memtier.threads.cursor import CursorCodec, CursorKind
@@ -71,7 +71,7 @@ __all__ = [
     "TurnState",
 ]
 
-Code = ConversationErrorCode
+Code = ErrorCode
 
 # Ids derived from a create's requestId: RFC 4122 version-5 UUIDs (SHA-1, name = the
 # request id's UTF-8 bytes) under this fixed namespace (docs/threads.md), itself

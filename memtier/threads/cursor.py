@@ -26,7 +26,7 @@ import hmac
 from enum import IntEnum
 from typing import Final
 
-from memtier.errors import ConversationError, ConversationErrorCode
+from memtier.errors import ConversationError, ErrorCode
 
 __all__ = ["CursorCodec", "CursorKind"]
 
@@ -74,11 +74,11 @@ class CursorCodec:
         """The position inside ``cursor``; raises ConversationError as described above."""
         if len(cursor.encode("utf-8")) > self.max_bytes:
             raise ConversationError(
-                ConversationErrorCode.LIMIT_EXCEEDED,
+                ErrorCode.LIMIT_EXCEEDED,
                 f"cursor longer than {self.max_bytes} bytes",
                 limit=self.max_bytes,
             )
-        invalid = ConversationError(ConversationErrorCode.INVALID_CURSOR, "invalid cursor")
+        invalid = ConversationError(ErrorCode.INVALID_CURSOR, "invalid cursor")
         try:
             padded = cursor + "=" * (-len(cursor) % 4)
             raw = base64.urlsafe_b64decode(padded.encode("ascii"))
@@ -93,7 +93,7 @@ class CursorCodec:
             raise invalid
         if not hmac.compare_digest(body[2:_HEADER_BYTES], _scope(tenant, user, thread_id)):
             raise ConversationError(
-                ConversationErrorCode.CURSOR_THREAD_MISMATCH,
+                ErrorCode.CURSOR_THREAD_MISMATCH,
                 "cursor was minted for another thread",
             )
         try:

@@ -19,7 +19,7 @@ import orjson
 
 from memtier import limits
 from memtier.engine import Command, Plan
-from memtier.errors import ConversationError, ConversationErrorCode
+from memtier.errors import ConversationError, ErrorCode
 from memtier.errors import ValidationError as MemtierValidationError
 from memtier.keys import ThreadKeys
 from memtier.redaction import redact_json, scrub_json_paths, scrub_paths, served_json
@@ -55,7 +55,7 @@ __all__ = [
     "row_args",
 ]
 
-Code = ConversationErrorCode
+Code = ErrorCode
 
 _EVENT_TYPE_RE: Final = re.compile(r"^[a-z][a-z0-9_.]{0,63}\Z")
 _STREAM_ID_RE: Final = re.compile(r"^\d{1,20}-\d{1,20}\Z")

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from memtier.errors import ConversationError, ConversationErrorCode
+from memtier.errors import ConversationError, ErrorCode
 from memtier.errors import ValidationError as MemtierValidationError
 from memtier.redaction import served_json, served_text
 from memtier.threads.models import (
@@ -67,7 +67,7 @@ def thread_from_fields(
         or fields.get("tenant") != owner.tenant_id
         or fields.get("user") != owner.user_id
     ):
-        raise ConversationError(ConversationErrorCode.NOT_FOUND, "conversation not found")
+        raise ConversationError(ErrorCode.NOT_FOUND, "conversation not found")
     branches = tuple(
         BranchRef(leaf_id=str(ref["leafId"]), created_at=ms_to_datetime(int(ref["createdAt"])))
         for ref in (orjson.loads(fields.get("branches") or "[]") or [])

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from memtier.errors import ConfigurationError, ConversationError, ConversationErrorCode
+from memtier.errors import ConfigurationError, ConversationError, ErrorCode
 
 __all__ = ["MAX_METERS", "USAGE_EVENT", "WALL_MS", "RunLimits", "TurnBudget"]
 
@@ -101,7 +101,7 @@ class TurnBudget:
                 continue  # not a limited meter: recorded as event data only
             if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
                 raise ConversationError(
-                    ConversationErrorCode.INVALID_REQUEST,
+                    ErrorCode.INVALID_REQUEST,
                     f"usage of {meter!r} must be a non-negative integer",
                 )
             amounts[meter] = amount
@@ -109,7 +109,7 @@ class TurnBudget:
             if self.used.get(meter, 0) + amount > self.allowance[meter]:
                 self.exceeded = self.exceeded or meter
                 raise ConversationError(
-                    ConversationErrorCode.LIMIT_EXCEEDED,
+                    ErrorCode.LIMIT_EXCEEDED,
                     f"run limit {meter!r} would be passed (allowance {self.allowance[meter]})",
                     limit=f"run:{meter}",
                 )

@@ -21,11 +21,11 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from memtier import limits
-from memtier.errors import ConfigurationError, ConversationError, ConversationErrorCode
+from memtier.errors import ConfigurationError, ConversationError, ErrorCode
 
 __all__ = ["RESERVED_RUN_OPTION_NAMES", "check_schema", "validate_run_options"]
 
-Code = ConversationErrorCode
+Code = ErrorCode
 
 # Names (lower-cased, "_" and "-" removed) that run options may never use: what the
 # service itself binds to a turn (spec: RunOptions minus ownership, identity, signal,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from memtier import limits, metrics
 from memtier.engine import ScriptCall
-from memtier.errors import ConversationError, ConversationErrorCode, MemtierError
+from memtier.errors import ConversationError, ErrorCode, MemtierError
 from memtier.threads.ledger import check_event_type, event_data
 from memtier.threads.models import MARKER, CancelResult, CancelStatus
 from memtier.threads.runlimits import USAGE_EVENT, WALL_MS
@@ -105,7 +105,7 @@ class TurnControl:
         state = self.state
         if not isinstance(event, RunnerEvent):
             raise ConversationError(
-                ConversationErrorCode.INVALID_REQUEST, "emit() takes a RunnerEvent"
+                ErrorCode.INVALID_REQUEST, "emit() takes a RunnerEvent"
             )
         check_event_type(event.type)
         if state.closed:

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any, Final
 
-from memtier.errors import ConversationError, ConversationErrorCode
+from memtier.errors import ConversationError, ErrorCode
 
 __all__ = ["ThreadStatus", "status_error"]
 
-Code = ConversationErrorCode
+Code = ErrorCode
 
 
 class ThreadStatus(IntEnum):
@@ -43,7 +43,7 @@ class ThreadStatus(IntEnum):
 
 
 # What each refusal means to the caller.
-STATUS_ERRORS: Final[dict[int, tuple[ConversationErrorCode, str]]] = {
+STATUS_ERRORS: Final[dict[int, tuple[ErrorCode, str]]] = {
     ThreadStatus.NOT_FOUND: (Code.NOT_FOUND, "conversation not found"),
     ThreadStatus.METADATA_CONFLICT: (
         Code.METADATA_CONFLICT,

@@ -22,7 +22,7 @@ import orjson
 
 from memtier import limits
 from memtier.engine import Command, Handoff, Plan, ScriptCall, Sleep
-from memtier.errors import ConversationError, ConversationErrorCode
+from memtier.errors import ConversationError, ErrorCode
 from memtier.keys import ThreadKeys
 from memtier.redaction import scrub_paths
 from memtier.threads.ledger import event_data, message_event, row_args
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TurnCancelled", "TurnState", "cancel_run", "continue_"]
 
-Code = ConversationErrorCode
+Code = ErrorCode
 
 _HMGET_CHUNK: Final = 500  # entries read per HMGET when rebuilding history
 _POLL_FIRST_S: Final = 0.02  # first wait before re-trying a busy thread / in-flight duplicate

@@ -15,7 +15,7 @@ from typing import Any, Final
 import orjson
 
 from memtier import limits
-from memtier.errors import ConversationError, ConversationErrorCode
+from memtier.errors import ConversationError, ErrorCode
 from memtier.errors import ValidationError as MemtierValidationError
 from memtier.keys import THREAD_ID_RE, OwnerKeys, ThreadKeys, ThreadKeyspace
 from memtier.redaction import SanitizedText, contains_secret, redact_json, sanitize
@@ -39,7 +39,7 @@ __all__ = [
     "valid_version",
 ]
 
-Code = ConversationErrorCode
+Code = ErrorCode
 
 # The grammar of an id given to create: 1..128 of [A-Za-z0-9_.-], not starting with "."
 # (so never "." or "..", which clients normalise away in URLs), and not a route segment
