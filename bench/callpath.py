@@ -50,7 +50,7 @@ from memtier import AvatarMessage, ConversationStore
 
 __all__ = ["main"]
 
-SPY_RATE = 1000  # py-spy samples per second
+SPY_RATE = 250  # py-spy samples per second (blocking: each sample pauses the process)
 Row = Callable[[int], float]  # n -> seconds for n operations
 
 
