@@ -423,7 +423,13 @@ def main(argv: list[str] | None = None) -> int:
     with BenchRedis() as server:
         rig = Rig(server, ops)
         meta = machine_meta(rig.client)
-        meta.update(tool="bench.callpath", ops=ops, rounds=rounds, payload_bytes=300)
+        meta.update(
+            tool="bench.callpath",
+            ops=ops,
+            rounds=rounds,
+            payload_bytes=300,
+            server_pid=server.pid(),
+        )
         rows = build_rows(rig)
         for _, row in rows.values():  # warm-up: scripts loaded, pools sized, caches hot
             row(min(ops, 50))

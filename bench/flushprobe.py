@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -120,13 +122,66 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sessions", type=int, default=0, help="sessions in the namespace (100k)")
     p.add_argument("--turns", type=int, default=0, help="300 B turns per session (4)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for JSON + profile")
+    p.add_argument(
+        "--py-spy", action="store_true", help="also sample one flush with py-spy (a child run)"
+    )
+    p.add_argument("--spy-child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+SPY_RATE = 100  # samples per second; blocking sampling pauses the child for each one
+
+
+def _spy_child(sessions: int, turns: int) -> int:
+    """What py-spy samples: fill a private server, then one plain flush."""
+    storage = Path(tempfile.mkdtemp(prefix="memtier-flushprobe-spy-"))
+    try:
+        with BenchRedis() as server:
+            store = ConversationStore.from_config(_config(server.url, storage), recover=False)
+            populate(store, KeyPool(71, sessions).keys, chat_text(300), turns=turns, batch=1000)
+            store.flush()
+            store.close()
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+    return 0
+
+
+def _py_spy(out_dir: Path, sessions: int, turns: int, tag: str) -> dict[str, Any]:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        return {"status": "not installed"}
+    target = out_dir / f"pyspy-flush{tag}.txt"
+    cmd = [exe, "record", "--format", "raw", "--rate", str(SPY_RATE), "-o", str(target), "--"]
+    cmd += [sys.executable, "-m", "bench.flushprobe", "--spy-child"]
+    cmd += ["--sessions", str(sessions), "--turns", str(turns)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    if proc.returncode != 0:
+        return {"status": "failed", "stderr": proc.stderr[-800:]}
+    folded = pyprofile.fold_collapsed(
+        target, "ConversationStore.flush", STAGES, rate_hz=SPY_RATE, ops=1
+    )
+    return {"status": "ok", "path": str(target), **folded}
+
+
+def _config(url: str, storage: Path) -> MemtierConfig:
+    return MemtierConfig.load(
+        redis_url=url,
+        namespace="flushprobe",
+        conversation={
+            "max_active_sessions": 1_000_000,
+            "max_aggregate_bytes": 64 * 1024**3,
+            "persistence_enabled": True,
+            "storage_path": str(storage),
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     sessions = args.sessions or (300 if args.quick else 100_000)
     turns = args.turns or (2 if args.quick else 4)
+    if args.spy_child:
+        return _spy_child(sessions, turns)
     tag = "-quick" if args.quick else ""
     args.out.mkdir(parents=True, exist_ok=True)
     storage = Path(tempfile.mkdtemp(prefix="memtier-flushprobe-"))
@@ -134,17 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with BenchRedis(extra=extra) as server:
             client = server.client()
-            config = MemtierConfig.load(
-                redis_url=server.url,
-                namespace="flushprobe",
-                conversation={
-                    "max_active_sessions": 1_000_000,
-                    "max_aggregate_bytes": 64 * 1024**3,
-                    "persistence_enabled": True,
-                    "storage_path": str(storage),
-                },
-            )
-            store = ConversationStore.from_config(config, recover=False)
+            store = ConversationStore.from_config(_config(server.url, storage), recover=False)
             text = chat_text(300)
             keys = KeyPool(71, sessions).keys
             print(f"flushprobe: {sessions} sessions x {turns} turns; load {loadavg()}", flush=True)
@@ -155,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             meta = machine_meta(client)
             meta.update(
                 tool="bench.flushprobe",
+                server_pid=server.pid(),
                 sessions=sessions,
                 turns=turns,
                 payload_bytes=300,
@@ -190,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             client.close()
     finally:
         shutil.rmtree(storage, ignore_errors=True)
+    spy = _py_spy(args.out, sessions, turns, tag) if args.py_spy else {"status": "skipped"}
     plain = [f for f in flushes if not f["profiled"]]
     disk_rates = [d["bytes_per_s"] for d in disks]
     summary = {
@@ -212,9 +259,20 @@ def main(argv: list[str] | None = None) -> int:
         "flushes": flushes,
         "disk": disks,
         "profile": profile,
+        "py_spy": spy,
     }
     out = write_json(args.out / f"flushprobe{tag}.json", data)
     _print(summary, flushes, profile)
+    if spy.get("status") == "ok":
+        print(
+            f"\npy-spy, one flush: {spy['total_us'] / 1e6:.2f} s sampled, of which"
+            f" {spy['waiting_us'] / 1e6:.2f} s reading the socket; inclusive (working):"
+        )
+        for name, us in sorted(spy["inclusive_working"].items(), key=lambda kv: -kv[1]):
+            if us:
+                print(f"  {us / 1e6:7.3f} s  {100 * us / spy['total_us']:5.1f} %  {name}")
+    else:
+        print(f"py-spy: {spy}")
     print(f"wrote {out}")
     return 0
 
