@@ -34,7 +34,7 @@ from typing import Any
 
 import redis
 
-from bench.probe import RESULTS_DIR, fmt, loadavg, machine_meta, spread, write_json
+from bench.probe import RESULTS_DIR, exit_on_sigterm, fmt, loadavg, machine_meta, spread, write_json
 from bench.server import BenchRedis
 from bench.workloads import MINIMAL_SCRIPT, KeyPool, bench_config, chat_text, populate
 from memtier import AvatarMessage, ConversationStore
@@ -203,6 +203,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    exit_on_sigterm()
     calls = args.calls or (100 if args.quick else 5000)
     repeats = args.repeats or (2 if args.quick else 7)
     sessions = args.sessions or (20 if args.quick else 1000)

@@ -43,7 +43,7 @@ import orjson
 import redis
 
 from bench import pyprofile
-from bench.probe import RESULTS_DIR, fmt, loadavg, machine_meta, spread, write_json
+from bench.probe import RESULTS_DIR, exit_on_sigterm, fmt, loadavg, machine_meta, spread, write_json
 from bench.server import BenchRedis
 from bench.workloads import MINIMAL_SCRIPT, KeyPool, bench_config, chat_text, populate
 from memtier import AvatarMessage, ConversationStore
@@ -418,6 +418,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    exit_on_sigterm()
     ops = args.ops or (50 if args.quick else 500)
     if args.spy_child:
         return _spy_child(ops)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import pyprofile
-from bench.probe import RESULTS_DIR, fmt, loadavg, machine_meta, spread, write_json
+from bench.probe import RESULTS_DIR, exit_on_sigterm, fmt, loadavg, machine_meta, spread, write_json
 from bench.server import BenchRedis
 from bench.workloads import KeyPool, chat_text, populate
 from memtier import ConversationStore, MemtierConfig
@@ -178,6 +178,7 @@ def _config(url: str, storage: Path) -> MemtierConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    exit_on_sigterm()
     sessions = args.sessions or (300 if args.quick else 100_000)
     turns = args.turns or (2 if args.quick else 4)
     if args.spy_child:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import time
@@ -22,6 +23,7 @@ import redis
 
 __all__ = [
     "RESULTS_DIR",
+    "exit_on_sigterm",
     "git_commit",
     "loadavg",
     "machine_meta",
@@ -31,6 +33,17 @@ __all__ = [
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (and SIGINT, ignored in background jobs) raise SystemExit, so that the
+    ``with BenchRedis()`` blocks stop the server and temp directories are removed."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
 
 
 def git_commit() -> str:
