@@ -408,8 +408,8 @@ NAMED = [
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.callpath", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="seconds: what the smoke test runs")
-    p.add_argument("--ops", type=int, default=0, help="operations per row per round (500)")
-    p.add_argument("--rounds", type=int, default=0, help="rounds, rows interleaved (21)")
+    p.add_argument("--ops", type=int, default=0, help="operations per row per round (200)")
+    p.add_argument("--rounds", type=int, default=0, help="rounds, rows interleaved (41)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for JSON + profiles")
     p.add_argument("--no-py-spy", action="store_true", help="do not try py-spy")
     p.add_argument("--spy-child", action="store_true", help=argparse.SUPPRESS)
@@ -419,10 +419,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     exit_on_sigterm()
-    ops = args.ops or (50 if args.quick else 500)
+    ops = args.ops or (50 if args.quick else 200)
     if args.spy_child:
         return _spy_child(ops)
-    rounds = args.rounds or (2 if args.quick else 21)
+    rounds = args.rounds or (2 if args.quick else 41)
     tag = "-quick" if args.quick else ""
     args.out.mkdir(parents=True, exist_ok=True)
     with BenchRedis() as server:
@@ -476,9 +476,9 @@ def main(argv: list[str] | None = None) -> int:
                     "upper": upper,
                     "lower": lower,
                     "us": spread(diffs),
-                    # difference of the best rounds: what each layer costs when nothing
-                    # else competes for the CPU (load only ever adds time)
-                    "us_best": min(per_round[upper]) - min(per_round[lower]),
+                    # difference of the quiet rounds (10th percentile of each row): what
+                    # each layer costs when little else competes for the CPU
+                    "us_p10": summary[upper]["p10"] - summary[lower]["p10"],
                 }
             )
     data = {
@@ -501,13 +501,13 @@ def _print(
     stages: dict[str, float],
     profiles: dict[str, Any],
 ) -> None:
-    print("\n| row | us per op, median [min-max] over rounds |\n|---|---:|")
+    print("\n| row | us per op: p10 of rounds | median [min-max] |\n|---|---:|---:|")
     for row in summary.values():
-        print(f"| {row['label']} | {fmt(row)} |")
-    print("\n| layer (upper - lower) | per round: median [min-max] | best round - best round |")
+        print(f"| {row['label']} | {row['p10']:.1f} | {fmt(row)} |")
+    print("\n| layer (upper - lower) | p10 - p10 | per round: median [min-max] |")
     print("|---|---:|---:|")
     for layer in layers:
-        print(f"| {layer['layer']} | {fmt(layer['us'])} | {layer['us_best']:.1f} |")
+        print(f"| {layer['layer']} | {layer['us_p10']:.1f} | {fmt(layer['us'])} |")
     print("\n| client-only stage | us per op |\n|---|---:|")
     for label, us in stages.items():
         print(f"| {label} | {us:.1f} |")
