@@ -51,7 +51,15 @@ from memtier import AvatarMessage, ConversationStore
 __all__ = ["main"]
 
 SPY_RATE = 250  # py-spy samples per second (blocking: each sample pauses the process)
-Row = Callable[[int], float]  # n -> seconds for n operations
+Row = Callable[[int], tuple[float, float]]  # n -> (wall s, this process's CPU s) for n ops
+
+
+def _clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(t: tuple[float, float]) -> tuple[float, float]:
+    return time.perf_counter() - t[0], time.process_time() - t[1]
 
 
 class Rig:
@@ -116,11 +124,11 @@ class Rig:
 
 
 def _timed(prepare: Callable[[int], Any], body: Callable[[Any], None]) -> Row:
-    def row(n: int) -> float:
+    def row(n: int) -> tuple[float, float]:
         data = prepare(n)
-        t0 = time.perf_counter()
+        t0 = _clock()
         body(data)
-        return time.perf_counter() - t0
+        return _since(t0)
 
     return row
 
@@ -210,37 +218,37 @@ def build_rows(rig: Rig) -> dict[str, tuple[str, Row]]:
             _timed(rig.append_calls, shell_all),
         )
 
-    def store_append(n: int) -> float:
+    def store_append(n: int) -> tuple[float, float]:
         pool, text = rig.append_pool, rig.text
-        t0 = time.perf_counter()
+        t0 = _clock()
         for _ in range(n):
             store.append(pool.next(), AvatarMessage(text=text))
-        return time.perf_counter() - t0
+        return _since(t0)
 
     rows["append.store"] = ("store.append (all of it)", store_append)
 
     # --- reads --------------------------------------------------------------------------------
     loads = orjson.loads
 
-    def lrange(n: int) -> float:
+    def lrange(n: int) -> tuple[float, float]:
         keys = rig.lists
-        t0 = time.perf_counter()
+        t0 = _clock()
         for j in range(n):
             items = [loads(x) for x in client.lrange(keys[j % 32], -20, -1)]
             assert len(items) == 20
-        return time.perf_counter() - t0
+        return _since(t0)
 
     def lean_read(packed: list[Any]) -> None:
         for p in packed:
             conn.send_packed_command(p)
             conn.read_response()
 
-    def store_context(n: int) -> float:
+    def store_context(n: int) -> tuple[float, float]:
         pool = rig.read_pool
-        t0 = time.perf_counter()
+        t0 = _clock()
         for _ in range(n):
             store.context(pool.next(), limit=20)
-        return time.perf_counter() - t0
+        return _since(t0)
 
     rows.update(
         {
@@ -439,13 +447,16 @@ def main(argv: list[str] | None = None) -> int:
         for _, row in rows.values():  # warm-up: scripts loaded, pools sized, caches hot
             row(min(ops, 50))
         per_round: dict[str, list[float]] = {k: [] for k in rows}
+        cpu_round: dict[str, list[float]] = {k: [] for k in rows}
         loads = []
         names = list(rows)
         print(f"callpath: {len(rows)} rows x {rounds} rounds x {ops} ops; load {loadavg()}")
         for r in range(rounds):
             loads.append({"round": r, **loadavg()})
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                per_round[name].append(rows[name][1](ops) / ops * 1e6)
+                wall, cpu = rows[name][1](ops)
+                per_round[name].append(wall / ops * 1e6)
+                cpu_round[name].append(cpu / ops * 1e6)
             print(f"  round {r + 1}/{rounds}; load {loads[-1]}", flush=True)
         stages = stage_rows(rig, ops * 2)
         profiles: dict[str, Any] = {}
@@ -466,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         rig.close()
     spy = {"status": "skipped"} if args.no_py_spy else _py_spy(args.out, args.quick)
     summary = {k: {"label": rows[k][0], **spread(v)} for k, v in per_round.items()}
+    cpu = {k: spread(v) for k, v in cpu_round.items()}
     layers = []
     for label, upper, lower in LAYERS:
         if upper in per_round and lower in per_round:
@@ -479,35 +491,50 @@ def main(argv: list[str] | None = None) -> int:
                     # difference of the quiet rounds (10th percentile of each row): what
                     # each layer costs when little else competes for the CPU
                     "us_p10": summary[upper]["p10"] - summary[lower]["p10"],
+                    "us_min": summary[upper]["min"] - summary[lower]["min"],
+                    # the client's own CPU (user + system) per op: what load cannot inflate
+                    "cpu_us": spread(
+                        [a - b for a, b in zip(cpu_round[upper], cpu_round[lower], strict=True)]
+                    ),
                 }
             )
     data = {
         "meta": {**meta, "load_per_round": loads, "py_spy": spy},
         "rows_us_per_op": summary,
         "rounds_us_per_op": per_round,
+        "client_cpu_us_per_op": cpu,
+        "rounds_client_cpu_us_per_op": cpu_round,
         "layers_us_per_op": layers,
         "stages_us_per_op": stages,
         "profiles": profiles,
     }
     out = write_json(args.out / f"callpath{tag}.json", data)
-    _print(summary, layers, stages, profiles)
+    _print(summary, cpu, layers, stages, profiles)
     print(f"wrote {out}")
     return 0
 
 
 def _print(
     summary: dict[str, Any],
+    cpu: dict[str, Any],
     layers: list[dict[str, Any]],
     stages: dict[str, float],
     profiles: dict[str, Any],
 ) -> None:
-    print("\n| row | us per op: p10 of rounds | median [min-max] |\n|---|---:|---:|")
-    for row in summary.values():
-        print(f"| {row['label']} | {row['p10']:.1f} | {fmt(row)} |")
-    print("\n| layer (upper - lower) | p10 - p10 | per round: median [min-max] |")
-    print("|---|---:|---:|")
+    print("\n| row | wall us/op: min, p10 | median [min-max] | client CPU us/op |")
+    print("|---|---:|---:|---:|")
+    for key, row in summary.items():
+        print(
+            f"| {row['label']} | {row['min']:.1f}, {row['p10']:.1f} | {fmt(row)}"
+            f" | {fmt(cpu[key])} |"
+        )
+    print("\n| layer (upper - lower) | wall: min-min, p10-p10 | per round | client CPU |")
+    print("|---|---:|---:|---:|")
     for layer in layers:
-        print(f"| {layer['layer']} | {layer['us_p10']:.1f} | {fmt(layer['us'])} |")
+        print(
+            f"| {layer['layer']} | {layer['us_min']:.1f}, {layer['us_p10']:.1f}"
+            f" | {fmt(layer['us'])} | {fmt(layer['cpu_us'])} |"
+        )
     print("\n| client-only stage | us per op |\n|---|---:|")
     for label, us in stages.items():
         print(f"| {label} | {us:.1f} |")
