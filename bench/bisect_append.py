@@ -46,6 +46,9 @@ STUB = "do return { 0 } end\n"
 SWEEP_STUB = "if sweep_done then rcall('HSET', meta_key, 'sw', next_sweep) end\n" + STUB
 ADMIN = frozenset({"config", "slowlog", "info", "script", "ping", "evalsha", "hello", "client"})
 PIPELINE = 200
+# SLOWLOG entries per call: the EVALSHA and every command the script ran (Redis logs
+# those too); room for all of them, so that every call's duration is read.
+SLOWLOG_PER_CALL = 16
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ class Driver:
                 nonzero += int(first) != 0 and numkeys != 4
         wall, cpu = time.perf_counter() - t0, self._cpu_s() - cpu0
         stats = client.info("commandstats")
-        slow = client.slowlog_get(len(calls) + 100)
+        slow = client.slowlog_get(len(calls) * SLOWLOG_PER_CALL + 100)
         per: dict[str, dict[str, float]] = {}
         for name, row in stats.items():
             cmd = str(name).removeprefix("cmdstat_")
@@ -209,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     sessions = args.sessions or (20 if args.quick else 1000)
     history = 3 if args.quick else 20
     with BenchRedis(
-        extra={"slowlog-log-slower-than": "0", "slowlog-max-len": str(calls + 200)}
+        extra={
+            "slowlog-log-slower-than": "0",
+            "slowlog-max-len": str(calls * SLOWLOG_PER_CALL + 200),
+        }
     ) as server:
         client = server.client()
         store = ConversationStore(client, bench_config("bisect"))
