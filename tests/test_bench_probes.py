@@ -1,0 +1,142 @@
+"""Smoke tests of the measurement probes (issue 12): each runs in its quickest mode.
+
+``bench.bisect_append``, ``bench.callpath`` and ``bench.flushprobe`` start their own
+redis-server, measure, write strict JSON and stop the server they started.  These tests
+run each for seconds so that none can rot, and check the shape of what they report --
+never a figure (speeds are the probes' output on a shared, noisy machine, not a test).
+The cut variants of ``append_turn`` are also checked without a server: every cut is a
+prefix of memtier's own script at a section boundary, and compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.servers import require_real_redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split()[2] == "Z")
+
+
+def _run(module: str, out: Path, *extra: str) -> dict[str, Any]:
+    require_real_redis("redis-server")
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--quick", "--out", str(out), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    name = module.rsplit(".", 1)[1].replace("_", "-")
+    data: dict[str, Any] = json.loads((out / f"{name}-quick.json").read_text())  # strict JSON
+    pid = data["meta"]["server_pid"]
+    assert isinstance(pid, int) and not _alive(pid), "the probe left its redis-server running"
+    assert data["meta"]["commit"] and data["meta"]["redis_server"]
+    return data
+
+
+def test_cut_variants_are_prefixes_at_section_boundaries_and_compile() -> None:
+    import fakeredis
+    from lupa import lua51  # Redis runs Lua 5.1 (fakeredis uses this one too)
+
+    from bench.bisect_append import STUB, build_variants
+    from bench.workloads import bench_config
+    from memtier import ConversationStore
+
+    store = ConversationStore(fakeredis.FakeRedis(), bench_config("cuts"))
+    source = store.scripts["append_turn"].source
+    variants = build_variants(source)
+    names = [v.name for v in variants]
+    assert names == ["empty", "argv", "include", "checks", *(f"s{k}" for k in range(7)), "full"]
+    assert variants[-1].source == source
+    cuts = variants[3:-1]
+    lengths = []
+    for v in cuts:
+        assert v.source.endswith(STUB), v.name
+        body = v.source[: v.source.rindex(STUB)]
+        body = body.removesuffix(
+            "if sweep_done then rcall('HSET', meta_key, 'sw', next_sweep) end\n"
+        )
+        assert source.startswith(body), v.name
+        lengths.append(len(body))
+        k = int(v.name[1:]) + 1 if v.name.startswith("s") else 0
+        assert source[len(body) :].startswith(f"-- {k}. "), v.name  # cut at the next section
+    assert lengths == sorted(lengths) and len(set(lengths)) == len(lengths)
+    lua = lua51.LuaRuntime()
+    compiles = lua.eval("function(s) local f, e = loadstring(s); return {f ~= nil, e} end")
+    for v in variants:
+        text = v.source.split("\n", 1)[1]  # the shebang line is Redis's, not Lua's
+        ok, err = compiles(text)[1], compiles(text)[2]
+        assert ok is True, (v.name, err)
+
+
+@pytest.mark.real
+def test_bisect_append_quick(tmp_path: Path) -> None:
+    data = _run("bench.bisect_append", tmp_path)
+    rows = {r["variant"]: r for r in data["summary"]}
+    assert set(rows) >= {"empty", "argv", "checks", "s0", "s6", "full", "minimal"}
+    repeats = data["meta"]["repeats"]
+    assert len(data["meta"]["load_per_repeat"]) == repeats + 1
+    for name, runs in data["runs"].items():
+        assert len(runs) == repeats, name
+        for run in runs:
+            # every call ran as EVALSHA and was timed by SLOWLOG (threshold 0; room for
+            # the commands the script ran, which Redis logs too)
+            assert run["calls"] == data["meta"]["calls"], (name, run)
+            assert run["slowlog_n"] == data["meta"]["calls"], (name, run)
+            assert run["slowlog_trimmed_mean_us"] > 0, (name, run)
+    assert rows["full"]["nonzero_replies"] == 0  # every full append stored its turn
+    assert rows["s1"]["delta_vs"] == "s0" and "delta_trimmed_us" in rows["s1"]
+    # Sections that run Redis commands show them; the empty script runs none.
+    assert rows["empty"]["inner_cmds_per_call"]["median"] == 0
+    assert rows["full"]["inner_cmds_per_call"]["median"] >= 5
+
+
+@pytest.mark.real
+def test_callpath_quick(tmp_path: Path) -> None:
+    data = _run("bench.callpath", tmp_path, "--no-py-spy")
+    rows = data["rows_us_per_op"]
+    for key in (
+        "min.evalsha",
+        "min.lean",
+        "append.lean",
+        "append.evalsha",
+        "append.store",
+        "read.lrange",
+        "read.store",
+    ):
+        assert rows[key]["n"] == data["meta"]["rounds"] and rows[key]["median"] > 0, key
+    assert {layer["upper"] for layer in data["layers_us_per_op"]} >= {"append.store"}
+    assert data["stages_us_per_op"]["core.decode_context (20 turns)"] > 0
+    assert data["meta"]["py_spy"] == {"status": "skipped"}
+
+
+@pytest.mark.real
+def test_flushprobe_quick(tmp_path: Path) -> None:
+    data = _run("bench.flushprobe", tmp_path)
+    sessions = data["meta"]["sessions"]
+    assert data["meta"]["populate_failures"] == 0
+    assert len(data["flushes"]) >= 2 and len(data["disk"]) == 2
+    for flush in data["flushes"]:
+        assert flush["sessions"] == sessions and not flush["skipped"], flush
+        assert flush["page_calls"] >= 1 and flush["page_max_us"] > 0, flush
+    assert data["summary"]["disk_bytes_per_s"]["median"] > 0
