@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import threading
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from memtier import AsyncConversationStore, ConversationKey, ConversationStore
+
+T = TypeVar("T")
 
 T0 = 1_800_000_000_000  # a fixed test epoch, ms
 
@@ -31,67 +37,137 @@ def key(n: int, channel: str = "public") -> ConversationKey:
     return ConversationKey(avatar(n), channel)
 
 
+STORE_OPTIONS = ("summarizer", "inline_compaction")  # constructor options, not config
+
+
+def _split(config: dict[str, Any]) -> dict[str, Any]:
+    return {name: config.pop(name) for name in STORE_OPTIONS if name in config}
+
+
 def sync_store(backend: Any, clock: Clock | None = None, **config: Any) -> ConversationStore:
-    return ConversationStore(backend.sync_client(), backend.config(**config), clock=clock)
+    options = _split(config)
+    return ConversationStore(
+        backend.sync_client(), backend.config(**config), clock=clock, **options
+    )
 
 
 def async_store(backend: Any, clock: Clock | None = None, **config: Any) -> AsyncConversationStore:
-    return AsyncConversationStore(backend.async_client(), backend.config(**config), clock=clock)
+    options = _split(config)
+    return AsyncConversationStore(
+        backend.async_client(), backend.config(**config), clock=clock, **options
+    )
 
 
-class AsyncBridge:
-    """An :class:`AsyncConversationStore` behind the sync store's interface.
+class PrivateLoop:
+    """One asyncio event loop of its own, in a dedicated thread, for one test.
 
-    Every coroutine method runs to completion on a private event loop in its own thread
-    (async iterators are drained there), so a test written against the sync API runs
-    unchanged on the asyncio store.  :meth:`shutdown` closes the store in that loop.
+    :meth:`run` blocks until the awaitable is done (at most ``TIMEOUT_S``), so sync test
+    code can drive asyncio objects whether or not the test itself runs in a loop.
     """
 
     TIMEOUT_S = 120.0
 
-    def __init__(self, store: AsyncConversationStore) -> None:
-        import asyncio
-        import threading
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="memtier-test-loop")
+        self._thread.start()
 
-        self._bridge_store = store
-        self._bridge_loop = asyncio.new_event_loop()
-        self._bridge_thread = threading.Thread(
-            target=self._bridge_loop.run_forever, name="async-bridge"
-        )
-        self._bridge_thread.start()
+    def run(self, awaitable: Awaitable[T]) -> T:
+        async def wrapped() -> T:
+            return await awaitable
 
-    def _bridge_run(self, awaitable: Any) -> Any:
-        import asyncio
+        return asyncio.run_coroutine_threadsafe(wrapped(), self.loop).result(self.TIMEOUT_S)
 
-        return asyncio.run_coroutine_threadsafe(awaitable, self._bridge_loop).result(self.TIMEOUT_S)
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(self.TIMEOUT_S)
+        self.loop.close()
+
+
+class AsyncStoreAdapter:
+    """An :class:`AsyncConversationStore` behind :class:`ConversationStore`'s method names.
+
+    Test-side only: each public coroutine method of the async store is awaited to the end on
+    ``loop`` (async iterators such as ``iter_metadata`` are drained there, into a list), and
+    public attributes (``config``, ``core``, ...) are read through.  Private names are refused
+    on purpose: a test that reaches into a store's plumbing is sync-only, with its reason.
+    """
+
+    def __init__(self, store: AsyncConversationStore, loop: PrivateLoop) -> None:
+        self.async_store = store
+        self.loop = loop
 
     def __getattr__(self, name: str) -> Any:
-        import inspect
-
-        attr = getattr(self._bridge_store, name)
+        if name.startswith("_"):
+            raise AttributeError(
+                f"{name!r} is private: the async adapter exposes only the public API"
+            )
+        attr = getattr(self.async_store, name)
         if inspect.iscoroutinefunction(attr):
-            return lambda *a, **kw: self._bridge_run(attr(*a, **kw))
+            return lambda *args, **kwargs: self.loop.run(attr(*args, **kwargs))
         if inspect.isasyncgenfunction(attr):
 
-            async def drain(*a: Any, **kw: Any) -> list[Any]:
-                return [item async for item in attr(*a, **kw)]
+            async def drain(*args: Any, **kwargs: Any) -> list[Any]:
+                return [item async for item in attr(*args, **kwargs)]
 
-            return lambda *a, **kw: iter(self._bridge_run(drain(*a, **kw)))
+            return lambda *args, **kwargs: iter(self.loop.run(drain(*args, **kwargs)))
         return attr
 
+    def __enter__(self) -> AsyncStoreAdapter:
+        self.loop.run(self.async_store.open())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.loop.run(self.async_store.close())
+
+    def __repr__(self) -> str:
+        return f"AsyncStoreAdapter({self.async_store!r})"
+
+
+STORE_APIS = ("sync", "async")
+
+
+class StoreMaker:
+    """``make_store(backend, clock, **config)``: ``sync_store``'s signature, on either API.
+
+    ``api="sync"`` builds a :class:`ConversationStore`; ``api="async"`` builds an
+    :class:`AsyncConversationStore` the way users do (the constructor with an asyncio
+    client of the backend) behind an :class:`AsyncStoreAdapter`, on one private loop per
+    test.  :meth:`shutdown` closes the async stores in that loop, then stops it.
+    """
+
+    def __init__(self, api: str) -> None:
+        assert api in STORE_APIS, api
+        self.api = api
+        self._loop: PrivateLoop | None = None
+        self._adapters: list[AsyncStoreAdapter] = []
+
+    def __call__(self, backend: Any, clock: Clock | None = None, **config: Any) -> Any:
+        if self.api == "sync":
+            return sync_store(backend, clock, **config)
+        if self._loop is None:
+            self._loop = PrivateLoop()
+        # Built in the private loop: an asyncio client belongs to the loop it first runs in.
+        adapter = AsyncStoreAdapter(
+            self._loop.run(_build_async(backend, clock, config)), self._loop
+        )
+        self._adapters.append(adapter)
+        return adapter
+
     def shutdown(self) -> None:
+        if self._loop is None:
+            return
         try:
-            self._bridge_run(self._bridge_store.close())
+            for adapter in self._adapters:
+                adapter.close()
         finally:
-            self._bridge_loop.call_soon_threadsafe(self._bridge_loop.stop)
-            self._bridge_thread.join(self.TIMEOUT_S)
-            self._bridge_loop.close()
+            self._loop.stop()
 
 
-def bridged_store(
-    bridges: list[AsyncBridge], backend: Any, clock: Clock | None = None, **config: Any
-) -> Any:
-    """``sync_store``'s twin on the asyncio store (the caller shuts ``bridges`` down)."""
-    bridge = AsyncBridge(async_store(backend, clock, **config))
-    bridges.append(bridge)
-    return bridge
+async def _build_async(
+    backend: Any, clock: Clock | None, config: dict[str, Any]
+) -> AsyncConversationStore:
+    return async_store(backend, clock, **config)
