@@ -9,7 +9,8 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from memtier import AsyncConversationStore, ConversationKey, ConversationStore
+from memtier import AsyncConversationStore, ConversationKey, ConversationStore, MemtierConfig
+from memtier.memory.persistence import snapshot_dir_for
 
 T = TypeVar("T")
 
@@ -40,22 +41,24 @@ def key(n: int, channel: str = "public") -> ConversationKey:
 STORE_OPTIONS = ("summarizer", "inline_compaction")  # constructor options, not config
 
 
-def _split(config: dict[str, Any]) -> dict[str, Any]:
-    return {name: config.pop(name) for name in STORE_OPTIONS if name in config}
+def _split(backend: Any, config: dict[str, Any]) -> tuple[MemtierConfig, dict[str, Any]]:
+    """The store's config and its constructor options; with persistence on, its snapshot
+    directory, as ``from_config`` sets it (no restore on start: tests call ``recover``)."""
+    options = {name: config.pop(name) for name in STORE_OPTIONS if name in config}
+    built: MemtierConfig = backend.config(**config)
+    if built.conversation.persistence_enabled:
+        options["snapshots"] = snapshot_dir_for(built)
+    return built, options
 
 
 def sync_store(backend: Any, clock: Clock | None = None, **config: Any) -> ConversationStore:
-    options = _split(config)
-    return ConversationStore(
-        backend.sync_client(), backend.config(**config), clock=clock, **options
-    )
+    built, options = _split(backend, config)
+    return ConversationStore(backend.sync_client(), built, clock=clock, **options)
 
 
 def async_store(backend: Any, clock: Clock | None = None, **config: Any) -> AsyncConversationStore:
-    options = _split(config)
-    return AsyncConversationStore(
-        backend.async_client(), backend.config(**config), clock=clock, **options
-    )
+    built, options = _split(backend, config)
+    return AsyncConversationStore(backend.async_client(), built, clock=clock, **options)
 
 
 class PrivateLoop:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import memfixtures
 import pytest
-from memhelpers import Clock, key, sync_store
+from memhelpers import Clock, StoreMaker, key, sync_store
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import exceptions as rexc
@@ -20,6 +21,9 @@ from memtier import (
     retry,
 )
 from memtier.scripts import load_registry
+
+# The store tests run on the sync and on the asyncio store (issue 13): ids [sync-fake], ...
+make_store = memfixtures.make_store
 
 
 class FlakyClient:
@@ -158,8 +162,8 @@ def test_refusals_are_backend_refused_and_not_retried(backend: Any, error: Excep
     assert info.value.__cause__ is error
 
 
-def test_noscript_after_script_flush_is_recovered(backend: Any) -> None:
-    store = sync_store(backend, Clock())
+def test_noscript_after_script_flush_is_recovered(make_store: StoreMaker, backend: Any) -> None:
+    store = make_store(backend, Clock())
     store.append(key(1), AvatarMessage(text="one"))
     client = backend.sync_client()
     if backend.is_cluster:
@@ -171,8 +175,8 @@ def test_noscript_after_script_flush_is_recovered(backend: Any) -> None:
     assert store.context(key(1)).turns[-1].fields["text"] == "two"
 
 
-def test_metrics_are_exposed_by_scraping(backend: Any) -> None:
-    store = sync_store(backend, Clock())
+def test_metrics_are_exposed_by_scraping(make_store: StoreMaker, backend: Any) -> None:
+    store = make_store(backend, Clock())
     before = scrape()
     store.append(key(1), AvatarMessage(text="abc"))
     store.context(key(1))
@@ -188,7 +192,9 @@ def test_metrics_are_exposed_by_scraping(backend: Any) -> None:
 
 
 def test_every_append_status_code_of_the_lua_contract(backend: Any) -> None:
-    """append_turn-9.lua called directly with hand-built KEYS/ARGV: every Output code."""
+    """append_turn-9.lua called directly with hand-built KEYS/ARGV: every Output code.
+
+    Sync only: the script is called directly, the store only builds the calls."""
     store = sync_store(backend, Clock(), conversation={"max_tool_results": 1})
     script = load_registry("memory")["append_turn"]
     client = backend.sync_client()
@@ -214,6 +220,7 @@ def test_every_append_status_code_of_the_lua_contract(backend: Any) -> None:
 
 
 def test_every_lua_script_keeps_its_keys_in_one_slot(backend: Any) -> None:
+    # Sync only: no store I/O, only the I/O-free core's key layout.
     from redis.crc import key_slot
 
     store = sync_store(backend, Clock(), partitions=7)
@@ -240,10 +247,12 @@ def test_every_lua_script_keeps_its_keys_in_one_slot(backend: Any) -> None:
     assert len({key_slot(p.meta.encode()) for p in core.keyspace.all_partitions()}) == 7
 
 
-def test_eviction_and_expiry_metrics_carry_reason_codes(backend: Any) -> None:
+def test_eviction_and_expiry_metrics_carry_reason_codes(
+    make_store: StoreMaker, backend: Any
+) -> None:
     clock = Clock()
     conv = {"max_active_sessions": 2, "public_ttl_seconds": 5, "im_ttl_seconds": 3600}
-    store = sync_store(backend, clock, conversation=conv)
+    store = make_store(backend, clock, conversation=conv)
     sess = "memtier_evictions_total{reason=evicted_session_pressure}"
     expired = "memtier_expiries_total{reason=expired}"
     before = scrape()
@@ -287,6 +296,7 @@ def test_operator_drop_never_sent_then_retried_reports_absent_key(backend: Any) 
 
 
 def test_drop_receipt_is_bounded_in_time(backend: Any) -> None:
+    # Sync only: it reaches into the store's plumbing (_drop_call, _retrying).
     store = sync_store(backend, Clock())
     store.append(key(1), AvatarMessage(text="x"))
     client = backend.sync_client()
