@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import threading
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from memtier import AsyncConversationStore, ConversationKey, ConversationStore, MemtierConfig
@@ -51,14 +51,33 @@ def _split(backend: Any, config: dict[str, Any]) -> tuple[MemtierConfig, dict[st
     return built, options
 
 
-def sync_store(backend: Any, clock: Clock | None = None, **config: Any) -> ConversationStore:
-    built, options = _split(backend, config)
-    return ConversationStore(backend.sync_client(), built, clock=clock, **options)
+def _unwrapped(client: Any) -> Any:
+    return client
 
 
-def async_store(backend: Any, clock: Clock | None = None, **config: Any) -> AsyncConversationStore:
+def sync_store(
+    backend: Any,
+    clock: Clock | None = None,
+    *,
+    wrap_client: Callable[[Any], Any] = _unwrapped,
+    **config: Any,
+) -> ConversationStore:
+    """A store on a new sync client of ``backend`` (``wrap_client`` may wrap that client)."""
     built, options = _split(backend, config)
-    return AsyncConversationStore(backend.async_client(), built, clock=clock, **options)
+    return ConversationStore(wrap_client(backend.sync_client()), built, clock=clock, **options)
+
+
+def async_store(
+    backend: Any,
+    clock: Clock | None = None,
+    *,
+    wrap_client: Callable[[Any], Any] = _unwrapped,
+    **config: Any,
+) -> AsyncConversationStore:
+    """``sync_store``'s twin on a new asyncio client (``wrap_client`` wraps that one)."""
+    built, options = _split(backend, config)
+    client = wrap_client(backend.async_client())
+    return AsyncConversationStore(client, built, clock=clock, **options)
 
 
 class PrivateLoop:

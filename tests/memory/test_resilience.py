@@ -15,7 +15,6 @@ from memtier import (
     AvatarMessage,
     BackendError,
     BackendRefusedError,
-    ConversationStore,
     OutcomeUnknownError,
     ScriptError,
     retry,
@@ -27,7 +26,7 @@ make_store = memfixtures.make_store
 
 
 class FlakyClient:
-    """Wraps a redis-py client: the chosen EVALSHA calls fail as configured.
+    """Wraps a sync redis-py client: the chosen EVALSHA calls fail as configured.
 
     ``lose_reply``: the command runs on Redis, then the reply is "lost" (ConnectionError),
     which is exactly what a retry after a dropped connection looks like.
@@ -42,26 +41,54 @@ class FlakyClient:
         fail_before: int = 0,
         error: Exception | None = None,
     ) -> None:
-        load_registry("memory").load_all(inner)  # so NOSCRIPT does not add calls
         self.inner = inner
         self.lose_reply = lose_reply
         self.fail_before = fail_before
         self.error = error or rexc.ConnectionError("connection reset by peer")
         self.calls = 0
 
-    def evalsha(self, *args: Any) -> Any:
+    def before_send(self) -> None:
         self.calls += 1
         if self.fail_before > 0:
             self.fail_before -= 1
             raise self.error
-        result = self.inner.evalsha(*args)
+
+    def after_reply(self, result: Any) -> Any:
         if self.lose_reply > 0:
             self.lose_reply -= 1
             raise rexc.ConnectionError("reply lost")
         return result
 
+    def evalsha(self, *args: Any) -> Any:
+        self.before_send()
+        return self.after_reply(self.inner.evalsha(*args))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class AsyncFlakyClient(FlakyClient):
+    """The same faults on an asyncio redis-py client."""
+
+    async def evalsha(self, *args: Any) -> Any:  # type: ignore[override]
+        self.before_send()
+        return self.after_reply(await self.inner.evalsha(*args))
+
+
+def flaky_store(
+    make_store: StoreMaker, backend: Any, config: Any = None, **faults: Any
+) -> tuple[Any, FlakyClient]:
+    """A store of ``make_store``'s API on a flaky client (scripts preloaded, calls at 0)."""
+    made: list[FlakyClient] = []
+
+    def wrap(inner: Any) -> FlakyClient:
+        flaky = (FlakyClient if make_store.api == "sync" else AsyncFlakyClient)(inner, **faults)
+        made.append(flaky)
+        return flaky
+
+    store = make_store(backend, Clock(), wrap_client=wrap, **(config or {}))
+    store.load_scripts()  # so NOSCRIPT does not add calls
+    return store, made[0]
 
 
 def scrape() -> dict[str, float]:
@@ -74,9 +101,8 @@ def scrape() -> dict[str, float]:
     return out
 
 
-def test_retry_after_lost_reply_stores_one_turn(backend: Any) -> None:
-    flaky = FlakyClient(backend.sync_client(), lose_reply=1)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+def test_retry_after_lost_reply_stores_one_turn(make_store: StoreMaker, backend: Any) -> None:
+    store, flaky = flaky_store(make_store, backend, lose_reply=1)
     receipt = store.append(key(1), AvatarMessage(text="exactly once"))
     assert flaky.calls == 2  # first attempt ran but its reply was lost; the retry deduped
     assert receipt.duplicate and receipt.seq == 1
@@ -96,9 +122,10 @@ def test_retry_after_lost_reply_stores_one_turn(backend: Any) -> None:
     ],
     ids=["reset", "timeout", "loading", "busy", "tryagain", "clusterdown"],
 )
-def test_transient_errors_are_retried_and_counted(backend: Any, error: Exception) -> None:
-    flaky = FlakyClient(backend.sync_client(), fail_before=2, error=error)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+def test_transient_errors_are_retried_and_counted(
+    make_store: StoreMaker, backend: Any, error: Exception
+) -> None:
+    store, flaky = flaky_store(make_store, backend, fail_before=2, error=error)
     before = scrape()
     label = f"memtier_retries_total{{error_type={type(error).__name__},operation=append}}"
     receipt = store.append(key(1), AvatarMessage(text="hi"))
@@ -107,11 +134,12 @@ def test_transient_errors_are_retried_and_counted(backend: Any, error: Exception
     assert scrape()[label] - before.get(label, 0.0) == 2
 
 
-def test_persistent_failure_is_bounded_and_raises_backend_error(backend: Any) -> None:
+def test_persistent_failure_is_bounded_and_raises_backend_error(
+    make_store: StoreMaker, backend: Any
+) -> None:
     """Connects refused every time: nothing can have been applied -> backend_unavailable."""
     refused = rexc.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
-    flaky = FlakyClient(backend.sync_client(), fail_before=10_000, error=refused)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    store, flaky = flaky_store(make_store, backend, fail_before=10_000, error=refused)
     with pytest.raises(BackendError) as info:
         store.append(key(1), AvatarMessage(text="hi"))
     assert info.value.code == "backend_unavailable" and not info.value.retryable
@@ -119,11 +147,12 @@ def test_persistent_failure_is_bounded_and_raises_backend_error(backend: Any) ->
     assert isinstance(info.value.__cause__, rexc.ConnectionError)
 
 
-def test_lost_replies_until_the_end_raise_retryable_outcome_unknown(backend: Any) -> None:
+def test_lost_replies_until_the_end_raise_retryable_outcome_unknown(
+    make_store: StoreMaker, backend: Any
+) -> None:
     """D11: an append stored on attempt 1 whose replies are all lost is outcome_unknown
     (retryable), and retrying it with the same turn id returns the first receipt."""
-    flaky = FlakyClient(backend.sync_client(), lose_reply=10_000)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    store, flaky = flaky_store(make_store, backend, lose_reply=10_000)
     with pytest.raises(OutcomeUnknownError) as info:
         store.append(key(1), AvatarMessage(text="stored", turn_id="t-1"))
     assert info.value.code == "outcome_unknown" and info.value.retryable
@@ -133,11 +162,12 @@ def test_lost_replies_until_the_end_raise_retryable_outcome_unknown(backend: Any
     assert [t.seq for t in store.context(key(1)).turns] == [1]
 
 
-def test_reset_before_sending_then_refused_is_still_outcome_unknown(backend: Any) -> None:
+def test_reset_before_sending_then_refused_is_still_outcome_unknown(
+    make_store: StoreMaker, backend: Any
+) -> None:
     """Once an attempt may have been applied, later refused connects cannot make it 'not
     applied': the outcome stays unknown."""
-    flaky = FlakyClient(backend.sync_client(), fail_before=10_000)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    store, _ = flaky_store(make_store, backend, fail_before=10_000)
     with pytest.raises(OutcomeUnknownError):
         store.append(key(1), AvatarMessage(text="hi"))
 
@@ -152,9 +182,10 @@ def test_reset_before_sending_then_refused_is_still_outcome_unknown(backend: Any
     ],
     ids=["oom", "misconf", "noperm", "oom-in-script"],
 )
-def test_refusals_are_backend_refused_and_not_retried(backend: Any, error: Exception) -> None:
-    flaky = FlakyClient(backend.sync_client(), fail_before=10_000, error=error)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+def test_refusals_are_backend_refused_and_not_retried(
+    make_store: StoreMaker, backend: Any, error: Exception
+) -> None:
+    store, flaky = flaky_store(make_store, backend, fail_before=10_000, error=error)
     with pytest.raises(BackendRefusedError) as info:
         store.append(key(1), AvatarMessage(text="hi"))
     assert info.value.code == "backend_refused" and not info.value.retryable
@@ -269,13 +300,14 @@ def test_eviction_and_expiry_metrics_carry_reason_codes(
 
 
 @pytest.mark.parametrize("operation", ["delete", "expire"])
-def test_operator_drop_after_a_lost_reply_reports_what_it_did(backend: Any, operation: str) -> None:
+def test_operator_drop_after_a_lost_reply_reports_what_it_did(
+    make_store: StoreMaker, backend: Any, operation: str
+) -> None:
     """D11: the first attempt deleted the session and its reply was lost; the retry must
     report True (it did delete), not False (nothing left to delete).  One event only."""
-    store = sync_store(backend, Clock())
+    store = make_store(backend, Clock())
     store.append(key(1), AvatarMessage(text="doomed"))
-    flaky = FlakyClient(backend.sync_client(), lose_reply=1)
-    operator = ConversationStore(flaky, store.config, clock=Clock())
+    operator, flaky = flaky_store(make_store, backend, lose_reply=1)
     assert getattr(operator, operation)(key(1)) is True
     assert flaky.calls == 2  # the retry ran, and found the first attempt's receipt
     assert store.context(key(1)).session_id is None
@@ -285,10 +317,11 @@ def test_operator_drop_after_a_lost_reply_reports_what_it_did(backend: Any, oper
     assert getattr(operator, operation)(key(1)) is False
 
 
-def test_operator_drop_never_sent_then_retried_reports_absent_key(backend: Any) -> None:
+def test_operator_drop_never_sent_then_retried_reports_absent_key(
+    make_store: StoreMaker, backend: Any
+) -> None:
     """The retry of a drop whose first attempt never reached Redis reports the truth."""
-    flaky = FlakyClient(backend.sync_client(), fail_before=1)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    store, flaky = flaky_store(make_store, backend, fail_before=1)
     assert store.delete(key(9)) is False
     store.append(key(9), AvatarMessage(text="x"))
     flaky.fail_before = 1
