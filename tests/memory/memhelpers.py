@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import threading
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
+
+from asyncadapter import AdapterPool, AsyncAdapter, PrivateLoop
 
 from memtier import AsyncConversationStore, ConversationKey, ConversationStore, MemtierConfig
 from memtier.memory.persistence import snapshot_dir_for
-
-T = TypeVar("T")
 
 T0 = 1_800_000_000_000  # a fixed test epoch, ms
 
@@ -80,60 +77,13 @@ def async_store(
     return AsyncConversationStore(client, built, clock=clock, **options)
 
 
-class PrivateLoop:
-    """One asyncio event loop of its own, in a dedicated thread, for one test.
-
-    :meth:`run` blocks until the awaitable is done (at most ``TIMEOUT_S``), so sync test
-    code can drive asyncio objects whether or not the test itself runs in a loop.
-    """
-
-    TIMEOUT_S = 120.0
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="memtier-test-loop")
-        self._thread.start()
-
-    def run(self, awaitable: Awaitable[T]) -> T:
-        async def wrapped() -> T:
-            return await awaitable
-
-        return asyncio.run_coroutine_threadsafe(wrapped(), self.loop).result(self.TIMEOUT_S)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(self.TIMEOUT_S)
-        self.loop.close()
-
-
-class AsyncStoreAdapter:
-    """An :class:`AsyncConversationStore` behind :class:`ConversationStore`'s method names.
-
-    Test-side only: each public coroutine method of the async store is awaited to the end on
-    ``loop`` (async iterators such as ``iter_metadata`` are drained there, into a list), and
-    public attributes (``config``, ``core``, ...) are read through.  Private names are refused
-    on purpose: a test that reaches into a store's plumbing is sync-only, with its reason.
-    """
+class AsyncStoreAdapter(AsyncAdapter):
+    """An :class:`AsyncConversationStore` behind :class:`ConversationStore`'s method names
+    (tests/asyncadapter.py: awaited on a private loop; private names refused)."""
 
     def __init__(self, store: AsyncConversationStore, loop: PrivateLoop) -> None:
+        super().__init__(store, loop)
         self.async_store = store
-        self.loop = loop
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(
-                f"{name!r} is private: the async adapter exposes only the public API"
-            )
-        attr = getattr(self.async_store, name)
-        if inspect.iscoroutinefunction(attr):
-            return lambda *args, **kwargs: self.loop.run(attr(*args, **kwargs))
-        if inspect.isasyncgenfunction(attr):
-
-            async def drain(*args: Any, **kwargs: Any) -> list[Any]:
-                return [item async for item in attr(*args, **kwargs)]
-
-            return lambda *args, **kwargs: iter(self.loop.run(drain(*args, **kwargs)))
-        return attr
 
     def __enter__(self) -> AsyncStoreAdapter:
         self.loop.run(self.async_store.open())
@@ -144,9 +94,6 @@ class AsyncStoreAdapter:
 
     def close(self) -> None:
         self.loop.run(self.async_store.close())
-
-    def __repr__(self) -> str:
-        return f"AsyncStoreAdapter({self.async_store!r})"
 
 
 STORE_APIS = ("sync", "async")
@@ -164,32 +111,15 @@ class StoreMaker:
     def __init__(self, api: str) -> None:
         assert api in STORE_APIS, api
         self.api = api
-        self._loop: PrivateLoop | None = None
-        self._adapters: list[AsyncStoreAdapter] = []
+        self._pool = AdapterPool()
 
     def __call__(self, backend: Any, clock: Clock | None = None, **config: Any) -> Any:
         if self.api == "sync":
             return sync_store(backend, clock, **config)
-        if self._loop is None:
-            self._loop = PrivateLoop()
-        # Built in the private loop: an asyncio client belongs to the loop it first runs in.
-        adapter = AsyncStoreAdapter(
-            self._loop.run(_build_async(backend, clock, config)), self._loop
-        )
-        self._adapters.append(adapter)
+        store = self._pool.build(lambda: async_store(backend, clock, **config))
+        adapter = AsyncStoreAdapter(store, self._pool.loop)
+        self._pool.on_shutdown(adapter.close)
         return adapter
 
     def shutdown(self) -> None:
-        if self._loop is None:
-            return
-        try:
-            for adapter in self._adapters:
-                adapter.close()
-        finally:
-            self._loop.stop()
-
-
-async def _build_async(
-    backend: Any, clock: Clock | None, config: dict[str, Any]
-) -> AsyncConversationStore:
-    return async_store(backend, clock, **config)
+        self._pool.shutdown()
