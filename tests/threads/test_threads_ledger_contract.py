@@ -228,12 +228,16 @@ def test_any_sequence_of_turn_outcomes_keeps_entry_ids_unique_and_ledger_exact(
     for record in records:
         if record.type in ("user_message", "assistant_message"):
             entry_id = record.data["entryId"]
-            assert announced.setdefault(entry_id, record.data["content"]) == record.data[
-                "content"
-            ], entry_id  # never two messages under one id
+            assert (
+                announced.setdefault(entry_id, record.data["content"]) == record.data["content"]
+            ), entry_id  # never two messages under one id
     said_committed = [i for r in records if r.type == "agent_finished" for i in r.data["entryIds"]]
-    discarded = [i for r in records if r.type in ("error", "agent_denied")
-                 for i in r.data["discardedEntryIds"]]
+    discarded = [
+        i
+        for r in records
+        if r.type in ("error", "agent_denied")
+        for i in r.data["discardedEntryIds"]
+    ]
     assert said_committed == committed  # the ledger says exactly which entries exist
     assert not set(discarded) & set(committed)
     assert set(announced) <= set(committed) | set(discarded)

@@ -69,9 +69,7 @@ def test_options_reach_the_runner_stored_and_redacted(
     assert SECRET not in orjson.dumps([r.to_wire() for r in started]).decode()
     # a retry with other options is a different request: request_conflict
     with pytest.raises(ConversationError) as err:
-        service.continue_(
-            OWNER, thread.id, "hi", request_id="r1", run_options={"temperature": 0.6}
-        )
+        service.continue_(OWNER, thread.id, "hi", request_id="r1", run_options={"temperature": 0.6})
     assert err.value.code == "request_conflict"
     with pytest.raises(ConversationError) as err:
         service.continue_(OWNER, thread.id, "hi", request_id="r1")  # options dropped
