@@ -52,6 +52,8 @@ class PrivateLoop:
 class AsyncAdapter:
     """``target``'s public coroutine methods as blocking calls run on ``loop``."""
 
+    OWN_ATTRIBUTES = frozenset({"target", "loop", "async_store", "async_service"})
+
     def __init__(self, target: Any, loop: PrivateLoop) -> None:
         self.target = target
         self.loop = loop
@@ -69,6 +71,13 @@ class AsyncAdapter:
 
             return lambda *args, **kwargs: iter(self.loop.run(drain(*args, **kwargs)))
         return attr
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A test that replaces a part of the object (its client, its scripts) would only
+        # replace the adapter's attribute and silently test nothing: such a test is sync-only.
+        if name not in self.OWN_ATTRIBUTES:
+            raise AttributeError(f"the async adapter does not set {name!r} on {self.target!r}")
+        super().__setattr__(name, value)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.target!r})"

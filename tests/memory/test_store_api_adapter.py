@@ -54,6 +54,9 @@ def test_each_variant_drives_the_store_of_its_name(
         assert store.config is store.async_store.config  # public attributes read through
         with pytest.raises(AttributeError, match="private"):
             store._run  # noqa: B018 -- the adapter refuses private plumbing
+        with pytest.raises(AttributeError, match="does not set"):
+            store.client = None  # would replace the adapter's attribute, not the store's
+        assert store.async_store.client is not None
 
 
 def test_every_public_sync_method_has_an_awaited_twin() -> None:

@@ -3,10 +3,12 @@ through the sync service and the asyncio service (this module's ``make_service``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import threadfixtures
+from threadfixtures import Service
 from threadhelpers import (
     OTHER,
     OTHER_TENANT,
@@ -30,36 +32,12 @@ from memtier.threads import (
     ThreadState,
 )
 
-# A service of either API: the sync one, or the asyncio one behind its adapter.
-Service = ConversationService | AsyncServiceAdapter
 MakeService = Callable[..., Service]
 
-
-@pytest.fixture(params=["sync", "async"])
-def make_service(backend: Any, request: pytest.FixtureRequest) -> Iterator[ServiceMaker]:
-    """This module's ``make_service``: every behaviour test on the sync
-    :class:`ConversationService` and on the :class:`~memtier.threads.AsyncConversationService`
-    (issue 13); ids read ``[sync-fake]``, ``[async-cluster]``."""
-    maker = ServiceMaker(request.param, backend)
-    try:
-        yield maker
-    finally:
-        maker.shutdown()
-
-
-@pytest.fixture
-def service(make_service: ServiceMaker) -> Service:
-    return make_service()
-
-
-@pytest.fixture
-def make_sync_service(backend: Any) -> Iterator[ServiceMaker]:
-    """The sync service only, for tests that reach into its plumbing."""
-    maker = ServiceMaker("sync", backend)
-    try:
-        yield maker
-    finally:
-        maker.shutdown()
+# Every behaviour test here runs on the sync and the asyncio service: [sync-fake], ...
+make_service = threadfixtures.make_service
+service = threadfixtures.service
+make_sync_service = threadfixtures.make_sync_service
 
 
 def err(fn: Callable[[], Any]) -> ConversationError:
