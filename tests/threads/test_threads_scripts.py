@@ -338,7 +338,9 @@ def test_every_writing_script_checks_the_stored_owner_before_it_writes(
     k = h.keys
     before = {key: h.client.dump(key) for key in (*k.all(), h.owner.index)}
     all_keys = (*k.all(), h.owner.index, h.owner.recent_deletes)
-    assert h.run("branch", (k.thread, k.parents), MARKER, "e2", 1, 16, NOW, *OWNER) == [S.NOT_FOUND]
+    assert h.run("branch", (k.thread, k.parents), MARKER, "e2", 1, 16, NOW, *OWNER) == [
+        S.NOT_FOUND
+    ]
     assert h.run("archive", (k.thread,), MARKER, 1, NOW, *OWNER) == [S.NOT_FOUND]
     assert h.run("hold", (k.thread,), MARKER, "1", *OWNER) == [S.NOT_FOUND]
     assert h.run("delete", all_keys, MARKER, *OWNER, "conv_1", "d", NOW, 600_000, 10) == [
