@@ -97,6 +97,8 @@ class AsyncStoreAdapter(AsyncAdapter):
 
 
 STORE_APIS = ("sync", "async")
+# A store of either API: the sync one, or the asyncio one behind its adapter.
+Store = ConversationStore | AsyncStoreAdapter
 
 
 class StoreMaker:
@@ -113,7 +115,7 @@ class StoreMaker:
         self.api = api
         self._pool = AdapterPool()
 
-    def __call__(self, backend: Any, clock: Clock | None = None, **config: Any) -> Any:
+    def __call__(self, backend: Any, clock: Clock | None = None, **config: Any) -> Store:
         if self.api == "sync":
             return sync_store(backend, clock, **config)
         store = self._pool.build(lambda: async_store(backend, clock, **config))

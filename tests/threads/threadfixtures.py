@@ -14,12 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from threadhelpers import AsyncServiceAdapter, ServiceMaker
+from threadhelpers import Service, ServiceMaker
 
-from memtier.threads import ConversationService
-
-# A service of either API: the sync one, or the asyncio one behind its adapter.
-Service = ConversationService | AsyncServiceAdapter
+__all__ = ["Service", "make_service", "make_sync_service", "service"]
 
 
 @pytest.fixture(params=["sync", "async"])

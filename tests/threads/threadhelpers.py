@@ -198,6 +198,10 @@ class AsyncServiceAdapter(AsyncAdapter):
         self.loop.run(self.async_service.aclose(cancel_wait_s=cancel_wait_s))
 
 
+# A service of either API: the sync one, or the asyncio one behind its adapter.
+Service = ConversationService | AsyncServiceAdapter
+
+
 class ServiceMaker:
     """``make_service(threads={...}, **service_options)`` on either API.
 
@@ -213,7 +217,7 @@ class ServiceMaker:
         self.backend = backend
         self._pool = AdapterPool()
 
-    def __call__(self, threads: dict[str, Any] | None = None, **options: Any) -> Any:
+    def __call__(self, threads: dict[str, Any] | None = None, **options: Any) -> Service:
         config = self.backend.config(threads=threads) if threads else self.backend.config()
         if self.api == "sync":
             return ConversationService(self.backend.sync_client(), config, **options)
