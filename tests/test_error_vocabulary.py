@@ -202,7 +202,9 @@ def test_the_checker_reports_reason_codes_both_ways() -> None:
 def test_the_parsers_read_headers_tables_and_event_calls() -> None:
     header = "--[[\n  Output:\n    { 0, x }  stored\n    { -2, a, b }  AGGREGATE_FULL: no\n]]\n"
     assert header_refusals(header + "return { -9 } -- NOT_A_HEADER") == {"AGGREGATE_FULL": -2}
-    table = "Status convention (x):\n     0 OK     1 EXISTED / NOOP\n    -1 NOT_FOUND\n\nlater -5 NOPE"
+    table = (
+        "Status convention (x):\n     0 OK     1 EXISTED / NOOP\n    -1 NOT_FOUND\n\nlater -5 NOPE"
+    )
     assert status_table(table) == {"OK": 0, "EXISTED": 1, "NOT_FOUND": -1}
     lua = (
         "memtier_emit(events_key, max_events, 'popped', member)\n"

@@ -1,12 +1,17 @@
-"""Fixtures shared by memory tests: the embedded backend and a real redis-server."""
+"""Fixtures shared by memory tests: the embedded backend and a real redis-server, and the
+store API (sync or asyncio) a behaviour test runs on.
+
+A test module uses a fixture defined here by naming it in its namespace
+(``make_store = memfixtures.make_store``)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import fakeredis
 import pytest
+from memhelpers import StoreMaker
 from servers import Backend, RedisServer
 
 
@@ -38,3 +43,25 @@ async def fake_or_real(request: pytest.FixtureRequest) -> AsyncIterator[Backend]
     finally:
         forget_backend(namespace)
         await made.aclose()
+
+
+BACKEND_FIXTURES = ("backend", "backend_no_fake", "fake_or_real")
+
+
+@pytest.fixture(params=["sync", "async"])
+def make_store(request: pytest.FixtureRequest) -> Iterator[StoreMaker]:
+    """``make_store(backend, clock, **config)``: the same behaviour test on the sync
+    :class:`~memtier.ConversationStore` and on the :class:`~memtier.AsyncConversationStore`
+    (behind memhelpers.AsyncStoreAdapter, on a private event loop).  Test ids read
+    ``[sync-real]``, ``[async-fake]``.
+    """
+    for name in BACKEND_FIXTURES:
+        if name in request.fixturenames:
+            # Set the backend up first so it is torn down after the async stores: their
+            # clients are closed in the adapter's loop, then the backend's teardown runs.
+            request.getfixturevalue(name)
+    maker = StoreMaker(request.param)
+    try:
+        yield maker
+    finally:
+        maker.shutdown()

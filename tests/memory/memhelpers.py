@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from memtier import AsyncConversationStore, ConversationKey, ConversationStore
+from asyncadapter import AdapterPool, AsyncAdapter, PrivateLoop
+
+from memtier import AsyncConversationStore, ConversationKey, ConversationStore, MemtierConfig
+from memtier.memory.persistence import snapshot_dir_for
 
 T0 = 1_800_000_000_000  # a fixed test epoch, ms
 
@@ -31,67 +35,93 @@ def key(n: int, channel: str = "public") -> ConversationKey:
     return ConversationKey(avatar(n), channel)
 
 
-def sync_store(backend: Any, clock: Clock | None = None, **config: Any) -> ConversationStore:
-    return ConversationStore(backend.sync_client(), backend.config(**config), clock=clock)
+STORE_OPTIONS = ("summarizer", "inline_compaction")  # constructor options, not config
 
 
-def async_store(backend: Any, clock: Clock | None = None, **config: Any) -> AsyncConversationStore:
-    return AsyncConversationStore(backend.async_client(), backend.config(**config), clock=clock)
+def _split(backend: Any, config: dict[str, Any]) -> tuple[MemtierConfig, dict[str, Any]]:
+    """The store's config and its constructor options; with persistence on, its snapshot
+    directory, as ``from_config`` sets it (no restore on start: tests call ``recover``)."""
+    options = {name: config.pop(name) for name in STORE_OPTIONS if name in config}
+    built: MemtierConfig = backend.config(**config)
+    if built.conversation.persistence_enabled:
+        options["snapshots"] = snapshot_dir_for(built)
+    return built, options
 
 
-class AsyncBridge:
-    """An :class:`AsyncConversationStore` behind the sync store's interface.
+def _unwrapped(client: Any) -> Any:
+    return client
 
-    Every coroutine method runs to completion on a private event loop in its own thread
-    (async iterators are drained there), so a test written against the sync API runs
-    unchanged on the asyncio store.  :meth:`shutdown` closes the store in that loop.
+
+def sync_store(
+    backend: Any,
+    clock: Clock | None = None,
+    *,
+    wrap_client: Callable[[Any], Any] = _unwrapped,
+    **config: Any,
+) -> ConversationStore:
+    """A store on a new sync client of ``backend`` (``wrap_client`` may wrap that client)."""
+    built, options = _split(backend, config)
+    return ConversationStore(wrap_client(backend.sync_client()), built, clock=clock, **options)
+
+
+def async_store(
+    backend: Any,
+    clock: Clock | None = None,
+    *,
+    wrap_client: Callable[[Any], Any] = _unwrapped,
+    **config: Any,
+) -> AsyncConversationStore:
+    """``sync_store``'s twin on a new asyncio client (``wrap_client`` wraps that one)."""
+    built, options = _split(backend, config)
+    client = wrap_client(backend.async_client())
+    return AsyncConversationStore(client, built, clock=clock, **options)
+
+
+class AsyncStoreAdapter(AsyncAdapter):
+    """An :class:`AsyncConversationStore` behind :class:`ConversationStore`'s method names
+    (tests/asyncadapter.py: awaited on a private loop; private names refused)."""
+
+    def __init__(self, store: AsyncConversationStore, loop: PrivateLoop) -> None:
+        super().__init__(store, loop)
+        self.async_store = store
+
+    def __enter__(self) -> AsyncStoreAdapter:
+        self.loop.run(self.async_store.open())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.loop.run(self.async_store.close())
+
+
+STORE_APIS = ("sync", "async")
+# A store of either API: the sync one, or the asyncio one behind its adapter.
+Store = ConversationStore | AsyncStoreAdapter
+
+
+class StoreMaker:
+    """``make_store(backend, clock, **config)``: ``sync_store``'s signature, on either API.
+
+    ``api="sync"`` builds a :class:`ConversationStore`; ``api="async"`` builds an
+    :class:`AsyncConversationStore` the way users do (the constructor with an asyncio
+    client of the backend) behind an :class:`AsyncStoreAdapter`, on one private loop per
+    test.  :meth:`shutdown` closes the async stores in that loop, then stops it.
     """
 
-    TIMEOUT_S = 120.0
+    def __init__(self, api: str) -> None:
+        assert api in STORE_APIS, api
+        self.api = api
+        self._pool = AdapterPool()
 
-    def __init__(self, store: AsyncConversationStore) -> None:
-        import asyncio
-        import threading
-
-        self._bridge_store = store
-        self._bridge_loop = asyncio.new_event_loop()
-        self._bridge_thread = threading.Thread(
-            target=self._bridge_loop.run_forever, name="async-bridge"
-        )
-        self._bridge_thread.start()
-
-    def _bridge_run(self, awaitable: Any) -> Any:
-        import asyncio
-
-        return asyncio.run_coroutine_threadsafe(awaitable, self._bridge_loop).result(self.TIMEOUT_S)
-
-    def __getattr__(self, name: str) -> Any:
-        import inspect
-
-        attr = getattr(self._bridge_store, name)
-        if inspect.iscoroutinefunction(attr):
-            return lambda *a, **kw: self._bridge_run(attr(*a, **kw))
-        if inspect.isasyncgenfunction(attr):
-
-            async def drain(*a: Any, **kw: Any) -> list[Any]:
-                return [item async for item in attr(*a, **kw)]
-
-            return lambda *a, **kw: iter(self._bridge_run(drain(*a, **kw)))
-        return attr
+    def __call__(self, backend: Any, clock: Clock | None = None, **config: Any) -> Store:
+        if self.api == "sync":
+            return sync_store(backend, clock, **config)
+        store = self._pool.build(lambda: async_store(backend, clock, **config))
+        adapter = AsyncStoreAdapter(store, self._pool.loop)
+        self._pool.on_shutdown(adapter.close)
+        return adapter
 
     def shutdown(self) -> None:
-        try:
-            self._bridge_run(self._bridge_store.close())
-        finally:
-            self._bridge_loop.call_soon_threadsafe(self._bridge_loop.stop)
-            self._bridge_thread.join(self.TIMEOUT_S)
-            self._bridge_loop.close()
-
-
-def bridged_store(
-    bridges: list[AsyncBridge], backend: Any, clock: Clock | None = None, **config: Any
-) -> Any:
-    """``sync_store``'s twin on the asyncio store (the caller shuts ``bridges`` down)."""
-    bridge = AsyncBridge(async_store(backend, clock, **config))
-    bridges.append(bridge)
-    return bridge
+        self._pool.shutdown()

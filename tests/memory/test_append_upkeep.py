@@ -10,15 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from memhelpers import Clock, key, sync_store
+import memfixtures
+from memhelpers import Clock, StoreMaker, key
 
 from memtier import AvatarMessage, ReasonCode
 from memtier.limits import EXPIRY_GRACE_MS, SWEEP_INTERVAL_MS
 
+# The store tests run on the sync and on the asyncio store (issue 13): ids [sync-fake], ...
+make_store = memfixtures.make_store
 
-def test_sweep_runs_on_appends_at_most_once_per_interval(backend: Any) -> None:
+
+def test_sweep_runs_on_appends_at_most_once_per_interval(
+    make_store: StoreMaker, backend: Any
+) -> None:
     clock = Clock()
-    store = sync_store(backend, clock, conversation={"public_ttl_seconds": 5})
+    store = make_store(backend, clock, conversation={"public_ttl_seconds": 5})
     store.append(key(1), AvatarMessage(text="a"))  # first append of the partition sweeps
     store.append(key(2), AvatarMessage(text="b"))
     clock.advance(5_000 - SWEEP_INTERVAL_MS // 2)
@@ -33,10 +39,12 @@ def test_sweep_runs_on_appends_at_most_once_per_interval(backend: Any) -> None:
     assert [e.reason for e in store.events()].count(ReasonCode.EXPIRED) == 2
 
 
-def test_pressure_sweeps_expired_sessions_before_evicting_live_ones(backend: Any) -> None:
+def test_pressure_sweeps_expired_sessions_before_evicting_live_ones(
+    make_store: StoreMaker, backend: Any
+) -> None:
     clock = Clock()
     conv = {"public_ttl_seconds": 5, "max_active_sessions": 2}
-    store = sync_store(backend, clock, conversation=conv)
+    store = make_store(backend, clock, conversation=conv)
     store.append(key(1), AvatarMessage(text="a"))
     clock.advance(4_500)
     store.append(key(2), AvatarMessage(text="b"))  # sweeps (due); next sweep not before +1 s
@@ -47,8 +55,10 @@ def test_pressure_sweeps_expired_sessions_before_evicting_live_ones(backend: Any
     assert store.stats() == {"sessions": 2, "bytes": 2}
 
 
-def test_every_key_of_a_session_gets_a_bounded_ttl_even_when_recreated(backend: Any) -> None:
-    store = sync_store(backend, Clock(), conversation={"public_ttl_seconds": 2})
+def test_every_key_of_a_session_gets_a_bounded_ttl_even_when_recreated(
+    make_store: StoreMaker, backend: Any
+) -> None:
+    store = make_store(backend, Clock(), conversation={"public_ttl_seconds": 2})
     k = key(1)
     client = backend.sync_client()
     sk = store.core.partition_for(k).session(k.member)

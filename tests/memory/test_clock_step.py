@@ -12,17 +12,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from memhelpers import Clock, key, sync_store
+import memfixtures
+from memhelpers import Clock, StoreMaker, key
 
 from memtier import AvatarMessage
+
+# The store tests run on the sync and on the asyncio store (issue 13): ids [sync-fake], ...
+make_store = memfixtures.make_store
 
 MINUTE = 60_000
 TTL_MIN = 30  # the public channel's inactivity TTL
 
 
-def test_a_backwards_step_lengthens_a_ttl_by_at_most_the_step(backend: Any) -> None:
+def test_a_backwards_step_lengthens_a_ttl_by_at_most_the_step(
+    make_store: StoreMaker, backend: Any
+) -> None:
     clock = Clock()
-    store = sync_store(backend, clock)
+    store = make_store(backend, clock)
     k = key(1)
     first = store.append(k, AvatarMessage(text="before the step"))
     step = 60 * MINUTE
@@ -36,9 +42,9 @@ def test_a_backwards_step_lengthens_a_ttl_by_at_most_the_step(backend: Any) -> N
     assert store.append(k, AvatarMessage(text="after")).rotated
 
 
-def test_a_forward_step_shortens_a_ttl_by_the_step(backend: Any) -> None:
+def test_a_forward_step_shortens_a_ttl_by_the_step(make_store: StoreMaker, backend: Any) -> None:
     clock = Clock()
-    store = sync_store(backend, clock)
+    store = make_store(backend, clock)
     k = key(2)
     first = store.append(k, AvatarMessage(text="before the step"))
     clock.advance(10 * MINUTE)  # the server clock jumps 10 minutes ahead

@@ -16,13 +16,12 @@ import memfixtures
 import orjson
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from memhelpers import Clock, key
+from memhelpers import Clock, StoreMaker, key
 
 from memtier import (
     ActionResult,
     AgentResponse,
     AvatarMessage,
-    ConversationStore,
     ToolSummary,
 )
 from memtier.config import ConversationConfig
@@ -36,6 +35,7 @@ from memtier.memory.compaction import (
 from memtier.memory.state import SessionState, StoredTurn
 
 fake_or_real = memfixtures.fake_or_real  # the fixture, in this module's namespace
+make_store = memfixtures.make_store  # the store tests: sync and asyncio store (issue 13)
 
 T0 = 1_800_000_000_000
 KIND_FIELDS = {
@@ -175,23 +175,22 @@ def test_the_deterministic_summariser_fits_any_budget(
 # --- through the store ----------------------------------------------------------------------
 
 _AVATARS = itertools.count(5000)
-_STORES: dict[str, dict[tuple[int, int, int, int], ConversationStore]] = {}
+_STORES: dict[str, dict[tuple[int, int, int, int], Any]] = {}
 memfixtures.CACHES.append(_STORES)  # type: ignore[arg-type]
 
 
-def _store(backend: Any, bounds: tuple[int, int, int, int]) -> ConversationStore:
+def _store(make_store: StoreMaker, backend: Any, bounds: tuple[int, int, int, int]) -> Any:
+    """One store per backend and bounds for all examples (each test has its own namespace)."""
     per_backend = _STORES.setdefault(backend.namespace, {})
     if bounds not in per_backend:
         turns, session, summary, tools = bounds
-        config = backend.config(
-            conversation={
-                "max_turns_per_session": turns,
-                "max_session_bytes": session,
-                "max_summary_bytes": summary,
-                "max_tool_results": tools,
-            }
-        )
-        per_backend[bounds] = ConversationStore(backend.sync_client(), config, clock=Clock())
+        conversation = {
+            "max_turns_per_session": turns,
+            "max_session_bytes": session,
+            "max_summary_bytes": summary,
+            "max_tool_results": tools,
+        }
+        per_backend[bounds] = make_store(backend, Clock(), conversation=conversation)
     return per_backend[bounds]
 
 
@@ -208,12 +207,13 @@ def _store(backend: Any, bounds: tuple[int, int, int, int]) -> ConversationStore
 @example(bounds=(4, 1024, 256, 2), turns=[("avatar", 7)] * 30, compact_every=3)
 @example(bounds=(4, 1024, 256, 2), turns=[("agent", 0)] * 20, compact_every=8)
 def test_small_turns_never_start_failing_and_compaction_never_grows(
+    make_store: StoreMaker,
     fake_or_real: Any,
     bounds: tuple[int, int, int, int],
     turns: list[tuple[str, int]],
     compact_every: int,
 ) -> None:
-    store = _store(fake_or_real, bounds)
+    store = _store(make_store, fake_or_real, bounds)
     conv = store.config.conversation
     k = key(next(_AVATARS))
     builders = {

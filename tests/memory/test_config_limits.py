@@ -11,21 +11,20 @@ import memfixtures
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from memhelpers import Clock, key
+from memhelpers import Clock, StoreMaker, key
 
 from memtier import (
     AvatarMessage,
     ConfigurationError,
-    ConversationStore,
     MemtierConfig,
     SnapshotError,
     limits,
 )
 from memtier.config import LIMIT_DEPENDENCIES, ConversationConfig, ThreadsConfig
 from memtier.memory import snapshot
-from memtier.memory.persistence import snapshot_dir_for
 
 fake_or_real = memfixtures.fake_or_real  # the fixture, in this module's namespace
+make_store = memfixtures.make_store  # the store tests: sync and asyncio store (issue 13)
 
 CONV_BOUNDS = ConversationConfig.BOUNDS
 THREAD_BOUNDS = ThreadsConfig.BOUNDS
@@ -88,9 +87,8 @@ def test_one_limit_alone_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     assert MemtierConfig.load().conversation.max_session_bytes == 5000
 
 
-def test_a_store_with_one_lowered_limit_works(fake_or_real: Any) -> None:
-    config = fake_or_real.config(conversation={"max_turn_bytes": 1000})
-    store = ConversationStore(fake_or_real.sync_client(), config, clock=Clock())
+def test_a_store_with_one_lowered_limit_works(make_store: StoreMaker, fake_or_real: Any) -> None:
+    store = make_store(fake_or_real, Clock(), conversation={"max_turn_bytes": 1000})
     receipt = store.append(key(1), AvatarMessage(text="x" * 5000))
     assert receipt.truncated and receipt.bytes <= 1000
 
@@ -287,18 +285,16 @@ def test_the_snapshot_minimum_is_the_empty_generation() -> None:
         MemtierConfig.load(conversation={"max_snapshot_bytes": snapshot.HEADER_BLOCK - 1})
 
 
-def test_a_store_at_the_snapshot_minimum_can_flush(fake_or_real: Any, tmp_path: Path) -> None:
+def test_a_store_at_the_snapshot_minimum_can_flush(
+    make_store: StoreMaker, fake_or_real: Any, tmp_path: Path
+) -> None:
     minimum = int(limits.MAX_SNAPSHOT_BYTES.minimum)
-    config = fake_or_real.config(
-        conversation={
-            "persistence_enabled": True,
-            "storage_path": str(tmp_path),
-            "max_snapshot_bytes": minimum,
-        }
-    )
-    store = ConversationStore(
-        fake_or_real.sync_client(), config, clock=Clock(), snapshots=snapshot_dir_for(config)
-    )
+    conversation = {
+        "persistence_enabled": True,
+        "storage_path": str(tmp_path),
+        "max_snapshot_bytes": minimum,
+    }
+    store = make_store(fake_or_real, Clock(), conversation=conversation)
     for _ in range(2):  # and again: retention keeps the newest generation within the ceiling
         result = store.flush()
         assert result.sessions == 0

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
+import memfixtures
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from memhelpers import Clock, async_store, key, sync_store
+from memhelpers import Clock, StoreMaker, async_store, key, sync_store
 from redis.crc import key_slot
 
 from memtier import AgentResponse, AvatarMessage, ReasonCode, ToolSummary
 from memtier.errors import ScriptError
 from memtier.scripts import load_registry
 
+# The store tests run on the sync and on the asyncio store (issue 13): ids [sync-fake], ...
+make_store = memfixtures.make_store
+
 
 def test_pop_script_contract_every_output(backend: Any) -> None:
-    """pop_turn-6.lua with hand-built KEYS/ARGV: NOT_FOUND, popped, error reply."""
+    """pop_turn-6.lua with hand-built KEYS/ARGV: NOT_FOUND, popped, error reply.
+
+    Sync only: the script is called directly, the store only builds the call."""
     store = sync_store(backend, Clock())
     script = load_registry("memory")["pop_turn"]
     client = backend.sync_client()
@@ -37,14 +43,17 @@ def test_pop_script_contract_every_output(backend: Any) -> None:
 
 
 def test_pop_call_keys_share_one_slot(backend: Any) -> None:
+    # Sync only: no store I/O, only the I/O-free core's key layout.
     store = sync_store(backend, Clock(), partitions=5)
     for n in range(10):
         call = store.core.pop_call(key(n, "im" if n % 2 else "public"))
         assert len({key_slot(k.encode()) for k in call.keys}) == 1
 
 
-def test_pop_returns_newest_with_exact_accounting_and_event(backend: Any) -> None:
-    store = sync_store(backend, Clock())
+def test_pop_returns_newest_with_exact_accounting_and_event(
+    make_store: StoreMaker, backend: Any
+) -> None:
+    store = make_store(backend, Clock())
     k, other = key(1), key(2)
     store.append(other, AvatarMessage(text="someone else"))
     first = store.append(k, AvatarMessage(text="one"))
@@ -70,9 +79,9 @@ def test_pop_returns_newest_with_exact_accounting_and_event(backend: Any) -> Non
     assert store.stats() == {"sessions": 2, "bytes": len(b"someone else")}
 
 
-def test_pop_of_an_expired_session_is_none(backend: Any) -> None:
+def test_pop_of_an_expired_session_is_none(make_store: StoreMaker, backend: Any) -> None:
     clock = Clock()
-    store = sync_store(backend, clock)
+    store = make_store(backend, clock)
     k = key(3, "im")
     store.append(k, AgentResponse(text="bye"))
     clock.advance(store.core.ttl_ms(k.channel) + 1)
@@ -103,9 +112,11 @@ _ops = st.lists(
 @settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=_ops)
 @example(ops=[("append", "\x1f", False)])  # a control character is stripped
-def test_pop_property_matches_a_list_model(backend: Any, ops: list[tuple[str, str, bool]]) -> None:
+def test_pop_property_matches_a_list_model(
+    make_store: StoreMaker, backend: Any, ops: list[tuple[str, str, bool]]
+) -> None:
     """Any mix of appends and pops: the stored turns and byte totals equal a plain stack."""
-    store = sync_store(backend, Clock())
+    store = make_store(backend, Clock())
     k = key(99)
     store.delete(k)
     model: list[tuple[str, int]] = []

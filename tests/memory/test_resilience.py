@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import memfixtures
 import pytest
-from memhelpers import Clock, key, sync_store
+from memhelpers import Clock, StoreMaker, key, sync_store
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import exceptions as rexc
@@ -14,16 +15,18 @@ from memtier import (
     AvatarMessage,
     BackendError,
     BackendRefusedError,
-    ConversationStore,
     OutcomeUnknownError,
     ScriptError,
     retry,
 )
 from memtier.scripts import load_registry
 
+# The store tests run on the sync and on the asyncio store (issue 13): ids [sync-fake], ...
+make_store = memfixtures.make_store
+
 
 class FlakyClient:
-    """Wraps a redis-py client: the chosen EVALSHA calls fail as configured.
+    """Wraps a sync redis-py client: the chosen EVALSHA calls fail as configured.
 
     ``lose_reply``: the command runs on Redis, then the reply is "lost" (ConnectionError),
     which is exactly what a retry after a dropped connection looks like.
@@ -38,26 +41,54 @@ class FlakyClient:
         fail_before: int = 0,
         error: Exception | None = None,
     ) -> None:
-        load_registry("memory").load_all(inner)  # so NOSCRIPT does not add calls
         self.inner = inner
         self.lose_reply = lose_reply
         self.fail_before = fail_before
         self.error = error or rexc.ConnectionError("connection reset by peer")
         self.calls = 0
 
-    def evalsha(self, *args: Any) -> Any:
+    def before_send(self) -> None:
         self.calls += 1
         if self.fail_before > 0:
             self.fail_before -= 1
             raise self.error
-        result = self.inner.evalsha(*args)
+
+    def after_reply(self, result: Any) -> Any:
         if self.lose_reply > 0:
             self.lose_reply -= 1
             raise rexc.ConnectionError("reply lost")
         return result
 
+    def evalsha(self, *args: Any) -> Any:
+        self.before_send()
+        return self.after_reply(self.inner.evalsha(*args))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class AsyncFlakyClient(FlakyClient):
+    """The same faults on an asyncio redis-py client."""
+
+    async def evalsha(self, *args: Any) -> Any:  # type: ignore[override]
+        self.before_send()
+        return self.after_reply(await self.inner.evalsha(*args))
+
+
+def flaky_store(
+    make_store: StoreMaker, backend: Any, config: Any = None, **faults: Any
+) -> tuple[Any, FlakyClient]:
+    """A store of ``make_store``'s API on a flaky client (scripts preloaded, calls at 0)."""
+    made: list[FlakyClient] = []
+
+    def wrap(inner: Any) -> FlakyClient:
+        flaky = (FlakyClient if make_store.api == "sync" else AsyncFlakyClient)(inner, **faults)
+        made.append(flaky)
+        return flaky
+
+    store = make_store(backend, Clock(), wrap_client=wrap, **(config or {}))
+    store.load_scripts()  # so NOSCRIPT does not add calls
+    return store, made[0]
 
 
 def scrape() -> dict[str, float]:
@@ -70,9 +101,8 @@ def scrape() -> dict[str, float]:
     return out
 
 
-def test_retry_after_lost_reply_stores_one_turn(backend: Any) -> None:
-    flaky = FlakyClient(backend.sync_client(), lose_reply=1)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+def test_retry_after_lost_reply_stores_one_turn(make_store: StoreMaker, backend: Any) -> None:
+    store, flaky = flaky_store(make_store, backend, lose_reply=1)
     receipt = store.append(key(1), AvatarMessage(text="exactly once"))
     assert flaky.calls == 2  # first attempt ran but its reply was lost; the retry deduped
     assert receipt.duplicate and receipt.seq == 1
@@ -92,9 +122,10 @@ def test_retry_after_lost_reply_stores_one_turn(backend: Any) -> None:
     ],
     ids=["reset", "timeout", "loading", "busy", "tryagain", "clusterdown"],
 )
-def test_transient_errors_are_retried_and_counted(backend: Any, error: Exception) -> None:
-    flaky = FlakyClient(backend.sync_client(), fail_before=2, error=error)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+def test_transient_errors_are_retried_and_counted(
+    make_store: StoreMaker, backend: Any, error: Exception
+) -> None:
+    store, flaky = flaky_store(make_store, backend, fail_before=2, error=error)
     before = scrape()
     label = f"memtier_retries_total{{error_type={type(error).__name__},operation=append}}"
     receipt = store.append(key(1), AvatarMessage(text="hi"))
@@ -103,11 +134,12 @@ def test_transient_errors_are_retried_and_counted(backend: Any, error: Exception
     assert scrape()[label] - before.get(label, 0.0) == 2
 
 
-def test_persistent_failure_is_bounded_and_raises_backend_error(backend: Any) -> None:
+def test_persistent_failure_is_bounded_and_raises_backend_error(
+    make_store: StoreMaker, backend: Any
+) -> None:
     """Connects refused every time: nothing can have been applied -> backend_unavailable."""
     refused = rexc.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
-    flaky = FlakyClient(backend.sync_client(), fail_before=10_000, error=refused)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    store, flaky = flaky_store(make_store, backend, fail_before=10_000, error=refused)
     with pytest.raises(BackendError) as info:
         store.append(key(1), AvatarMessage(text="hi"))
     assert info.value.code == "backend_unavailable" and not info.value.retryable
@@ -115,11 +147,12 @@ def test_persistent_failure_is_bounded_and_raises_backend_error(backend: Any) ->
     assert isinstance(info.value.__cause__, rexc.ConnectionError)
 
 
-def test_lost_replies_until_the_end_raise_retryable_outcome_unknown(backend: Any) -> None:
+def test_lost_replies_until_the_end_raise_retryable_outcome_unknown(
+    make_store: StoreMaker, backend: Any
+) -> None:
     """D11: an append stored on attempt 1 whose replies are all lost is outcome_unknown
     (retryable), and retrying it with the same turn id returns the first receipt."""
-    flaky = FlakyClient(backend.sync_client(), lose_reply=10_000)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    store, flaky = flaky_store(make_store, backend, lose_reply=10_000)
     with pytest.raises(OutcomeUnknownError) as info:
         store.append(key(1), AvatarMessage(text="stored", turn_id="t-1"))
     assert info.value.code == "outcome_unknown" and info.value.retryable
@@ -129,11 +162,12 @@ def test_lost_replies_until_the_end_raise_retryable_outcome_unknown(backend: Any
     assert [t.seq for t in store.context(key(1)).turns] == [1]
 
 
-def test_reset_before_sending_then_refused_is_still_outcome_unknown(backend: Any) -> None:
+def test_reset_before_sending_then_refused_is_still_outcome_unknown(
+    make_store: StoreMaker, backend: Any
+) -> None:
     """Once an attempt may have been applied, later refused connects cannot make it 'not
     applied': the outcome stays unknown."""
-    flaky = FlakyClient(backend.sync_client(), fail_before=10_000)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    store, _ = flaky_store(make_store, backend, fail_before=10_000)
     with pytest.raises(OutcomeUnknownError):
         store.append(key(1), AvatarMessage(text="hi"))
 
@@ -148,9 +182,10 @@ def test_reset_before_sending_then_refused_is_still_outcome_unknown(backend: Any
     ],
     ids=["oom", "misconf", "noperm", "oom-in-script"],
 )
-def test_refusals_are_backend_refused_and_not_retried(backend: Any, error: Exception) -> None:
-    flaky = FlakyClient(backend.sync_client(), fail_before=10_000, error=error)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+def test_refusals_are_backend_refused_and_not_retried(
+    make_store: StoreMaker, backend: Any, error: Exception
+) -> None:
+    store, flaky = flaky_store(make_store, backend, fail_before=10_000, error=error)
     with pytest.raises(BackendRefusedError) as info:
         store.append(key(1), AvatarMessage(text="hi"))
     assert info.value.code == "backend_refused" and not info.value.retryable
@@ -158,8 +193,8 @@ def test_refusals_are_backend_refused_and_not_retried(backend: Any, error: Excep
     assert info.value.__cause__ is error
 
 
-def test_noscript_after_script_flush_is_recovered(backend: Any) -> None:
-    store = sync_store(backend, Clock())
+def test_noscript_after_script_flush_is_recovered(make_store: StoreMaker, backend: Any) -> None:
+    store = make_store(backend, Clock())
     store.append(key(1), AvatarMessage(text="one"))
     client = backend.sync_client()
     if backend.is_cluster:
@@ -171,8 +206,8 @@ def test_noscript_after_script_flush_is_recovered(backend: Any) -> None:
     assert store.context(key(1)).turns[-1].fields["text"] == "two"
 
 
-def test_metrics_are_exposed_by_scraping(backend: Any) -> None:
-    store = sync_store(backend, Clock())
+def test_metrics_are_exposed_by_scraping(make_store: StoreMaker, backend: Any) -> None:
+    store = make_store(backend, Clock())
     before = scrape()
     store.append(key(1), AvatarMessage(text="abc"))
     store.context(key(1))
@@ -188,7 +223,9 @@ def test_metrics_are_exposed_by_scraping(backend: Any) -> None:
 
 
 def test_every_append_status_code_of_the_lua_contract(backend: Any) -> None:
-    """append_turn-9.lua called directly with hand-built KEYS/ARGV: every Output code."""
+    """append_turn-9.lua called directly with hand-built KEYS/ARGV: every Output code.
+
+    Sync only: the script is called directly, the store only builds the calls."""
     store = sync_store(backend, Clock(), conversation={"max_tool_results": 1})
     script = load_registry("memory")["append_turn"]
     client = backend.sync_client()
@@ -214,6 +251,7 @@ def test_every_append_status_code_of_the_lua_contract(backend: Any) -> None:
 
 
 def test_every_lua_script_keeps_its_keys_in_one_slot(backend: Any) -> None:
+    # Sync only: no store I/O, only the I/O-free core's key layout.
     from redis.crc import key_slot
 
     store = sync_store(backend, Clock(), partitions=7)
@@ -240,10 +278,12 @@ def test_every_lua_script_keeps_its_keys_in_one_slot(backend: Any) -> None:
     assert len({key_slot(p.meta.encode()) for p in core.keyspace.all_partitions()}) == 7
 
 
-def test_eviction_and_expiry_metrics_carry_reason_codes(backend: Any) -> None:
+def test_eviction_and_expiry_metrics_carry_reason_codes(
+    make_store: StoreMaker, backend: Any
+) -> None:
     clock = Clock()
     conv = {"max_active_sessions": 2, "public_ttl_seconds": 5, "im_ttl_seconds": 3600}
-    store = sync_store(backend, clock, conversation=conv)
+    store = make_store(backend, clock, conversation=conv)
     sess = "memtier_evictions_total{reason=evicted_session_pressure}"
     expired = "memtier_expiries_total{reason=expired}"
     before = scrape()
@@ -260,13 +300,14 @@ def test_eviction_and_expiry_metrics_carry_reason_codes(backend: Any) -> None:
 
 
 @pytest.mark.parametrize("operation", ["delete", "expire"])
-def test_operator_drop_after_a_lost_reply_reports_what_it_did(backend: Any, operation: str) -> None:
+def test_operator_drop_after_a_lost_reply_reports_what_it_did(
+    make_store: StoreMaker, backend: Any, operation: str
+) -> None:
     """D11: the first attempt deleted the session and its reply was lost; the retry must
     report True (it did delete), not False (nothing left to delete).  One event only."""
-    store = sync_store(backend, Clock())
+    store = make_store(backend, Clock())
     store.append(key(1), AvatarMessage(text="doomed"))
-    flaky = FlakyClient(backend.sync_client(), lose_reply=1)
-    operator = ConversationStore(flaky, store.config, clock=Clock())
+    operator, flaky = flaky_store(make_store, backend, lose_reply=1)
     assert getattr(operator, operation)(key(1)) is True
     assert flaky.calls == 2  # the retry ran, and found the first attempt's receipt
     assert store.context(key(1)).session_id is None
@@ -276,10 +317,11 @@ def test_operator_drop_after_a_lost_reply_reports_what_it_did(backend: Any, oper
     assert getattr(operator, operation)(key(1)) is False
 
 
-def test_operator_drop_never_sent_then_retried_reports_absent_key(backend: Any) -> None:
+def test_operator_drop_never_sent_then_retried_reports_absent_key(
+    make_store: StoreMaker, backend: Any
+) -> None:
     """The retry of a drop whose first attempt never reached Redis reports the truth."""
-    flaky = FlakyClient(backend.sync_client(), fail_before=1)
-    store = ConversationStore(flaky, backend.config(), clock=Clock())
+    store, flaky = flaky_store(make_store, backend, fail_before=1)
     assert store.delete(key(9)) is False
     store.append(key(9), AvatarMessage(text="x"))
     flaky.fail_before = 1
@@ -287,6 +329,7 @@ def test_operator_drop_never_sent_then_retried_reports_absent_key(backend: Any) 
 
 
 def test_drop_receipt_is_bounded_in_time(backend: Any) -> None:
+    # Sync only: it reaches into the store's plumbing (_drop_call, _retrying).
     store = sync_store(backend, Clock())
     store.append(key(1), AvatarMessage(text="x"))
     client = backend.sync_client()

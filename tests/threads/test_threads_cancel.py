@@ -12,17 +12,23 @@ from typing import Any
 
 import httpx
 import pytest
+import threadfixtures
 from httphelpers import ALICE, MALLORY, api_server
+from threadfixtures import Service
 from threadhelpers import OTHER, OWNER, CountingRunner, run_concurrently, thread_key_names
 
 from memtier.errors import ConversationError
 from memtier.threads import (
     AsyncConversationService,
     AsyncRunnerTurn,
-    ConversationService,
     RunnerReply,
     RunnerTurn,
 )
+
+MakeService = Callable[..., Service]
+
+# The service tests run on the sync and the asyncio service (issue 13): [sync-fake], ...
+make_service = threadfixtures.make_service
 
 LEASE_MS = 1_000  # heartbeats every third of a second: cross-process cancels land fast
 
@@ -57,7 +63,7 @@ def _assert_cancelled_ledger(service: Any, thread_id: str, reason: str) -> None:
 
 
 def _cancel_while_running(
-    service: ConversationService, canceller: Any, runner: WaitsForCancel
+    service: Service, canceller: Any, runner: WaitsForCancel
 ) -> tuple[str, ConversationError]:
     thread = service.create(OWNER)
     results = run_concurrently(
@@ -74,7 +80,7 @@ def _cancel_while_running(
 
 @pytest.mark.parametrize("raise_on_cancel", [True, False])
 def test_a_cancelled_turn_commits_nothing_and_a_retry_is_a_new_run(
-    make_service: Callable[..., ConversationService], raise_on_cancel: bool
+    make_service: MakeService, backend: Any, raise_on_cancel: bool
 ) -> None:
     runner = WaitsForCancel(raise_on_cancel)
     service = make_service(runner=runner, lease_ms=LEASE_MS)
@@ -85,7 +91,7 @@ def test_a_cancelled_turn_commits_nothing_and_a_retry_is_a_new_run(
     thread = service.get(OWNER, tid)
     assert thread.head_id is None
     entries_key = thread_key_names(service, OWNER, tid)[1]
-    assert not service.client.exists(entries_key)  # nothing committed
+    assert not backend.sync_client().exists(entries_key)  # nothing committed
     again = service.cancel_run(OWNER, tid, "job-1")
     assert again.status == "cancelled"  # idempotent
     # a retry with the same request id after a cancellation is a new run (any message)
@@ -96,7 +102,7 @@ def test_a_cancelled_turn_commits_nothing_and_a_retry_is_a_new_run(
 
 
 def test_a_cancel_from_another_process_reaches_the_runner(
-    make_service: Callable[..., ConversationService],
+    make_service: MakeService,
 ) -> None:
     runner = WaitsForCancel()
     running = make_service(runner=runner, lease_ms=LEASE_MS)
@@ -107,7 +113,7 @@ def test_a_cancel_from_another_process_reaches_the_runner(
 
 
 def test_cancel_is_owner_only_and_needs_a_known_run(
-    make_service: Callable[..., ConversationService],
+    make_service: MakeService,
 ) -> None:
     service = make_service()
     thread = service.create(OWNER)
@@ -121,7 +127,7 @@ def test_cancel_is_owner_only_and_needs_a_known_run(
 
 
 def test_shutdown_cancels_running_turns(
-    make_service: Callable[..., ConversationService],
+    make_service: MakeService,
 ) -> None:
     runner = WaitsForCancel()
     service = make_service(runner=runner)
@@ -137,9 +143,7 @@ def test_shutdown_cancels_running_turns(
     _assert_cancelled_ledger(reader, thread.id, "shutdown")
 
 
-def test_a_lost_lease_cancels_the_runner(
-    make_service: Callable[..., ConversationService],
-) -> None:
+def test_a_lost_lease_cancels_the_runner(make_service: MakeService, backend: Any) -> None:
     runner = WaitsForCancel()
     service = make_service(runner=runner, lease_ms=LEASE_MS)
     thread = service.create(OWNER)
@@ -147,7 +151,7 @@ def test_a_lost_lease_cancels_the_runner(
 
     def steal() -> None:
         assert runner.entered.wait(60)
-        service.client.set(lease_key, "someone-else", px=60_000)
+        backend.sync_client().set(lease_key, "someone-else", px=60_000)
 
     results = run_concurrently(
         [lambda: service.continue_(OWNER, thread.id, "long", request_id="l1"), steal]

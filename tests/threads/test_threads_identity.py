@@ -8,16 +8,22 @@ from typing import Any
 
 import httpx
 import pytest
+import threadfixtures
 from httphelpers import ALICE, MALLORY, api_server
 from hypothesis import example, given
 from hypothesis import strategies as st
 from starlette.requests import Request
+from threadfixtures import Service
 from threadhelpers import OTHER, OTHER_TENANT, OWNER, CountingRunner
 
 from memtier.errors import ConversationError
 from memtier.threads import AgentIdentity, ConversationService, Ownership, Principal, RunnerTurn
 
 AGENT = AgentIdentity("planner-1", "acme", "alice", scopes=("tools:read", "tools:read", "a"))
+
+
+# The service tests run on the sync and the asyncio service (issue 13): [sync-fake], ...
+make_service = threadfixtures.make_service
 
 
 def _recording() -> tuple[CountingRunner, list[Any]]:
@@ -31,7 +37,7 @@ def _recording() -> tuple[CountingRunner, list[Any]]:
 
 
 def test_the_runner_receives_the_identity_and_the_ledger_its_id(
-    make_service: Callable[..., ConversationService],
+    make_service: Callable[..., Service],
 ) -> None:
     runner, seen = _recording()
     service = make_service(runner=runner)

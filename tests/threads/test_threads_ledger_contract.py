@@ -10,15 +10,22 @@ from typing import Any
 import orjson
 import pytest
 import redis.exceptions
+import threadfixtures
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from threadfixtures import Service
 from threadhelpers import OTHER, OWNER, CountingRunner
 
 from memtier.errors import ConversationError
 from memtier.keys import ThreadKeyspace
 from memtier.threads import AgentDenied, ConversationService, RunnerEvent
 
-MakeService = Callable[..., ConversationService]
+MakeService = Callable[..., Service]
+
+# The behaviour tests run on the sync and the asyncio service (issue 13): [sync-fake], ...
+make_service = threadfixtures.make_service
+service = threadfixtures.service
+make_sync_service = threadfixtures.make_sync_service
 SECRET = "ghp_" + "a1" * 18
 
 
@@ -28,7 +35,7 @@ def err(fn: Callable[[], Any]) -> ConversationError:
     return info.value
 
 
-def _ledger(service: ConversationService, tid: str) -> list[Any]:
+def _ledger(service: Service, tid: str) -> list[Any]:
     return list(service.replay(OWNER, tid).records)
 
 
@@ -70,7 +77,7 @@ def test_a_failed_turn_never_lends_its_entry_id_to_another_message(
 # --- export / replay: paths and stored secrets ----------------------------------------------------
 
 
-def test_export_never_emits_local_paths_in_title_or_metadata(service: ConversationService) -> None:
+def test_export_never_emits_local_paths_in_title_or_metadata(service: Service) -> None:
     thread = service.create(
         OWNER,
         title="notes from /home/alice/plans/q3.md",
@@ -88,7 +95,7 @@ def test_export_never_emits_local_paths_in_title_or_metadata(service: Conversati
 
 
 def test_stored_rows_with_secrets_or_paths_are_redacted_when_served(
-    backend: Any, service: ConversationService
+    backend: Any, service: Service
 ) -> None:
     """Rows written by an older version or by hand are checked on read."""
     tid = service.create(OWNER, title="clean").id
@@ -150,16 +157,17 @@ class _Scripts:
         return getattr(self.registry, attr)
 
 
-def _flaky_delete(service: ConversationService, reached: bool) -> _FirstAttemptFails:
+def _flaky_delete(service: Service, reached: bool) -> _FirstAttemptFails:
     wrapper = _FirstAttemptFails(service.scripts["delete"], reached)
     service.scripts = _Scripts(service.scripts, "delete", wrapper)  # type: ignore[assignment]
     return wrapper
 
 
 def test_a_retried_delete_that_never_reached_redis_does_not_claim_a_delete(
-    make_service: MakeService,
+    make_sync_service: MakeService,
 ) -> None:
-    owner_service, service = make_service(), make_service()
+    # Sync only: the fault is injected by wrapping the sync script registry's call.
+    owner_service, service = make_sync_service(), make_sync_service()
     theirs = owner_service.create(OTHER).id
     for target in ("conv_missing", theirs):
         flaky = _flaky_delete(service, reached=False)
@@ -169,9 +177,10 @@ def test_a_retried_delete_that_never_reached_redis_does_not_claim_a_delete(
 
 
 def test_a_retried_delete_whose_reply_was_lost_reports_the_delete(
-    make_service: MakeService,
+    make_sync_service: MakeService,
 ) -> None:
-    service = make_service()
+    # Sync only: the fault is injected by wrapping the sync script registry's call.
+    service = make_sync_service()
     tid = service.create(OWNER).id
     flaky = _flaky_delete(service, reached=True)
     assert service.delete(OWNER, tid).model_dump() == {"deleted": True, "held": False}
@@ -228,12 +237,16 @@ def test_any_sequence_of_turn_outcomes_keeps_entry_ids_unique_and_ledger_exact(
     for record in records:
         if record.type in ("user_message", "assistant_message"):
             entry_id = record.data["entryId"]
-            assert announced.setdefault(entry_id, record.data["content"]) == record.data[
-                "content"
-            ], entry_id  # never two messages under one id
+            assert (
+                announced.setdefault(entry_id, record.data["content"]) == record.data["content"]
+            ), entry_id  # never two messages under one id
     said_committed = [i for r in records if r.type == "agent_finished" for i in r.data["entryIds"]]
-    discarded = [i for r in records if r.type in ("error", "agent_denied")
-                 for i in r.data["discardedEntryIds"]]
+    discarded = [
+        i
+        for r in records
+        if r.type in ("error", "agent_denied")
+        for i in r.data["discardedEntryIds"]
+    ]
     assert said_committed == committed  # the ledger says exactly which entries exist
     assert not set(discarded) & set(committed)
     assert set(announced) <= set(committed) | set(discarded)

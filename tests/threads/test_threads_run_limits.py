@@ -11,9 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+import threadfixtures
 from httphelpers import ALICE, api_server
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from threadfixtures import Service
 from threadhelpers import (
     OWNER,
     codes,
@@ -24,6 +26,9 @@ from threadhelpers import (
 from memtier.errors import ConfigurationError, ConversationError
 from memtier.threads import ConversationService, RunLimits, RunnerEvent, RunnerReply, RunnerTurn
 from memtier.threads.runlimits import TurnBudget
+
+# The service tests run on the sync and the asyncio service (issue 13): [sync-fake], ...
+make_service = threadfixtures.make_service
 
 
 class Spender:
@@ -52,7 +57,7 @@ LIMITS = RunLimits(per_turn={"tokens": 50}, per_thread={"tokens": 120})
 
 @pytest.mark.parametrize("via_reply", [False, True])
 def test_turns_consume_the_shared_counter_until_it_is_used_up(
-    make_service: Callable[..., ConversationService], via_reply: bool
+    make_service: Callable[..., Service], via_reply: bool
 ) -> None:
     runner = Spender(40, via_reply=via_reply)
     service = make_service(runner=runner, run_limits=LIMITS)
@@ -72,15 +77,15 @@ def test_turns_consume_the_shared_counter_until_it_is_used_up(
 
 @pytest.mark.parametrize("swallow", [False, True])
 def test_a_report_past_the_allowance_is_refused_and_the_turn_commits_nothing(
-    make_service: Callable[..., ConversationService], swallow: bool
+    make_service: Callable[..., Service], swallow: bool
 ) -> None:
     service = make_service(runner=Spender(40), run_limits=LIMITS)
     thread = service.create(OWNER)
     for _ in range(2):
         service.continue_(OWNER, thread.id, "spend")  # 80 of 120
-    service.runner = Spender(41, swallow=swallow)  # allowance 40: one token too many
-    with pytest.raises(ConversationError) as err:
-        service.continue_(OWNER, thread.id, "too much", request_id="big")
+    greedy = make_service(runner=Spender(41, swallow=swallow), run_limits=LIMITS)
+    with pytest.raises(ConversationError) as err:  # allowance 40: one token too many
+        greedy.continue_(OWNER, thread.id, "too much", request_id="big")
     assert err.value.code == "limit_exceeded" and err.value.details["limit"] == "run:tokens"
     after = service.get(OWNER, thread.id)
     assert after.usage == {"tokens": 80}  # the refused report was not counted
@@ -89,13 +94,14 @@ def test_a_report_past_the_allowance_is_refused_and_the_turn_commits_nothing(
     assert last.data["entryIds"] == []
     events = service.export(OWNER, thread.id).events
     assert len([e for e in events if e.type == "agent_finished"]) == 2
-    service.runner = Spender(40)  # the request id may be retried; it fits now
-    assert service.continue_(OWNER, thread.id, "too much", request_id="big").status == "completed"
+    fitting = make_service(runner=Spender(40), run_limits=LIMITS)
+    # the request id may be retried; it fits now
+    assert fitting.continue_(OWNER, thread.id, "too much", request_id="big").status == "completed"
     assert service.get(OWNER, thread.id).usage == {"tokens": 120}
 
 
 def test_wall_time_is_measured_and_stops_the_turn(
-    make_service: Callable[..., ConversationService],
+    make_service: Callable[..., Service],
 ) -> None:
     def slow(turn: RunnerTurn) -> RunnerReply:
         assert turn.cancelled.wait(60), "the wall-time allowance never fired"
@@ -142,7 +148,7 @@ def test_a_budget_never_passes_its_allowance(reports: list[int], allowance: int)
 
 
 def test_racing_turns_share_the_cap_exactly(
-    make_service: Callable[..., ConversationService],
+    make_service: Callable[..., Service],
 ) -> None:
     limits = RunLimits(per_thread={"tokens": 30})
     services = [

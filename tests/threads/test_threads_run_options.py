@@ -9,18 +9,25 @@ from typing import Any, Literal
 import httpx
 import orjson
 import pytest
+import threadfixtures
 from httphelpers import ALICE, api_server
 from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
+from threadfixtures import Service
 from threadhelpers import OWNER, CountingRunner, thread_key_names
 
 from memtier import limits
 from memtier.errors import ConfigurationError, ConversationError
-from memtier.threads import ConversationService, RunnerReply, RunnerTurn
+from memtier.threads import RunnerReply, RunnerTurn
 from memtier.threads.runoptions import check_schema, validate_run_options
 
 SECRET = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+
+MakeService = Callable[..., Service]
+
+# The service tests run on the sync and the asyncio service (issue 13): [sync-fake], ...
+make_service = threadfixtures.make_service
 
 
 class Options(BaseModel):
@@ -49,7 +56,7 @@ def _recording() -> CountingRunner:
 
 
 def test_options_reach_the_runner_stored_and_redacted(
-    make_service: Callable[..., ConversationService], backend: Any
+    make_service: MakeService, backend: Any
 ) -> None:
     runner = _recording()
     service = make_service(runner=runner, run_options_schema=Options)
@@ -60,18 +67,17 @@ def test_options_reach_the_runner_stored_and_redacted(
     assert again == first and runner.calls == 1
     assert _seen(runner) == [options]  # the runner gets what the caller validated
     runs_key = thread_key_names(service, OWNER, thread.id)[3]
-    record = orjson.loads(service.client.hget(runs_key, "r1"))
+    client = backend.sync_client()  # the raw rows, read beside the service
+    record = orjson.loads(client.hget(runs_key, "r1"))
     assert record["opt"]["temperature"] == 0.5
-    stored = service.client.hgetall(runs_key)
+    stored = client.hgetall(runs_key)
     assert SECRET not in repr(stored)  # stored with the run record, redacted
     started = [r for r in service.replay(OWNER, thread.id).records if r.type == "agent_started"]
     assert started[0].data["runOptions"]["tool_choice"] == "auto"
     assert SECRET not in orjson.dumps([r.to_wire() for r in started]).decode()
     # a retry with other options is a different request: request_conflict
     with pytest.raises(ConversationError) as err:
-        service.continue_(
-            OWNER, thread.id, "hi", request_id="r1", run_options={"temperature": 0.6}
-        )
+        service.continue_(OWNER, thread.id, "hi", request_id="r1", run_options={"temperature": 0.6})
     assert err.value.code == "request_conflict"
     with pytest.raises(ConversationError) as err:
         service.continue_(OWNER, thread.id, "hi", request_id="r1")  # options dropped
@@ -92,7 +98,7 @@ def test_options_reach_the_runner_stored_and_redacted(
     ],
 )
 def test_bad_options_are_refused_before_any_write(
-    make_service: Callable[..., ConversationService], options: Any, code: str
+    make_service: MakeService, backend: Any, options: Any, code: str
 ) -> None:
     runner = CountingRunner()
     service = make_service(runner=runner, run_options_schema=Options)
@@ -103,11 +109,11 @@ def test_bad_options_are_refused_before_any_write(
     assert runner.calls == 0
     assert service.replay(OWNER, thread.id).records == ()
     runs_key = thread_key_names(service, OWNER, thread.id)[3]
-    assert not service.client.exists(runs_key)
+    assert not backend.sync_client().exists(runs_key)
 
 
 def test_a_service_without_a_schema_refuses_options(
-    make_service: Callable[..., ConversationService],
+    make_service: MakeService,
 ) -> None:
     service = make_service()
     thread = service.create(OWNER)
@@ -215,7 +221,7 @@ def test_without_a_schema_run_options_is_an_unknown_field_over_http(backend: Any
 
 
 def test_a_runner_may_carry_its_schema(
-    make_service: Callable[..., ConversationService],
+    make_service: MakeService,
 ) -> None:
     class Carrier:
         run_options_schema = Options

@@ -1,4 +1,5 @@
-"""The conversation service's behaviour, on fakeredis, a real Redis and a real Redis Cluster."""
+"""The conversation service's behaviour, on fakeredis, a real Redis and a real Redis Cluster,
+through the sync service and the asyncio service (this module's ``make_service``)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import threadfixtures
+from threadfixtures import Service
 from threadhelpers import (
     OTHER,
     OTHER_TENANT,
     OWNER,
+    AsyncServiceAdapter,
     Clock,
     CountingRunner,
+    ServiceMaker,
     scan_keys,
     watch_requests,
 )
@@ -28,7 +33,12 @@ from memtier.threads import (
     ThreadState,
 )
 
-MakeService = Callable[..., ConversationService]
+MakeService = Callable[..., Service]
+
+# Every behaviour test here runs on the sync and the asyncio service: [sync-fake], ...
+make_service = threadfixtures.make_service
+service = threadfixtures.service
+make_sync_service = threadfixtures.make_sync_service
 
 
 def err(fn: Callable[[], Any]) -> ConversationError:
@@ -40,7 +50,7 @@ def err(fn: Callable[[], Any]) -> ConversationError:
 # --- create / get / list -----------------------------------------------------------------------
 
 
-def test_create_returns_the_spec_shape(service: ConversationService) -> None:
+def test_create_returns_the_spec_shape(service: Service) -> None:
     thread = service.create(OWNER, title="Q3 planning", metadata={"color": "blue"})
     wire = thread.to_wire()
     assert wire["id"].startswith("conv_")
@@ -54,7 +64,7 @@ def test_create_returns_the_spec_shape(service: ConversationService) -> None:
     assert service.get(OWNER, thread.id) == thread
 
 
-def test_create_with_explicit_id_is_get_or_create(service: ConversationService) -> None:
+def test_create_with_explicit_id_is_get_or_create(service: Service) -> None:
     """Spec: a sequential duplicate returns the existing thread unchanged, whatever its body."""
     first = service.create(OWNER, thread_id="plan-1", title="one", request_id="r1")
     bodies: list[dict[str, Any]] = [
@@ -74,12 +84,14 @@ def test_create_with_explicit_id_is_get_or_create(service: ConversationService) 
 
 
 def test_only_the_loser_of_a_true_create_race_gets_metadata_conflict(
-    make_service: MakeService,
+    make_sync_service: ServiceMaker,
 ) -> None:
-    """The rival's create lands between this create's read and its create-only write."""
+    """The rival's create lands between this create's read and its create-only write.
+
+    Sync only: the race is staged by watching the sync executor's requests."""
     from memtier.engine import ScriptCall
 
-    service, rival = make_service(), make_service()
+    service, rival = make_sync_service(), make_sync_service()
     rival_body: dict[str, Any] = {}
 
     def see(request: Any) -> None:
@@ -99,7 +111,7 @@ def test_only_the_loser_of_a_true_create_race_gets_metadata_conflict(
     assert not created and thread == service.get(OWNER, "same")
 
 
-def test_request_id_derived_ids_are_rfc4122_version_5(service: ConversationService) -> None:
+def test_request_id_derived_ids_are_rfc4122_version_5(service: Service) -> None:
     import uuid
 
     from memtier.threads.core import REQUEST_ID_NAMESPACE
@@ -133,31 +145,28 @@ def test_request_id_derived_ids_are_rfc4122_version_5(service: ConversationServi
         "x" * 129,
     ],
 )
-def test_create_refuses_ids_clients_cannot_address(
-    service: ConversationService, bad_id: str
-) -> None:
+def test_create_refuses_ids_clients_cannot_address(service: Service, bad_id: str) -> None:
     refused = err(lambda: service.create(OWNER, thread_id=bad_id))
     assert refused.code == "invalid_request"
     assert service.list(OWNER).items == ()
 
 
-def test_create_with_request_id_only_is_idempotent(service: ConversationService) -> None:
+def test_create_with_request_id_only_is_idempotent(service: Service) -> None:
     first = service.create(OWNER, title="x", request_id="create-1")
     assert service.create(OWNER, title="x", request_id="create-1") == first
     assert service.create(OWNER, title="x", request_id="create-2").id != first.id
     assert len(service.list(OWNER).items) == 2
 
 
-def test_titles_and_metadata_are_redacted(service: ConversationService) -> None:
+def test_titles_and_metadata_are_redacted(service: Service) -> None:
     token = "ghp_" + "a1" * 18
     thread = service.create(OWNER, title=f"deploy with {token}", metadata={"note": token})
     assert token not in thread.to_wire().__repr__()
     assert "[REDACTED:github_token]" in (thread.title or "")
 
 
-def test_list_is_newest_first_and_pages_exactly(service: ConversationService) -> None:
-    clock = Clock()
-    svc = ConversationService(service.client, service.config, clock=clock)
+def test_list_is_newest_first_and_pages_exactly(make_service: MakeService) -> None:
+    svc = make_service(clock=Clock())
     ids = [svc.create(OWNER, title=f"t{i}").id for i in range(7)]
     seen: list[str] = []
     cursor = None
@@ -253,7 +262,7 @@ def test_continue_redacts_messages_events_and_replies(make_service: MakeService)
     assert all(r.redacted for r in page.records)
 
 
-def test_ledger_messages_carry_no_local_paths(service: ConversationService) -> None:
+def test_ledger_messages_carry_no_local_paths(service: Service) -> None:
     thread = service.create(OWNER)
     text = "please read /home/alice/notes.txt and C:\\Users\\alice\\plan.docx"
     result = service.continue_(OWNER, thread.id, text)
@@ -262,7 +271,7 @@ def test_ledger_messages_carry_no_local_paths(service: ConversationService) -> N
     assert "/home/alice" not in ledger and "Users" not in ledger and "[PATH]" in ledger
 
 
-def test_continue_on_archived_thread_fails_closed(service: ConversationService) -> None:
+def test_continue_on_archived_thread_fails_closed(service: Service) -> None:
     thread = service.create(OWNER)
     service.archive(OWNER, thread.id)
     error = err(lambda: service.continue_(OWNER, thread.id, "hello"))
@@ -338,7 +347,7 @@ def test_reserved_event_types_are_refused_to_the_runner(make_service: MakeServic
     assert seen == ["invalid_request"]
 
 
-def test_message_limits(service: ConversationService) -> None:
+def test_message_limits(service: Service) -> None:
     from memtier import limits
 
     thread = service.create(OWNER)
@@ -354,14 +363,14 @@ def test_message_limits(service: ConversationService) -> None:
 # --- branch / archive ---------------------------------------------------------------------------
 
 
-def _thread_with_turns(service: ConversationService, turns: int) -> str:
+def _thread_with_turns(service: Service, turns: int) -> str:
     thread = service.create(OWNER)
     for i in range(turns):
         service.continue_(OWNER, thread.id, f"m{i}")
     return thread.id
 
 
-def test_branch_cas_and_append_only(service: ConversationService) -> None:
+def test_branch_cas_and_append_only(service: Service) -> None:
     tid = _thread_with_turns(service, 2)
     v1 = service.get(OWNER, tid).version
     branched = service.branch(OWNER, tid, "e2", expected_version=v1)
@@ -374,7 +383,7 @@ def test_branch_cas_and_append_only(service: ConversationService) -> None:
     assert err(lambda: service.branch(OWNER, tid, "bad id!")).code == "invalid_request"
 
 
-def test_archive_is_cas_and_idempotent(service: ConversationService) -> None:
+def test_archive_is_cas_and_idempotent(service: Service) -> None:
     tid = _thread_with_turns(service, 1)
     v = service.get(OWNER, tid).version
     service.branch(OWNER, tid, "e2")
@@ -405,7 +414,7 @@ def test_active_branch_cap_at_default_and_ceiling(
 # --- delete and legal hold ----------------------------------------------------------------------
 
 
-def test_delete_removes_every_key_of_the_thread(backend: Any, service: ConversationService) -> None:
+def test_delete_removes_every_key_of_the_thread(backend: Any, service: Service) -> None:
     keep = _thread_with_turns(service, 1)
     tid = _thread_with_turns(service, 2)
     service.branch(OWNER, tid, "e2")
@@ -433,9 +442,7 @@ def test_delete_removes_every_key_of_the_thread(backend: Any, service: Conversat
     )
 
 
-def test_legal_hold_blocks_delete_until_released(
-    backend: Any, service: ConversationService
-) -> None:
+def test_legal_hold_blocks_delete_until_released(backend: Any, service: Service) -> None:
     tid = _thread_with_turns(service, 1)
     assert service.set_legal_hold(OWNER, tid).legal_hold
     assert service.delete(OWNER, tid).model_dump() == {"deleted": False, "held": True}
@@ -451,7 +458,7 @@ def test_legal_hold_blocks_delete_until_released(
 # --- ownership ----------------------------------------------------------------------------------
 
 
-def _all_operations(service: ConversationService, owner: Ownership, tid: str) -> dict[str, Any]:
+def _all_operations(service: Service, owner: Ownership, tid: str) -> dict[str, Any]:
     return {
         "get": lambda: service.get(owner, tid),
         "continue": lambda: service.continue_(owner, tid, "hi"),
@@ -467,7 +474,7 @@ def _all_operations(service: ConversationService, owner: Ownership, tid: str) ->
 
 @pytest.mark.parametrize("intruder", [OTHER, OTHER_TENANT])
 def test_wrong_owner_is_indistinguishable_from_missing(
-    service: ConversationService, intruder: Ownership
+    service: Service, intruder: Ownership
 ) -> None:
     tid = _thread_with_turns(service, 1)
     before = service.get(OWNER, tid)
@@ -583,3 +590,49 @@ async def test_async_concurrent_duplicates_run_the_runner_once(
     results = await asyncio.gather(*tasks)
     assert calls == 1
     assert len({r.model_dump_json() for r in results}) == 1
+
+
+# --- the two APIs of this suite ---------------------------------------------------------------
+
+SYNC_ONLY_NAMES = {"close": "aclose", "script_names": "script_names"}  # sync name: async twin
+
+
+def test_each_variant_drives_the_service_of_its_name(make_service: ServiceMaker) -> None:
+    import threading
+
+    from memtier.threads import AsyncConversationService
+
+    thread_names: list[str] = []
+
+    def runner(turn: Any) -> str:
+        thread_names.append(threading.current_thread().name)
+        return "ok"
+
+    service = make_service(runner=runner)
+    thread = service.create(OWNER)
+    assert service.continue_(OWNER, thread.id, "hi").entries[1].content == "ok"
+    if make_service.api == "sync":
+        assert type(service) is ConversationService
+        assert thread_names == [threading.current_thread().name]
+    else:
+        assert isinstance(service, AsyncServiceAdapter)
+        assert type(service.async_service) is AsyncConversationService
+        assert thread_names and thread_names[0] != threading.current_thread().name
+        with pytest.raises(AttributeError, match="private"):
+            service._execute  # noqa: B018 -- the adapter refuses private plumbing
+
+
+def test_every_public_sync_method_has_an_awaited_twin() -> None:
+    import inspect
+
+    from memtier.threads import AsyncConversationService
+
+    public = {n for n in dir(ConversationService) if not n.startswith("_")}
+    methods = {n for n in public if callable(getattr(ConversationService, n))}
+    assert len(methods) > len(SYNC_ONLY_NAMES)  # not vacuous
+    for name in sorted(methods):
+        twin = getattr(AsyncConversationService, SYNC_ONLY_NAMES.get(name, name), None)
+        assert twin is not None, f"AsyncConversationService has no twin of {name}"
+        if name == "script_names":
+            continue  # a pure function on both
+        assert inspect.iscoroutinefunction(twin), name

@@ -8,9 +8,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncadapter import AdapterPool, AsyncAdapter, PrivateLoop
+
 from memtier.engine import Plan, Request
 from memtier.keys import ThreadKeyspace
 from memtier.threads import (
+    AsyncConversationService,
     ConversationService,
     Ownership,
     RunnerEvent,
@@ -198,3 +201,53 @@ def process_limited_continue(
         return exc.code
     finally:
         service.close()
+
+
+SERVICE_APIS = ("sync", "async")
+
+
+class AsyncServiceAdapter(AsyncAdapter):
+    """An :class:`AsyncConversationService` behind :class:`ConversationService`'s method
+    names (tests/asyncadapter.py: awaited on a private loop; private names refused).
+    ``close`` is the async service's ``aclose``."""
+
+    def __init__(self, service: AsyncConversationService, loop: PrivateLoop) -> None:
+        super().__init__(service, loop)
+        self.async_service = service
+
+    def close(self, *, cancel_wait_s: float = 10.0) -> None:
+        self.loop.run(self.async_service.aclose(cancel_wait_s=cancel_wait_s))
+
+
+# A service of either API: the sync one, or the asyncio one behind its adapter.
+Service = ConversationService | AsyncServiceAdapter
+
+
+class ServiceMaker:
+    """``make_service(threads={...}, **service_options)`` on either API.
+
+    ``api="sync"`` builds a :class:`ConversationService` on a sync client of the backend;
+    ``api="async"`` an :class:`AsyncConversationService` on an asyncio client (as users
+    build it), behind an :class:`AsyncServiceAdapter` on one private loop per test.  Sync
+    runners work on both (the async service runs them in a worker thread).
+    """
+
+    def __init__(self, api: str, backend: Any) -> None:
+        assert api in SERVICE_APIS, api
+        self.api = api
+        self.backend = backend
+        self._pool = AdapterPool()
+
+    def __call__(self, threads: dict[str, Any] | None = None, **options: Any) -> Service:
+        config = self.backend.config(threads=threads) if threads else self.backend.config()
+        if self.api == "sync":
+            return ConversationService(self.backend.sync_client(), config, **options)
+        service = self._pool.build(
+            lambda: AsyncConversationService(self.backend.async_client(), config, **options)
+        )
+        adapter = AsyncServiceAdapter(service, self._pool.loop)
+        self._pool.on_shutdown(adapter.close)
+        return adapter
+
+    def shutdown(self) -> None:
+        self._pool.shutdown()
