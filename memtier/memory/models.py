@@ -9,7 +9,7 @@ credential, capability-URL or binary turn type.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from functools import lru_cache
 from typing import Annotated, Any, ClassVar, Final, Literal
@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError
 from memtier import limits
 from memtier.errors import ErrorCode, InvalidNameError, UnsupportedChannelError, ValidationError
 from memtier.redaction import sanitize
+from memtier.wire import ms_to_datetime
 
 __all__ = [
     "NAME_GRAMMAR",
@@ -43,6 +44,7 @@ __all__ = [
     "TurnRecord",
     "check_name",
     "name_problem",
+    "ms_to_datetime",
     "parse_turn",
 ]
 
@@ -396,6 +398,3 @@ class Event(_Strict):
     timestamp: datetime
     detail: str | None = None
 
-
-def ms_to_datetime(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
