@@ -230,7 +230,7 @@ def _analysis(run: Run) -> list[str]:
         f"round): {1 / r('workers.flush'):,.0f}x below the disk, so the disk is not the "
         "limit; this harness does not "
         "profile the flush itself yet (the next step: pyinstrument around "
-        "`flush_plan` in `memtier.workers.benchsupport`).  The longest single "
+        "`flush_plan` in `bench.workerbench`).  The longest single "
         f"`snapshot_page` call held the shard {m('workers.flush_page_call'):.0f} ms, and "
         "appends from two other processes saw their longest latency grow by "
         f"{m('workers.flush_blocked'):.0f} ms (median over 3 rounds; the spread is wide "

@@ -18,6 +18,7 @@ lines of the free text do not start with ``KEYS[`` / ``ARGV[``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -74,6 +75,13 @@ class ScriptSpec:
                 f" unknown {sorted(argv.keys() - set(self.argv))}"
             )
         return tuple(argv[name] for name in self.argv)
+
+    def replace(self, call: ScriptCall, /, **argv: str | int | bytes) -> ScriptCall:
+        """``call`` (a call of this script) with the ARGV named in ``argv`` changed."""
+        args = list(call.args)
+        for name, value in argv.items():
+            args[self.index(name)] = value
+        return dataclasses.replace(call, args=tuple(args))
 
     def index(self, name: str) -> int:
         """The 0-based ARGV position of ``name`` (for readers of a built call's args)."""

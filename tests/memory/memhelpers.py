@@ -77,6 +77,8 @@ class AsyncBridge:
                 return [item async for item in attr(*a, **kw)]
 
             return lambda *a, **kw: iter(self._bridge_run(drain(*a, **kw)))
+        if name == "executor":  # its coroutine methods run on the bridge's loop too
+            return _BridgedExecutor(attr, self._bridge_run)
         return attr
 
     def shutdown(self) -> None:
@@ -86,6 +88,19 @@ class AsyncBridge:
             self._bridge_loop.call_soon_threadsafe(self._bridge_loop.stop)
             self._bridge_thread.join(self.TIMEOUT_S)
             self._bridge_loop.close()
+
+
+class _BridgedExecutor:
+    """The asyncio store's executor behind the sync executor's ``execute``/``run``."""
+
+    def __init__(self, executor: Any, run: Any) -> None:
+        self._executor, self._run = executor, run
+
+    def execute(self, request: Any, operation: str | None = None) -> Any:
+        return self._run(self._executor.execute(request, operation))
+
+    def run(self, plan: Any, operation: str | None = None) -> Any:
+        return self._run(self._executor.run(plan, operation, offload=True))
 
 
 def bridged_store(

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from memtier.memory.scriptspecs import MEMORY_SPECS
-from memtier.scriptspec import ScriptSpec, header_inputs
 from memtier.scripts import load_registry, lua_root
+from memtier.scriptspec import ScriptSpec, header_inputs
 
 # Scripts without a spec, and why (see the module docstring of scriptspecs).
 WITHOUT_SPEC = {"restore_session"}

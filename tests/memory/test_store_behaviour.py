@@ -232,7 +232,9 @@ def test_aggregate_pressure_evicts_lru_and_keeps_exact_totals(backend: Any) -> N
 def _append_without_compaction(store: Any, k: ConversationKey, turn: Any) -> Any:
     """One append_turn script call, bypassing any inline compaction of the store."""
     prepared = store.core.prepare_turn(k, turn)
-    return store.core.decode_append(prepared, store._run(store.core.append_call(prepared)))
+    return store.core.decode_append(
+        prepared, store.executor.execute(store.core.append_call(prepared))
+    )
 
 
 def test_session_turn_bound_refuses_turn_without_storing(backend: Any) -> None:
