@@ -222,13 +222,12 @@ class AsyncConversationStore:
         self, *, page_size: int | None = None
     ) -> AsyncIterator[SessionMetadata]:
         """Iterate every live session's metadata, page by page (bounded pages)."""
-        page = await self.list_metadata(None, limit=page_size)
-        for meta in page.sessions:
-            yield meta
-        while page.cursor is not None:
-            page = await self.list_metadata(page.cursor, limit=page_size)
+        cursor: str | None = ""  # "": the first page (no real cursor is empty)
+        while cursor is not None:
+            page = await self.list_metadata(cursor or None, limit=page_size)
             for meta in page.sessions:
                 yield meta
+            cursor = page.cursor
 
     async def pop(self, key: KeyLike) -> TurnRecord | None:
         """Remove and return the newest turn of one exact key, atomically (None if none)."""

@@ -195,11 +195,11 @@ class ConversationStore:
 
     def iter_metadata(self, *, page_size: int | None = None) -> Iterator[SessionMetadata]:
         """Iterate every live session's metadata, page by page (bounded pages)."""
-        page = self.list_metadata(None, limit=page_size)
-        yield from page.sessions
-        while page.cursor is not None:
-            page = self.list_metadata(page.cursor, limit=page_size)
+        cursor: str | None = ""  # "": the first page (no real cursor is empty)
+        while cursor is not None:
+            page = self.list_metadata(cursor or None, limit=page_size)
             yield from page.sessions
+            cursor = page.cursor
 
     def pop(self, key: KeyLike) -> TurnRecord | None:
         """Remove and return the newest turn of one exact key, atomically (None if none).
