@@ -19,8 +19,9 @@ lines of the free text do not start with ``KEYS[`` / ``ARGV[``.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +47,13 @@ class ScriptSpec:
                 raise ValueError(f"{self.script}: {name!r} is not an identifier")
         if len(set(self.keys)) != len(self.keys) or len(set(self.argv)) != len(self.argv):
             raise ValueError(f"{self.script}: a KEYS role or ARGV name is declared twice")
-        # The position of each name, computed once (the hot path builds calls by name).
+        # The position of each name, computed once (the hot path builds calls by name),
+        # and what checks and orders a mapping of them in C, not per name in Python.
         object.__setattr__(self, "_argv_index", {n: i for i, n in enumerate(self.argv)})
+        object.__setattr__(self, "_key_set", frozenset(self.keys))
+        object.__setattr__(self, "_argv_set", frozenset(self.argv))
+        object.__setattr__(self, "_key_getter", _tuple_getter(self.keys))
+        object.__setattr__(self, "_argv_getter", _tuple_getter(self.argv))
 
     def call(
         self, keys: Mapping[str, str] | tuple[str, ...], /, **argv: str | int | bytes
@@ -61,20 +67,20 @@ class ScriptSpec:
             if len(keys) != len(self.keys):
                 raise TypeError(f"{self.script} takes {len(self.keys)} keys, got {len(keys)}")
             return keys
-        if keys.keys() != set(self.keys):
+        if keys.keys() != self._key_set:  # type: ignore[attr-defined]
             raise TypeError(
                 f"{self.script} keys: missing {sorted(set(self.keys) - keys.keys())},"
                 f" unknown {sorted(keys.keys() - set(self.keys))}"
             )
-        return tuple(keys[role] for role in self.keys)
+        return self._key_getter(keys)  # type: ignore[attr-defined,no-any-return]
 
     def arg_tuple(self, argv: Mapping[str, str | int | bytes]) -> tuple[str | int | bytes, ...]:
-        if len(argv) != len(self.argv) or argv.keys() != set(self.argv):
+        if argv.keys() != self._argv_set:  # type: ignore[attr-defined]
             raise TypeError(
                 f"{self.script} ARGV: missing {sorted(set(self.argv) - argv.keys())},"
                 f" unknown {sorted(argv.keys() - set(self.argv))}"
             )
-        return tuple(argv[name] for name in self.argv)
+        return self._argv_getter(argv)  # type: ignore[attr-defined,no-any-return]
 
     def replace(self, call: ScriptCall, /, **argv: str | int | bytes) -> ScriptCall:
         """``call`` (a call of this script) with the ARGV named in ``argv`` changed."""
@@ -91,6 +97,16 @@ class ScriptSpec:
     def arg(self, call: ScriptCall, name: str) -> Any:
         """The value of ARGV ``name`` in ``call`` (a call of this script)."""
         return call.args[self.index(name)]
+
+
+def _tuple_getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """``mapping -> tuple(mapping[n] for n in names)``, as one C call where it can be."""
+    if len(names) >= 2:
+        return operator.itemgetter(*names)  # a tuple for two names or more
+    if len(names) == 1:
+        only = names[0]
+        return lambda mapping: (mapping[only],)
+    return lambda mapping: ()
 
 
 def header_inputs(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -86,6 +86,15 @@ class PreparedTurn:
     redactions: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _AppendFixed:
+    """The part of an ``append_turn`` call that depends only on partition and channel."""
+
+    keys: dict[str, str]
+    argv: dict[str, str | int | bytes]
+    durable: Durable | None
+
+
 def new_session_id() -> str:
     """A cryptographically random session id (128 bits, URL-safe)."""
     return "ses_" + secrets.token_urlsafe(16)
@@ -103,6 +112,7 @@ class MemoryCore:
         self.max_bytes_per_partition = self.conv.max_aggregate_bytes // config.partitions
         # Test-only clock hook: never reachable from configuration.
         self._clock = clock
+        self._append_fixed: dict[tuple[int, Channel], _AppendFixed] = {}
 
     # --- helpers -------------------------------------------------------------------------------
     def clock_arg(self) -> str:
@@ -194,49 +204,66 @@ class MemoryCore:
         part = self.partition_for(key)
         member = key.member
         sk = part.session(member)
-        other = Channel.IM if key.channel is Channel.PUBLIC else Channel.PUBLIC
-        conv = self.conv
+        fixed = self._append_fixed.get((part.partition, key.channel))
+        if fixed is None:
+            fixed = self._append_fixed[(part.partition, key.channel)] = self._append_bounds(
+                part, key.channel
+            )
         keys = {
             "session": sk.session,
             "turns": sk.turns,
             "turn_ids": sk.turn_ids,
-            "lru": part.lru(key.channel.value),
+            **fixed.keys,
+        }
+        args = {
+            **fixed.argv,
+            "member": member,
+            "turn_id": prepared.turn_id,
+            "payload": prepared.payload,
+            "turn_bytes": prepared.turn_bytes,
+            "is_tool": 1 if prepared.turn.kind == "tool" else 0,
+            "new_session_id": session_id or new_session_id(),
+            "clock_override": self.clock_arg(),
+        }
+        return ScriptCall(
+            APPEND_TURN.script,
+            APPEND_TURN.key_tuple(keys),
+            APPEND_TURN.arg_tuple(args),
+            durable=fixed.durable,
+        )
+
+    def _append_bounds(self, part: PartitionKeys, channel: Channel) -> _AppendFixed:
+        """What every append to ``channel`` on ``part`` sends alike: its partition keys,
+        TTLs and bounds (built once per partition and channel, not per append)."""
+        other = Channel.IM if channel is Channel.PUBLIC else Channel.PUBLIC
+        conv = self.conv
+        keys = {
+            "lru": part.lru(channel.value),
             "lru_other": part.lru(other.value),
             "index": part.index,
             "meta": part.meta,
             "events": part.events,
             "compact": part.compact,
         }
-        args = APPEND_TURN.arg_tuple(
-            {
-                "prefix": part.prefix,
-                "member": member,
-                "turn_id": prepared.turn_id,
-                "payload": prepared.payload,
-                "turn_bytes": prepared.turn_bytes,
-                "is_tool": 1 if prepared.turn.kind == "tool" else 0,
-                "new_session_id": session_id or new_session_id(),
-                "ttl_ms": self.ttl_ms(key.channel),
-                "other_ttl_ms": self.ttl_ms(other),
-                "max_sessions": self.max_sessions_per_partition,
-                "max_turns": conv.max_turns_per_session,
-                "max_session_bytes": conv.max_session_bytes,
-                "max_aggregate": self.max_bytes_per_partition,
-                "max_tool_results": conv.max_tool_results,
-                "max_events": conv.max_events,
-                "clock_override": self.clock_arg(),
-                "compact_percent": limits.COMPACTION_TRIGGER_PERCENT,
-                "id_window": limits.IDEMPOTENCY_WINDOW,
-                "max_evictions": limits.MAX_EVICTIONS_PER_CALL,
-                "sweep_n": limits.SWEEP_PER_WRITE,
-                "grace_ms": limits.EXPIRY_GRACE_MS,
-                "sweep_interval_ms": limits.SWEEP_INTERVAL_MS,
-                "ttl_refresh_ms": limits.TTL_REFRESH_MS,
-            }
-        )
-        return ScriptCall(
-            APPEND_TURN.script, APPEND_TURN.key_tuple(keys), args, durable=self.durable(part)
-        )
+        argv: dict[str, str | int | bytes] = {
+            "prefix": part.prefix,
+            "ttl_ms": self.ttl_ms(channel),
+            "other_ttl_ms": self.ttl_ms(other),
+            "max_sessions": self.max_sessions_per_partition,
+            "max_turns": conv.max_turns_per_session,
+            "max_session_bytes": conv.max_session_bytes,
+            "max_aggregate": self.max_bytes_per_partition,
+            "max_tool_results": conv.max_tool_results,
+            "max_events": conv.max_events,
+            "compact_percent": limits.COMPACTION_TRIGGER_PERCENT,
+            "id_window": limits.IDEMPOTENCY_WINDOW,
+            "max_evictions": limits.MAX_EVICTIONS_PER_CALL,
+            "sweep_n": limits.SWEEP_PER_WRITE,
+            "grace_ms": limits.EXPIRY_GRACE_MS,
+            "sweep_interval_ms": limits.SWEEP_INTERVAL_MS,
+            "ttl_refresh_ms": limits.TTL_REFRESH_MS,
+        }
+        return _AppendFixed(keys, argv, self.durable(part))
 
     def decode_append(self, prepared: PreparedTurn, reply: Sequence[Any]) -> AppendReceipt:
         status = int(reply[0])

@@ -44,9 +44,9 @@ KIND_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
 UNTRUSTED_KINDS: Final = frozenset(kind for kind, t in TURN_TYPES.items() if t.untrusted)
 
 
-def encode_payload(kind: str, turn_id: str, fields: Mapping[str, str]) -> bytes:
+def encode_payload(kind: str, turn_id: str, fields: dict[str, str]) -> bytes:
     """The JSON payload of a record (field order preserved), as append sends it."""
-    return orjson.dumps({"k": kind, "id": turn_id, "f": dict(fields)})
+    return orjson.dumps({"k": kind, "id": turn_id, "f": fields})
 
 
 def decode_record(raw: bytes | str) -> TurnRecord:
@@ -57,7 +57,9 @@ def decode_record(raw: bytes | str) -> TurnRecord:
     an unknown kind, a non-string id or a field that is not a string raises
     :class:`ScriptError` instead of producing a malformed model.
     """
-    seq, clock, wall, _nbytes, _tool, payload = text(raw).split("|", 5)
+    # Inline, not wire.text(): this runs once per turn of every context read.
+    record = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    seq, clock, wall, _nbytes, _tool, payload = record.split("|", 5)
     body = orjson.loads(payload)
     kind = body["k"]
     turn_type = TURN_TYPES.get(kind) if isinstance(kind, str) else None
@@ -137,7 +139,7 @@ class StoredTurn:
 
     def payload(self) -> bytes:
         """The JSON payload exactly as the store writes it (field order preserved)."""
-        return encode_payload(self.kind, self.turn_id, self.fields)
+        return encode_payload(self.kind, self.turn_id, dict(self.fields))
 
     def encode(self, *, clock_shift: int = 0) -> bytes:
         """The record string; ``clock_shift`` moves the clock (restore into a new epoch)."""
