@@ -22,13 +22,14 @@ import dataclasses
 import operator
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memtier.engine import ScriptCall
 
 __all__ = ["ScriptSpec", "header_inputs"]
 
+_TupleGetter = Callable[[Mapping[str, Any]], tuple[Any, ...]]
 _INPUT_LINE = re.compile(r"^\s*(KEYS|ARGV)\[(\d+)\]\s+([A-Za-z_][A-Za-z0-9_]*)")
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]*\Z")
 
@@ -40,6 +41,11 @@ class ScriptSpec:
     script: str
     keys: tuple[str, ...]
     argv: tuple[str, ...]
+    # Derived in __post_init__: what checks and orders a mapping of names in C.
+    _key_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    _argv_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    _key_getter: _TupleGetter = field(init=False, repr=False, compare=False)
+    _argv_getter: _TupleGetter = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in (*self.keys, *self.argv):
@@ -47,8 +53,7 @@ class ScriptSpec:
                 raise ValueError(f"{self.script}: {name!r} is not an identifier")
         if len(set(self.keys)) != len(self.keys) or len(set(self.argv)) != len(self.argv):
             raise ValueError(f"{self.script}: a KEYS role or ARGV name is declared twice")
-        # The position of each name, computed once (the hot path builds calls by name),
-        # and what checks and orders a mapping of them in C, not per name in Python.
+        # The position of each name, computed once (the hot path builds calls by name).
         object.__setattr__(self, "_argv_index", {n: i for i, n in enumerate(self.argv)})
         object.__setattr__(self, "_key_set", frozenset(self.keys))
         object.__setattr__(self, "_argv_set", frozenset(self.argv))
@@ -67,20 +72,20 @@ class ScriptSpec:
             if len(keys) != len(self.keys):
                 raise TypeError(f"{self.script} takes {len(self.keys)} keys, got {len(keys)}")
             return keys
-        if keys.keys() != self._key_set:  # type: ignore[attr-defined]
+        if keys.keys() != self._key_set:
             raise TypeError(
                 f"{self.script} keys: missing {sorted(set(self.keys) - keys.keys())},"
                 f" unknown {sorted(keys.keys() - set(self.keys))}"
             )
-        return self._key_getter(keys)  # type: ignore[attr-defined,no-any-return]
+        return self._key_getter(keys)
 
     def arg_tuple(self, argv: Mapping[str, str | int | bytes]) -> tuple[str | int | bytes, ...]:
-        if argv.keys() != self._argv_set:  # type: ignore[attr-defined]
+        if argv.keys() != self._argv_set:
             raise TypeError(
                 f"{self.script} ARGV: missing {sorted(set(self.argv) - argv.keys())},"
                 f" unknown {sorted(argv.keys() - set(self.argv))}"
             )
-        return self._argv_getter(argv)  # type: ignore[attr-defined,no-any-return]
+        return self._argv_getter(argv)
 
     def replace(self, call: ScriptCall, /, **argv: str | int | bytes) -> ScriptCall:
         """``call`` (a call of this script) with the ARGV named in ``argv`` changed."""
@@ -99,7 +104,7 @@ class ScriptSpec:
         return call.args[self.index(name)]
 
 
-def _tuple_getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+def _tuple_getter(names: tuple[str, ...]) -> _TupleGetter:
     """``mapping -> tuple(mapping[n] for n in names)``, as one C call where it can be."""
     if len(names) >= 2:
         return operator.itemgetter(*names)  # a tuple for two names or more

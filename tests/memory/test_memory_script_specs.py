@@ -59,3 +59,26 @@ def test_restore_session_header_still_does_not_parse_into_unique_roles() -> None
     # When its header is rewritten, this fails: then give it a spec (and drop WITHOUT_SPEC).
     keys, _argv = header_inputs(_source("restore_session"))
     assert len(set(keys)) < len(keys)
+
+
+def test_calls_are_built_by_name_and_refuse_a_missing_or_unknown_name() -> None:
+    from memtier.memory.scriptspecs import PARTITION_STATS, READ_CONTEXT
+
+    keys = {"session": "s", "turns": "t", "meta": "m"}
+    call = READ_CONTEXT.call(keys, limit=3, ttl_ms=10, clock_override="")
+    assert call.keys == ("s", "t", "m") and call.args == (10, "", 3)
+    assert READ_CONTEXT.arg(call, "limit") == 3
+    changed = READ_CONTEXT.replace(call, limit=7)
+    assert changed.args == (10, "", 7) and changed.keys == call.keys and call.args[2] == 3
+    with pytest.raises(TypeError, match="missing"):
+        READ_CONTEXT.call(keys, ttl_ms=10, clock_override="")
+    with pytest.raises(TypeError, match="unknown"):
+        READ_CONTEXT.call(keys, ttl_ms=10, clock_override="", limit=3, extra=1)
+    with pytest.raises(TypeError, match="keys"):
+        READ_CONTEXT.call({"session": "s", "turns": "t"}, ttl_ms=10, clock_override="", limit=3)
+    with pytest.raises(KeyError):
+        READ_CONTEXT.replace(call, nonsense=1)
+    stats = PARTITION_STATS.call({"lru_public": "p", "lru_im": "i", "meta": "m", "index": "x"})
+    assert stats.args == () and stats.keys == ("p", "i", "m", "x")
+    one = ScriptSpec("one", keys=("k",), argv=("a",))
+    assert one.call({"k": "K"}, a=1).args == (1,) and one.call(("K",), a=1).keys == ("K",)
