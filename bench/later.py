@@ -59,12 +59,12 @@ _WORKER_SIZES = {
 def run_workers(h: Harness, server: BenchRedis) -> None:
     """Compaction, flush against the disk's own write rate, appends blocked, recovery.
 
-    Uses ``memtier.workers.benchsupport`` (written with the workers): each flush round
+    Uses ``bench.workerbench`` (written with the workers): each flush round
     first measures the disk's sequential write + fsync rate into the same directory,
     then flushes N sessions while two other processes append (and, before it, append
     without a flush for the baseline latency).
     """
-    missing = _missing("memtier.workers", "memtier.workers.benchsupport")
+    missing = _missing("memtier.workers", "bench.workerbench")
     if missing:
         for key, label in WORKER_FIGURES:
             h.unavailable(
@@ -74,7 +74,7 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
                 f"not yet available: {', '.join(missing)} is not in this checkout",
             )
         return
-    from memtier.workers import benchsupport as bs
+    from bench import workerbench as bs
 
     sessions, rounds, disk_bytes, compact_n, baseline_s = _WORKER_SIZES[h.settings.profile]
     mib = 2**20

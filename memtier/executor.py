@@ -13,7 +13,7 @@ each script reply is handed to the ``on_script`` hooks (metrics, progress).  A
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from memtier.connection import AsyncClientGuard, SyncClientGuard
 from memtier.engine import (
@@ -32,6 +32,8 @@ from memtier.retry import RetryPolicy, retry_async, retry_sync
 from memtier.scripts import ScriptRegistry
 
 __all__ = ["AsyncExecutor", "ScriptHook", "SyncExecutor"]
+
+T = TypeVar("T")
 
 # Called with (script name, ARGV, reply) after every script reply (each attempt).
 ScriptHook = Callable[[str, Sequence[Any], Any], None]
@@ -57,7 +59,7 @@ class SyncExecutor:
         self.on_script: list[ScriptHook] = list(on_script)
         self.handoff = handoff
 
-    def run(self, plan: Plan[Any], operation: str | None = None) -> Any:
+    def run(self, plan: Plan[T], operation: str | None = None) -> T:
         """Drive ``plan`` to completion on this client."""
         return drive_sync(plan, self.bind(operation))
 
@@ -134,9 +136,7 @@ class AsyncExecutor:
         self.on_script: list[ScriptHook] = list(on_script)
         self.handoff = handoff
 
-    async def run(
-        self, plan: Plan[Any], operation: str | None = None, *, offload: bool = False
-    ) -> Any:
+    async def run(self, plan: Plan[T], operation: str | None = None, *, offload: bool = False) -> T:
         """Drive ``plan`` to completion (``offload``: its steps block, run them in a thread)."""
         return await drive_async(plan, self.bind(operation), offload=offload)
 

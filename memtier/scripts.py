@@ -63,9 +63,7 @@ def _probe_embedded(client: Any) -> bool:
     # A wrapper (a tracing proxy, a test double) that forwards to a fakeredis client.
     pool = getattr(client, "connection_pool", None)
     connection_class = getattr(pool, "connection_class", None)
-    return connection_class is not None and str(connection_class.__module__).startswith(
-        "fakeredis"
-    )
+    return connection_class is not None and str(connection_class.__module__).startswith("fakeredis")
 
 
 def is_embedded_client(client: Any) -> bool:
@@ -231,7 +229,6 @@ class LuaScript:
         finally:
             self._duration.observe(time.perf_counter() - started)
 
-
     # --- durability="replicated": the script, then WAIT, on one connection ----------------
     def _replicated_reply(self, name: str, replies: list[Any], replicas: int) -> Any:
         reply, _touch, acked = replies
@@ -347,14 +344,19 @@ class ScriptRegistry:
     def names(self) -> list[str]:
         return sorted(self._scripts)
 
+    def sources_for(self, client: Any) -> list[str]:
+        """The text of every script as ``client``'s server runs it (what ``SCRIPT LOAD``
+        gets: the stores load them with :func:`memtier.memory.operations.load_scripts`)."""
+        return [script.text_for(client).source for script in self._scripts.values()]
+
     def load_all(self, client: Any) -> None:
         """``SCRIPT LOAD`` every script (a Cluster client sends it to every primary)."""
-        for script in self._scripts.values():
-            client.script_load(script.text_for(client).source)
+        for source in self.sources_for(client):
+            client.script_load(source)
 
     async def load_all_async(self, client: Any) -> None:
-        for script in self._scripts.values():
-            await client.script_load(script.text_for(client).source)
+        for source in self.sources_for(client):
+            await client.script_load(source)
 
     def shas_for(self, client: Any) -> list[str]:
         """The SHA of every script as ``client``'s server knows it (``SCRIPT EXISTS``)."""

@@ -18,15 +18,18 @@ lines of the free text do not start with ``KEYS[`` / ``ARGV[``.
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from memtier.engine import ScriptCall
 
 __all__ = ["ScriptSpec", "header_inputs"]
 
+_TupleGetter = Callable[[Mapping[str, Any]], tuple[Any, ...]]
 _INPUT_LINE = re.compile(r"^\s*(KEYS|ARGV)\[(\d+)\]\s+([A-Za-z_][A-Za-z0-9_]*)")
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]*\Z")
 
@@ -38,6 +41,11 @@ class ScriptSpec:
     script: str
     keys: tuple[str, ...]
     argv: tuple[str, ...]
+    # Derived in __post_init__: what checks and orders a mapping of names in C.
+    _key_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    _argv_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    _key_getter: _TupleGetter = field(init=False, repr=False, compare=False)
+    _argv_getter: _TupleGetter = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in (*self.keys, *self.argv):
@@ -47,6 +55,10 @@ class ScriptSpec:
             raise ValueError(f"{self.script}: a KEYS role or ARGV name is declared twice")
         # The position of each name, computed once (the hot path builds calls by name).
         object.__setattr__(self, "_argv_index", {n: i for i, n in enumerate(self.argv)})
+        object.__setattr__(self, "_key_set", frozenset(self.keys))
+        object.__setattr__(self, "_argv_set", frozenset(self.argv))
+        object.__setattr__(self, "_key_getter", _tuple_getter(self.keys))
+        object.__setattr__(self, "_argv_getter", _tuple_getter(self.argv))
 
     def call(
         self, keys: Mapping[str, str] | tuple[str, ...], /, **argv: str | int | bytes
@@ -60,20 +72,27 @@ class ScriptSpec:
             if len(keys) != len(self.keys):
                 raise TypeError(f"{self.script} takes {len(self.keys)} keys, got {len(keys)}")
             return keys
-        if keys.keys() != set(self.keys):
+        if keys.keys() != self._key_set:
             raise TypeError(
                 f"{self.script} keys: missing {sorted(set(self.keys) - keys.keys())},"
                 f" unknown {sorted(keys.keys() - set(self.keys))}"
             )
-        return tuple(keys[role] for role in self.keys)
+        return self._key_getter(keys)
 
     def arg_tuple(self, argv: Mapping[str, str | int | bytes]) -> tuple[str | int | bytes, ...]:
-        if len(argv) != len(self.argv) or argv.keys() != set(self.argv):
+        if argv.keys() != self._argv_set:
             raise TypeError(
                 f"{self.script} ARGV: missing {sorted(set(self.argv) - argv.keys())},"
                 f" unknown {sorted(argv.keys() - set(self.argv))}"
             )
-        return tuple(argv[name] for name in self.argv)
+        return self._argv_getter(argv)
+
+    def replace(self, call: ScriptCall, /, **argv: str | int | bytes) -> ScriptCall:
+        """``call`` (a call of this script) with the ARGV named in ``argv`` changed."""
+        args = list(call.args)
+        for name, value in argv.items():
+            args[self.index(name)] = value
+        return dataclasses.replace(call, args=tuple(args))
 
     def index(self, name: str) -> int:
         """The 0-based ARGV position of ``name`` (for readers of a built call's args)."""
@@ -83,6 +102,16 @@ class ScriptSpec:
     def arg(self, call: ScriptCall, name: str) -> Any:
         """The value of ARGV ``name`` in ``call`` (a call of this script)."""
         return call.args[self.index(name)]
+
+
+def _tuple_getter(names: tuple[str, ...]) -> _TupleGetter:
+    """``mapping -> tuple(mapping[n] for n in names)``, as one C call where it can be."""
+    if len(names) >= 2:
+        return operator.itemgetter(*names)  # a tuple for two names or more
+    if len(names) == 1:
+        only = names[0]
+        return lambda mapping: (mapping[only],)
+    return lambda mapping: ()
 
 
 def header_inputs(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

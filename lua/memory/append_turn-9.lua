@@ -5,15 +5,15 @@
   compaction signalling -- atomically.
 
   Input:
-    KEYS[1] session hash    T:s:<member>
-    KEYS[2] turns list      T:t:<member>
-    KEYS[3] turn-id zset    T:i:<member>
-    KEYS[4] lru zset        T:lru:<channel of this member>
-    KEYS[5] lru zset        T:lru:<the other channel>
-    KEYS[6] index hash      T:ix       member -> session bytes
-    KEYS[7] meta hash       T:meta     bytes, clock
-    KEYS[8] events stream   T:events
-    KEYS[9] compact stream  T:compact
+    KEYS[1] session    session hash    T:s:<member>
+    KEYS[2] turns      turns list      T:t:<member>
+    KEYS[3] turn_ids   turn-id zset    T:i:<member>
+    KEYS[4] lru        lru zset        T:lru:<channel of this member>
+    KEYS[5] lru_other  lru zset        T:lru:<the other channel>
+    KEYS[6] index      index hash      T:ix       member -> session bytes
+    KEYS[7] meta       meta hash       T:meta     bytes, clock
+    KEYS[8] events     events stream   T:events
+    KEYS[9] compact    compact stream  T:compact
 
     ARGV[1]  prefix            "T:" (derives victims' keys; same slot)
     ARGV[2]  member            "<avatar-uuid>:<channel>"

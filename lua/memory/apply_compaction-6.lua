@@ -10,12 +10,12 @@
   first `fold_n` records are exactly seq `first_seq` .. `last_seq` (else CONFLICT).
 
   Input:
-    KEYS[1] session hash    T:s:<member>
-    KEYS[2] turns list      T:t:<member>
-    KEYS[3] index hash      T:ix      member -> session bytes
-    KEYS[4] meta hash       T:meta    bytes (partition total), clock
-    KEYS[5] events stream   T:events
-    KEYS[6] compact stream  T:compact (the job, acknowledged and deleted here)
+    KEYS[1] session    session hash    T:s:<member>
+    KEYS[2] turns      turns list      T:t:<member>
+    KEYS[3] index      index hash      T:ix      member -> session bytes
+    KEYS[4] meta       meta hash       T:meta    bytes (partition total), clock
+    KEYS[5] events     events stream   T:events
+    KEYS[6] compact    compact stream  T:compact (the job, acknowledged and deleted here)
     ARGV[1]  member             "<avatar-uuid>:<channel>"
     ARGV[2]  session_id         the id the plan was computed for
     ARGV[3]  expected_sv        summary version read with the session (absent = 0)

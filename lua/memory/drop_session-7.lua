@@ -3,21 +3,21 @@
   Operator delete or expire of one exact key: removes the session and everything it owns.
 
   Input:
-    KEYS[1] session hash   T:s:<member>     (declared for routing; derived again by the helper)
-    KEYS[2] turns list     T:t:<member>
-    KEYS[3] turn-id zset   T:i:<member>
-    KEYS[4] lru zset       T:lru:<channel>
-    KEYS[5] index hash     T:ix
-    KEYS[6] meta hash      T:meta
-    KEYS[7] events stream  T:events
+    KEYS[1] session    session hash   T:s:<member>     (declared for routing; derived again by the helper)
+    KEYS[2] turns      turns list     T:t:<member>
+    KEYS[3] turn_ids   turn-id zset   T:i:<member>
+    KEYS[4] lru        lru zset       T:lru:<channel>
+    KEYS[5] index      index hash     T:ix
+    KEYS[6] meta       meta hash      T:meta
+    KEYS[7] events     events stream  T:events
     ARGV[1] prefix          "T:"
     ARGV[2] member          "<avatar-uuid>:<channel>"
     ARGV[3] reason          "operator_deleted" | "operator_expired"
     ARGV[4] max_events      MAXLEN of the event stream
     ARGV[5] clock_override  "" = server TIME; ms = test clock
-    ARGV[6] receipt key     optional "T:op:<op id>" (same slot: must start with the prefix):
+    ARGV[6] receipt_key    optional "T:op:<op id>" (same slot: must start with the prefix):
                             the result of this operation, kept for its retries
-    ARGV[7] receipt ttl ms  how long the receipt is kept
+    ARGV[7] receipt_ttl_ms how long the receipt is kept
 
   Output:
     { 1, bytes_freed }  removed

@@ -7,8 +7,8 @@
   (restore_skipped). Never content.
 
   Input:
-    KEYS[1] meta hash      T:meta (clock)
-    KEYS[2] events stream  T:events
+    KEYS[1] meta       meta hash      T:meta (clock)
+    KEYS[2] events     events stream  T:events
     ARGV[1] reason          "quarantined" | "permissions_not_verified" | "snapshot_skipped"
                             | "restore_skipped"
     ARGV[2] member          "<avatar-uuid>:<channel>" or "" (not about one key)

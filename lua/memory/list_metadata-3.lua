@@ -4,9 +4,9 @@
   so every session live for the whole listing is returned at least once.
 
   Input:
-    KEYS[1] index hash  T:ix
-    KEYS[2] meta hash   T:meta
-    KEYS[3] lru zset    T:lru:public   (declared for routing only)
+    KEYS[1] index      index hash  T:ix
+    KEYS[2] meta       meta hash   T:meta
+    KEYS[3] lru_public lru zset    T:lru:public   (declared for routing only)
     ARGV[1] prefix          "T:"
     ARGV[2] cursor          HSCAN cursor ("0" to start)
     ARGV[3] count           HSCAN COUNT hint (page size)

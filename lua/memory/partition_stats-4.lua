@@ -3,10 +3,10 @@
   Live sessions and stored bytes of one partition (for metrics and operators).
 
   Input:
-    KEYS[1] lru zset   T:lru:public
-    KEYS[2] lru zset   T:lru:im
-    KEYS[3] meta hash  T:meta
-    KEYS[4] index hash T:ix
+    KEYS[1] lru_public lru zset   T:lru:public
+    KEYS[2] lru_im     lru zset   T:lru:im
+    KEYS[3] meta       meta hash  T:meta
+    KEYS[4] index      index hash T:ix
 
   Output:
     { sessions, bytes, indexed }  indexed = entries in the index hash (equals sessions

@@ -4,12 +4,12 @@
   exact byte accounting, atomically.
 
   Input:
-    KEYS[1] session hash   T:s:<member>
-    KEYS[2] turns list     T:t:<member>
-    KEYS[3] turn-id zset   T:i:<member>
-    KEYS[4] index hash     T:ix       member -> session bytes
-    KEYS[5] meta hash      T:meta     bytes (partition total), clock
-    KEYS[6] events stream  T:events
+    KEYS[1] session    session hash   T:s:<member>
+    KEYS[2] turns      turns list     T:t:<member>
+    KEYS[3] turn_ids   turn-id zset   T:i:<member>
+    KEYS[4] index      index hash     T:ix       member -> session bytes
+    KEYS[5] meta       meta hash      T:meta     bytes (partition total), clock
+    KEYS[6] events     events stream  T:events
     ARGV[1] member          "<avatar-uuid>:<channel>"
     ARGV[2] ttl_ms          inactivity TTL of the member's channel, ms
     ARGV[3] max_events      MAXLEN of the event stream

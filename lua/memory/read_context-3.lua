@@ -4,9 +4,9 @@
   an expired session reads as absent (the sweep that removes it publishes the event).
 
   Input:
-    KEYS[1] session hash  T:s:<member>
-    KEYS[2] turns list    T:t:<member>
-    KEYS[3] meta hash     T:meta (clock high-water mark)
+    KEYS[1] session    session hash  T:s:<member>
+    KEYS[2] turns      turns list    T:t:<member>
+    KEYS[3] meta       meta hash     T:meta (clock high-water mark)
     ARGV[1] ttl_ms          inactivity TTL of the member's channel, ms
     ARGV[2] clock_override  "" = server TIME; ms = test clock
     ARGV[3] limit           newest turns to return (0 = all)

@@ -4,9 +4,9 @@
   used by compaction (worker and inline) before it plans a summary. Read-only.
 
   Input:
-    KEYS[1] session hash  T:s:<member>
-    KEYS[2] turns list    T:t:<member>
-    KEYS[3] meta hash     T:meta (clock high-water mark)
+    KEYS[1] session    session hash  T:s:<member>
+    KEYS[2] turns      turns list    T:t:<member>
+    KEYS[3] meta       meta hash     T:meta (clock high-water mark)
     ARGV[1] member          "<avatar-uuid>:<channel>"
     ARGV[2] ttl_ms          inactivity TTL of the member's channel, ms
     ARGV[3] clock_override  "" = server TIME (production); ms = test clock

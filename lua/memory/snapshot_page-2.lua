@@ -9,8 +9,8 @@
   Session keys are derived from the partition prefix (same slot; see memtier/keys.py).
 
   Input:
-    KEYS[1] index hash  T:ix   (member -> bytes)
-    KEYS[2] meta hash   T:meta (clock high-water mark)
+    KEYS[1] index      index hash  T:ix   (member -> bytes)
+    KEYS[2] meta       meta hash   T:meta (clock high-water mark)
     ARGV[1] prefix          "T:"
     ARGV[2] public_ttl_ms
     ARGV[3] im_ttl_ms

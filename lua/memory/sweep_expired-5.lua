@@ -4,11 +4,11 @@
   for each; run by workers on a timer and by the store on demand. Bounded per call.
 
   Input:
-    KEYS[1] lru zset       T:lru:public
-    KEYS[2] lru zset       T:lru:im
-    KEYS[3] index hash     T:ix
-    KEYS[4] meta hash      T:meta
-    KEYS[5] events stream  T:events
+    KEYS[1] lru_public lru zset       T:lru:public
+    KEYS[2] lru_im     lru zset       T:lru:im
+    KEYS[3] index      index hash     T:ix
+    KEYS[4] meta       meta hash      T:meta
+    KEYS[5] events     events stream  T:events
     ARGV[1] prefix          "T:"
     ARGV[2] public_ttl_ms
     ARGV[3] im_ttl_ms

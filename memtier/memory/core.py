@@ -13,12 +13,13 @@ import secrets
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
-from memtier import limits
+from memtier import limits, wire
 from memtier.config import MemtierConfig
+from memtier.engine import ScriptCall
 from memtier.errors import (
     CapacityError,
     InvalidCursorError,
@@ -42,15 +43,24 @@ from memtier.memory.models import (
     Turn,
     TurnRecord,
     check_name,
-    ms_to_datetime,
+    trusted,
 )
 from memtier.memory.recordcheck import check_fields_for_append, check_turn_id_for_append
+from memtier.memory.scriptspecs import (
+    APPEND_TURN,
+    DROP_SESSION,
+    LIST_METADATA,
+    PARTITION_STATS,
+    POP_TURN,
+    READ_CONTEXT,
+    SWEEP_EXPIRED,
+)
+from memtier.memory.turncodec import decode_record, encode_payload
 from memtier.redaction import sanitize
 from memtier.scripts import Durable
+from memtier.wire import ms_to_datetime
 
 __all__ = ["AppendStatus", "MemoryCore", "ScriptCall", "new_session_id", "wrap_untrusted"]
-
-_M = TypeVar("_M", TurnRecord, ContextMessage, Context)
 
 
 class AppendStatus:
@@ -61,15 +71,6 @@ class AppendStatus:
     SESSION_FULL = -1
     AGGREGATE_FULL = -2
     TURN_TOO_LARGE = -3
-
-
-@dataclass(frozen=True, slots=True)
-class ScriptCall:
-    """One script invocation: name, KEYS and ARGV (all encoded)."""
-
-    script: str
-    keys: tuple[str, ...]
-    args: tuple[str | int | bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,35 +86,18 @@ class PreparedTurn:
     redactions: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _AppendFixed:
+    """The part of an ``append_turn`` call that depends only on partition and channel."""
+
+    keys: dict[str, str]
+    argv: dict[str, str | int | bytes]
+    durable: Durable | None
+
+
 def new_session_id() -> str:
     """A cryptographically random session id (128 bits, URL-safe)."""
     return "ses_" + secrets.token_urlsafe(16)
-
-
-def _b(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    return str(value)
-
-
-_set_attr = object.__setattr__
-
-
-def _trusted(model: type[_M], values: dict[str, Any]) -> _M:
-    """An instance of a frozen memtier model from values this module built and checked.
-
-    What ``model_construct`` does (no validation), without its per-call overhead, which
-    in pydantic 2.x costs more than validating: ``values`` must name every field, in
-    declaration order, with the declared types (tests/memory/test_core_decode.py compares
-    the result with a validated instance).  Only for models without private attributes or
-    ``model_post_init``.
-    """
-    obj = model.__new__(model)
-    _set_attr(obj, "__dict__", values)
-    _set_attr(obj, "__pydantic_fields_set__", set(values))
-    _set_attr(obj, "__pydantic_extra__", None)
-    _set_attr(obj, "__pydantic_private__", None)
-    return obj
 
 
 class MemoryCore:
@@ -128,6 +112,7 @@ class MemoryCore:
         self.max_bytes_per_partition = self.conv.max_aggregate_bytes // config.partitions
         # Test-only clock hook: never reachable from configuration.
         self._clock = clock
+        self._append_fixed: dict[tuple[int, Channel], _AppendFixed] = {}
 
     # --- helpers -------------------------------------------------------------------------------
     def clock_arg(self) -> str:
@@ -201,73 +186,90 @@ class MemoryCore:
             # Sanitising changed the content: it must still be a record that a snapshot
             # flush and recovery accept (one shared validator; "\x00" as a name is empty).
             check_fields_for_append(turn.kind, out, turn_id)
-        payload = orjson.dumps({"k": turn.kind, "id": turn_id, "f": out})
+        payload = encode_payload(turn.kind, turn_id, out)
         return PreparedTurn(
             key, turn, turn_id, payload, turn_bytes, truncated, tuple(dict.fromkeys(kinds))
         )
 
-    def durable_for(self, call: ScriptCall) -> Durable | None:
-        """With ``redis.durability="replicated"``: what the append must WAIT for.
-
-        The touch key is the call's partition meta hash (``append_turn``'s KEYS[7]).
-        """
+    def durable(self, part: PartitionKeys) -> Durable | None:
+        """With ``redis.durability="replicated"``: what an append must WAIT for (the touch
+        key is the partition's meta hash, a key of the script's slot)."""
         settings = self.config.redis
         if settings.durability != "replicated":
             return None
-        return Durable(settings.wait_replicas, settings.wait_timeout_ms, call.keys[6])
+        return Durable(settings.wait_replicas, settings.wait_timeout_ms, part.meta)
 
     def append_call(self, prepared: PreparedTurn, session_id: str | None = None) -> ScriptCall:
         key = prepared.key
         part = self.partition_for(key)
         member = key.member
         sk = part.session(member)
-        other = Channel.IM if key.channel is Channel.PUBLIC else Channel.PUBLIC
-        conv = self.conv
+        fixed = self._append_fixed.get((part.partition, key.channel))
+        if fixed is None:
+            fixed = self._append_fixed[(part.partition, key.channel)] = self._append_bounds(
+                part, key.channel
+            )
+        keys = {
+            "session": sk.session,
+            "turns": sk.turns,
+            "turn_ids": sk.turn_ids,
+            **fixed.keys,
+        }
+        args = {
+            **fixed.argv,
+            "member": member,
+            "turn_id": prepared.turn_id,
+            "payload": prepared.payload,
+            "turn_bytes": prepared.turn_bytes,
+            "is_tool": 1 if prepared.turn.kind == "tool" else 0,
+            "new_session_id": session_id or new_session_id(),
+            "clock_override": self.clock_arg(),
+        }
         return ScriptCall(
-            "append_turn",
-            (
-                sk.session,
-                sk.turns,
-                sk.turn_ids,
-                part.lru(key.channel.value),
-                part.lru(other.value),
-                part.index,
-                part.meta,
-                part.events,
-                part.compact,
-            ),
-            (
-                part.prefix,
-                member,
-                prepared.turn_id,
-                prepared.payload,
-                prepared.turn_bytes,
-                1 if prepared.turn.kind == "tool" else 0,
-                session_id or new_session_id(),
-                self.ttl_ms(key.channel),
-                self.ttl_ms(other),
-                self.max_sessions_per_partition,
-                conv.max_turns_per_session,
-                conv.max_session_bytes,
-                self.max_bytes_per_partition,
-                conv.max_tool_results,
-                conv.max_events,
-                self.clock_arg(),
-                limits.COMPACTION_TRIGGER_PERCENT,
-                limits.IDEMPOTENCY_WINDOW,
-                limits.MAX_EVICTIONS_PER_CALL,
-                limits.SWEEP_PER_WRITE,
-                limits.EXPIRY_GRACE_MS,
-                limits.SWEEP_INTERVAL_MS,
-                limits.TTL_REFRESH_MS,
-            ),
+            APPEND_TURN.script,
+            APPEND_TURN.key_tuple(keys),
+            APPEND_TURN.arg_tuple(args),
+            durable=fixed.durable,
         )
+
+    def _append_bounds(self, part: PartitionKeys, channel: Channel) -> _AppendFixed:
+        """What every append to ``channel`` on ``part`` sends alike: its partition keys,
+        TTLs and bounds (built once per partition and channel, not per append)."""
+        other = Channel.IM if channel is Channel.PUBLIC else Channel.PUBLIC
+        conv = self.conv
+        keys = {
+            "lru": part.lru(channel.value),
+            "lru_other": part.lru(other.value),
+            "index": part.index,
+            "meta": part.meta,
+            "events": part.events,
+            "compact": part.compact,
+        }
+        argv: dict[str, str | int | bytes] = {
+            "prefix": part.prefix,
+            "ttl_ms": self.ttl_ms(channel),
+            "other_ttl_ms": self.ttl_ms(other),
+            "max_sessions": self.max_sessions_per_partition,
+            "max_turns": conv.max_turns_per_session,
+            "max_session_bytes": conv.max_session_bytes,
+            "max_aggregate": self.max_bytes_per_partition,
+            "max_tool_results": conv.max_tool_results,
+            "max_events": conv.max_events,
+            "compact_percent": limits.COMPACTION_TRIGGER_PERCENT,
+            "id_window": limits.IDEMPOTENCY_WINDOW,
+            "max_evictions": limits.MAX_EVICTIONS_PER_CALL,
+            "sweep_n": limits.SWEEP_PER_WRITE,
+            "grace_ms": limits.EXPIRY_GRACE_MS,
+            "sweep_interval_ms": limits.SWEEP_INTERVAL_MS,
+            "ttl_refresh_ms": limits.TTL_REFRESH_MS,
+        }
+        return _AppendFixed(keys, argv, self.durable(part))
 
     def decode_append(self, prepared: PreparedTurn, reply: Sequence[Any]) -> AppendReceipt:
         status = int(reply[0])
         if status in (AppendStatus.STORED, AppendStatus.DUPLICATE):
             return AppendReceipt(
-                session_id=_b(reply[1]),
+                session_id=wire.text(reply[1]),
                 seq=int(reply[2]),
                 timestamp=ms_to_datetime(int(reply[4])),
                 bytes=int(reply[5]),
@@ -283,7 +285,7 @@ class MemoryCore:
             )
         # Refusals report the expired sessions the script swept first (``swept`` detail).
         if status == AppendStatus.SESSION_FULL:
-            which, current, limit = _b(reply[1]), int(reply[2]), int(reply[3])
+            which, current, limit = wire.text(reply[1]), int(reply[2]), int(reply[3])
             raise SessionFullError(
                 f"session is at its {which} bound ({current} of {limit}); compact it first",
                 bound=which,
@@ -312,10 +314,11 @@ class MemoryCore:
     def context_call(self, key: ConversationKey, limit: int = 0) -> ScriptCall:
         part = self.partition_for(key)
         sk = part.session(key.member)
-        return ScriptCall(
-            "read_context",
-            (sk.session, sk.turns, part.meta),
-            (self.ttl_ms(key.channel), self.clock_arg(), max(0, int(limit))),
+        return READ_CONTEXT.call(
+            {"session": sk.session, "turns": sk.turns, "meta": part.meta},
+            ttl_ms=self.ttl_ms(key.channel),
+            clock_override=self.clock_arg(),
+            limit=max(0, int(limit)),
         )
 
     def decode_context(self, key: ConversationKey, reply: Sequence[Any]) -> Context:
@@ -323,13 +326,13 @@ class MemoryCore:
             return Context(
                 key_avatar=key.avatar, key_channel=key.channel, session_id=None, messages=()
             )
-        session_id = _b(reply[1])
-        summary_raw = _b(reply[8])
+        session_id = wire.text(reply[1])
+        summary_raw = wire.text(reply[8])
         records = tuple(self.decode_record(r) for r in reply[9:])
         summary: dict[str, Any] | None = orjson.loads(summary_raw) if summary_raw else None
         # Unvalidated construction: every part is already typed (key: a validated
         # ConversationKey; records and messages: built and checked below).
-        return _trusted(
+        return trusted(
             Context,
             {
                 "key_avatar": key.avatar,
@@ -341,41 +344,8 @@ class MemoryCore:
             },
         )
 
-    @staticmethod
-    def decode_record(raw: bytes | str) -> TurnRecord:
-        """One stored record (``seq|clock|wall|bytes|tool|json``), as written by append_turn.
-
-        Built without pydantic validation per turn (see :func:`_trusted`): the record was
-        encoded by :meth:`prepare_turn` and the script, and its shape is checked here --
-        an unknown kind, a non-string id or a field that is not a string raises
-        :class:`ScriptError` instead of producing a malformed model.
-        """
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        seq, clock, wall, _nbytes, _tool, payload = text.split("|", 5)
-        body = orjson.loads(payload)
-        kind = body["k"]
-        turn_type = TURN_TYPES.get(kind) if isinstance(kind, str) else None
-        turn_id = body["id"]
-        fields = body["f"]
-        if (
-            turn_type is None
-            or not isinstance(turn_id, str)
-            or not isinstance(fields, dict)
-            or not all(type(v) is str for v in fields.values())
-        ):
-            raise ScriptError("read_context returned a malformed turn record")
-        return _trusted(
-            TurnRecord,
-            {
-                "seq": int(seq),
-                "timestamp": ms_to_datetime(int(wall)),
-                "clock_ms": int(clock),
-                "kind": kind,
-                "role": turn_type.role,
-                "turn_id": turn_id,
-                "fields": fields,
-            },
-        )
+    # One stored record (the turn-record codec's read path).
+    decode_record = staticmethod(decode_record)
 
     @staticmethod
     def project(
@@ -413,36 +383,52 @@ class MemoryCore:
             if type(content) is not str:
                 raise ScriptError("read_context returned a malformed turn record")
             out.append(
-                _trusted(ContextMessage, {"role": role, "content": content, "untrusted": untrusted})
+                trusted(ContextMessage, {"role": role, "content": content, "untrusted": untrusted})
             )
         return out
 
     # --- operators -----------------------------------------------------------------------------
     def drop_call(self, key: ConversationKey, reason: ReasonCode) -> ScriptCall:
+        """An operator drop with its own operation id: every retry of this one call (after
+        a lost reply) finds the first attempt's receipt and returns the same result."""
         part = self.partition_for(key)
         sk = part.session(key.member)
-        return ScriptCall(
-            "drop_session",
-            (
-                sk.session,
-                sk.turns,
-                sk.turn_ids,
-                part.lru(key.channel.value),
-                part.index,
-                part.meta,
-                part.events,
-            ),
-            (part.prefix, key.member, reason.value, self.conv.max_events, self.clock_arg()),
+        return DROP_SESSION.call(
+            {
+                "session": sk.session,
+                "turns": sk.turns,
+                "turn_ids": sk.turn_ids,
+                "lru": part.lru(key.channel.value),
+                "index": part.index,
+                "meta": part.meta,
+                "events": part.events,
+            },
+            prefix=part.prefix,
+            member=key.member,
+            reason=reason.value,
+            max_events=self.conv.max_events,
+            clock_override=self.clock_arg(),
+            receipt_key=part.drop_receipt(secrets.token_urlsafe(16)),
+            receipt_ttl_ms=limits.DROP_RECEIPT_MS,
         )
 
     def pop_call(self, key: ConversationKey) -> ScriptCall:
         """``pop_turn``: remove and return the newest turn of exactly this key."""
         part = self.partition_for(key)
         sk = part.session(key.member)
-        return ScriptCall(
-            "pop_turn",
-            (sk.session, sk.turns, sk.turn_ids, part.index, part.meta, part.events),
-            (key.member, self.ttl_ms(key.channel), self.conv.max_events, self.clock_arg()),
+        return POP_TURN.call(
+            {
+                "session": sk.session,
+                "turns": sk.turns,
+                "turn_ids": sk.turn_ids,
+                "index": part.index,
+                "meta": part.meta,
+                "events": part.events,
+            },
+            member=key.member,
+            ttl_ms=self.ttl_ms(key.channel),
+            max_events=self.conv.max_events,
+            clock_override=self.clock_arg(),
         )
 
     def decode_pop(self, reply: Sequence[Any]) -> TurnRecord | None:
@@ -454,50 +440,52 @@ class MemoryCore:
         return self.decode_record(reply[1])
 
     def sweep_call(self, part: PartitionKeys, max_n: int = limits.SWEEP_PER_CALL) -> ScriptCall:
-        return ScriptCall(
-            "sweep_expired",
-            (part.lru_public, part.lru_im, part.index, part.meta, part.events),
-            (
-                part.prefix,
-                self.conv.public_ttl_ms,
-                self.conv.im_ttl_ms,
-                min(max_n, limits.SWEEP_PER_CALL),
-                self.conv.max_events,
-                self.clock_arg(),
-            ),
+        return SWEEP_EXPIRED.call(
+            self._lru_keys(part, "index", "meta", "events"),
+            prefix=part.prefix,
+            public_ttl_ms=self.conv.public_ttl_ms,
+            im_ttl_ms=self.conv.im_ttl_ms,
+            max_n=min(max_n, limits.SWEEP_PER_CALL),
+            max_events=self.conv.max_events,
+            clock_override=self.clock_arg(),
         )
 
     def stats_call(self, part: PartitionKeys) -> ScriptCall:
-        return ScriptCall(
-            "partition_stats", (part.lru_public, part.lru_im, part.meta, part.index), ()
-        )
+        return PARTITION_STATS.call(self._lru_keys(part, "meta", "index"))
+
+    @staticmethod
+    def _lru_keys(part: PartitionKeys, *more: str) -> dict[str, str]:
+        """Both LRU zsets of ``part`` by role, and the partition keys named in ``more``."""
+        named = {"index": part.index, "meta": part.meta, "events": part.events}
+        return {
+            "lru_public": part.lru_public,
+            "lru_im": part.lru_im,
+            **{role: named[role] for role in more},
+        }
 
     # --- metadata paging -----------------------------------------------------------------------
     def metadata_call(self, part: PartitionKeys, scan_cursor: str, count: int) -> ScriptCall:
-        return ScriptCall(
-            "list_metadata",
-            (part.index, part.meta, part.lru_public),
-            (
-                part.prefix,
-                scan_cursor,
-                count,
-                self.conv.public_ttl_ms,
-                self.conv.im_ttl_ms,
-                self.clock_arg(),
-            ),
+        return LIST_METADATA.call(
+            {"index": part.index, "meta": part.meta, "lru_public": part.lru_public},
+            prefix=part.prefix,
+            cursor=scan_cursor,
+            count=count,
+            public_ttl_ms=self.conv.public_ttl_ms,
+            im_ttl_ms=self.conv.im_ttl_ms,
+            clock_override=self.clock_arg(),
         )
 
     @staticmethod
     def decode_metadata(reply: Sequence[Any]) -> tuple[str, list[SessionMetadata]]:
-        next_cursor = _b(reply[0])
+        next_cursor = wire.text(reply[0])
         out = []
         items = reply[1:]
         for i in range(0, len(items) - 7, 8):
             member, sid, _created, created_wall, _last, last_wall, turns, nbytes = items[i : i + 8]
-            key = ConversationKey.from_member(_b(member))
+            key = ConversationKey.from_member(wire.text(member))
             out.append(
                 SessionMetadata(
-                    session_id=_b(sid),
+                    session_id=wire.text(sid),
                     avatar=key.avatar,
                     channel=key.channel,
                     created_at=ms_to_datetime(int(created_wall)),
@@ -555,7 +543,7 @@ class MemoryCore:
     def decode_event(
         partition: int, stream_id: str, fields: dict[Any, Any], positions: list[str]
     ) -> Event:
-        f = {_b(k): _b(v) for k, v in fields.items()}
+        f = {wire.text(k): wire.text(v) for k, v in fields.items()}
         member = f.get("member") or ""
         avatar = channel = None
         if member:
@@ -590,14 +578,14 @@ class MemoryCore:
             for p, entries in enumerate(per_partition):
                 if heads[p] < len(entries) and (
                     best < 0
-                    or id_key(_b(entries[heads[p]][0]))
-                    < id_key(_b(per_partition[best][heads[best]][0]))
+                    or id_key(wire.text(entries[heads[p]][0]))
+                    < id_key(wire.text(per_partition[best][heads[best]][0]))
                 ):
                     best = p
             if best < 0:
                 break
             stream_id, fields = per_partition[best][heads[best]]
             heads[best] += 1
-            positions[best] = _b(stream_id)
-            out.append(MemoryCore.decode_event(best, _b(stream_id), fields, positions))
+            positions[best] = wire.text(stream_id)
+            out.append(MemoryCore.decode_event(best, wire.text(stream_id), fields, positions))
         return out

@@ -9,10 +9,10 @@ credential, capability-URL or binary turn type.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from functools import lru_cache
-from typing import Annotated, Any, ClassVar, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal, TypeVar
 from uuid import UUID
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError
 from memtier import limits
 from memtier.errors import ErrorCode, InvalidNameError, UnsupportedChannelError, ValidationError
 from memtier.redaction import sanitize
+from memtier.wire import ms_to_datetime
 
 __all__ = [
     "NAME_GRAMMAR",
@@ -42,8 +43,10 @@ __all__ = [
     "Turn",
     "TurnRecord",
     "check_name",
+    "ms_to_datetime",
     "name_problem",
     "parse_turn",
+    "trusted",
 ]
 
 TurnId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:\-]{1,128}$")]
@@ -397,5 +400,22 @@ class Event(_Strict):
     detail: str | None = None
 
 
-def ms_to_datetime(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+_M = TypeVar("_M", bound=BaseModel)
+_set_attr = object.__setattr__
+
+
+def trusted(model: type[_M], values: dict[str, Any]) -> _M:
+    """An instance of a frozen memtier model from values the caller built and checked.
+
+    What ``model_construct`` does (no validation), without its per-call overhead, which
+    in pydantic 2.x costs more than validating: ``values`` must name every field, in
+    declaration order, with the declared types (tests/memory/test_core_decode.py compares
+    the result with a validated instance).  Only for models without private attributes or
+    ``model_post_init``; the read path uses it (memory core, turn-record codec).
+    """
+    obj = model.__new__(model)
+    _set_attr(obj, "__dict__", values)
+    _set_attr(obj, "__pydantic_fields_set__", set(values))
+    _set_attr(obj, "__pydantic_extra__", None)
+    _set_attr(obj, "__pydantic_private__", None)
+    return obj

@@ -56,11 +56,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from memtier import limits, metrics
+from memtier.engine import Command, Plan, ScriptCall, Sleep
 from memtier.errors import BackendError, MemtierError, SnapshotError
 from memtier.keys import PartitionKeys
-from memtier.memory.core import MemoryCore, ScriptCall, new_session_id
+from memtier.memory.core import MemoryCore, new_session_id
 from memtier.memory.models import Channel, ConversationKey, ReasonCode
-from memtier.memory.plans import Command, Plan, Sleep
 from memtier.memory.snapshot import (
     GenerationFile,
     Rejection,

@@ -23,7 +23,7 @@ from typing import Any, Final
 from memtier import limits
 from memtier.errors import ValidationError
 from memtier.memory.models import TURN_TYPES
-from memtier.memory.state import KIND_FIELDS
+from memtier.memory.turncodec import KIND_FIELDS
 from memtier.redaction import contains_secret, normalize_controls
 
 __all__ = [

@@ -1,11 +1,9 @@
 """Stored sessions as the workers see them: the raw turn record and the session hash, decoded.
 
-Pure and I/O-free.  A turn record in the ``T:t:<member>`` list is::
-
-    "<seq>|<clock_ms>|<wall_ms>|<bytes>|<is_tool 0/1>|<json {"k": kind, "id": turn_id, "f": {...}}>"
-
-and the session hash ``T:s:<member>`` holds ``id, created, created_wall, seq, turns,
-bytes, tools, summary_bytes, last, last_wall``, optionally ``summary`` (JSON, see
+Pure and I/O-free.  A turn record in the ``T:t:<member>`` list is decoded by
+:mod:`memtier.memory.turncodec` (its one owner; re-exported here), and the session hash
+``T:s:<member>`` holds ``id, created, created_wall, seq, turns, bytes, tools,
+summary_bytes, last, last_wall``, optionally ``summary`` (JSON, see
 :mod:`memtier.memory.compaction`), ``sv`` (summary version, absent = 0), ``cq`` (a
 compaction job is queued) and the idempotency receipts ``r:<turn_id>``.
 
@@ -23,99 +21,18 @@ from typing import Any
 import orjson
 
 from memtier.errors import ScriptError
+from memtier.memory.turncodec import KIND_FIELDS, KIND_ROLES, UNTRUSTED_KINDS, StoredTurn
+from memtier.wire import text
 
-__all__ = ["SessionState", "StoredTurn", "decode_session", "iter_sessions"]
-
-# Kinds of stored turns and their normalized role (mirrors memtier.memory.models.TURN_TYPES).
-KIND_ROLES: Mapping[str, str] = {
-    "avatar": "avatar",
-    "agent": "agent",
-    "tool": "tool",
-    "action": "tool",
-}
-# The exact content fields of each kind, in the order the store writes them.
-KIND_FIELDS: Mapping[str, tuple[str, ...]] = {
-    "avatar": ("text",),
-    "agent": ("text",),
-    "tool": ("tool", "summary"),
-    "action": ("action", "outcome"),
-}
-UNTRUSTED_KINDS = frozenset({"avatar", "tool", "action"})
-
-
-def _s(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredTurn:
-    """One turn record, parsed."""
-
-    seq: int
-    clock_ms: int
-    wall_ms: int
-    nbytes: int
-    is_tool: bool
-    kind: str
-    turn_id: str
-    fields: Mapping[str, str]
-
-    @classmethod
-    def parse(cls, raw: bytes | str) -> StoredTurn:
-        """Parse a record string; a malformed one raises :class:`ValueError`."""
-        text = _s(raw)
-        seq, clock, wall, nbytes, tool, payload = text.split("|", 5)
-        if tool not in ("0", "1"):
-            raise ValueError("tool flag must be 0 or 1")
-        body = orjson.loads(payload)
-        if not isinstance(body, dict):
-            raise ValueError("record payload must be an object")
-        kind, turn_id, fields = body.get("k"), body.get("id"), body.get("f")
-        if (
-            not isinstance(kind, str)
-            or not isinstance(turn_id, str)
-            or not isinstance(fields, dict)
-        ):
-            raise ValueError("record payload lacks k/id/f")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
-            raise ValueError("record fields must be strings")
-        return cls(
-            seq=_strict_int(seq),
-            clock_ms=_strict_int(clock),
-            wall_ms=_strict_int(wall),
-            nbytes=_strict_int(nbytes),
-            is_tool=tool == "1",
-            kind=kind,
-            turn_id=turn_id,
-            fields=fields,
-        )
-
-    @property
-    def role(self) -> str:
-        return KIND_ROLES.get(self.kind, "?")
-
-    @property
-    def content_bytes(self) -> int:
-        """UTF-8 bytes of the content fields: the accounting unit of the store."""
-        return sum(len(v.encode("utf-8")) for v in self.fields.values())
-
-    def payload(self) -> bytes:
-        """The JSON payload exactly as the store writes it (field order preserved)."""
-        return orjson.dumps({"k": self.kind, "id": self.turn_id, "f": dict(self.fields)})
-
-    def encode(self, *, clock_shift: int = 0) -> bytes:
-        """The record string; ``clock_shift`` moves the clock (restore into a new epoch)."""
-        head = (
-            f"{self.seq}|{self.clock_ms + clock_shift}|{self.wall_ms}|{self.nbytes}|"
-            f"{1 if self.is_tool else 0}|"
-        )
-        return head.encode("ascii") + self.payload()
-
-
-def _strict_int(text: str) -> int:
-    if not text or not (text.isdigit() or (text[0] == "-" and text[1:].isdigit())):
-        raise ValueError(f"not an integer: {text[:24]!r}")
-    return int(text)
+__all__ = [
+    "KIND_FIELDS",
+    "KIND_ROLES",
+    "UNTRUSTED_KINDS",
+    "SessionState",
+    "StoredTurn",
+    "decode_session",
+    "iter_sessions",
+]
 
 
 @dataclass(frozen=True)
@@ -164,7 +81,7 @@ def decode_session(
     h: dict[str, str] = {}
     receipts: dict[str, str] = {}
     for i in range(0, len(hash_flat) - 1, 2):
-        name, value = _s(hash_flat[i]), _s(hash_flat[i + 1])
+        name, value = text(hash_flat[i]), text(hash_flat[i + 1])
         if name.startswith("r:"):
             receipts[name[2:]] = value
         else:
@@ -204,7 +121,7 @@ def iter_sessions(reply: Sequence[Any]) -> Iterator[SessionState]:
     clock, wall, count = int(reply[0]), int(reply[1]), int(reply[2])
     pos = 3
     for _ in range(count):
-        member = _s(reply[pos])
+        member = text(reply[pos])
         nfields = int(reply[pos + 1])
         flat = reply[pos + 2 : pos + 2 + nfields]
         pos += 2 + nfields

@@ -1,18 +1,24 @@
-"""The synchronous conversation-memory store: a thin I/O shell over :class:`StoreBase`."""
+"""The synchronous conversation-memory store: drives :mod:`memtier.memory.operations`.
+
+Every method is one plan run by a :class:`~memtier.executor.SyncExecutor` (guard,
+retry, script hooks); the logic is in the plans and :class:`~memtier.memory.core.MemoryCore`.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from memtier import limits, metrics
 from memtier.config import MemtierConfig
 from memtier.connection import SyncClientGuard, connect_sync
-from memtier.errors import BackendError, MemtierError, SessionFullError
-from memtier.memory.base import KeyLike, StoreBase, StoreStats
-from memtier.memory.compaction import CompactionOutcome, Summarizer, compaction_plan
-from memtier.memory.core import ScriptCall
+from memtier.engine import drive_sync
+from memtier.errors import BackendError
+from memtier.executor import ScriptHook, SyncExecutor
+from memtier.memory import operations as ops
+from memtier.memory.compaction import CompactionOutcome, Summarizer
+from memtier.memory.core import MemoryCore
 from memtier.memory.models import (
     AppendReceipt,
     Context,
@@ -23,25 +29,18 @@ from memtier.memory.models import (
     Turn,
     TurnRecord,
 )
-from memtier.memory.persistence import (
-    FlushResult,
-    LossWatch,
-    RecoveryReport,
-    flush_plan,
-    loss_check_plan,
-    snapshot_dir_for,
-)
-from memtier.memory.plans import Command, Plan, drive_sync
-from memtier.retry import RetryPolicy, retry_sync
+from memtier.memory.operations import BlockingPlan, KeyLike, StoreStats
+from memtier.memory.persistence import FlushResult, LossWatch, RecoveryReport, snapshot_dir_for
+from memtier.memory.snapshot import SnapshotDir
+from memtier.retry import RetryPolicy
+from memtier.scripts import load_registry
 
 log = logging.getLogger("memtier")
 
 __all__ = ["ConversationStore", "StoreStats"]
 
-T = TypeVar("T")
 
-
-class ConversationStore(StoreBase):
+class ConversationStore:
     """Bounded, expiring conversation memory per (avatar UUID, channel), on Redis.
 
     Build it with :meth:`from_config` (URL from the config or ``MEMTIER_REDIS_URL``;
@@ -59,10 +58,48 @@ class ConversationStore(StoreBase):
     # a bounded schedule whether Redis lost its data since (see check_data_loss).
     loss_watch: LossWatch | None = None
 
-    def __init__(self, client: Any, config: MemtierConfig | None = None, **options: Any) -> None:
-        super().__init__(client, config, **options)
+    def __init__(
+        self,
+        client: Any,
+        config: MemtierConfig | None = None,
+        *,
+        clock: Callable[[], int] | None = None,
+        embedded: bool = False,
+        summarizer: Summarizer | None = None,
+        inline_compaction: bool = True,
+        snapshots: SnapshotDir | None = None,
+    ) -> None:
+        self.config = config or MemtierConfig.load()
+        self.client, self.embedded = client, embedded
+        # ``clock`` is the test-only clock hook (ms); production leaves it None so the
+        # scripts read Redis server TIME.  It is not reachable from configuration.
+        self.core = MemoryCore(self.config, clock=clock)
+        # Compaction: the summarizer hook (None = the deterministic default) and whether
+        # append compacts inline on SESSION_FULL.  Snapshot files: None = persistence off.
+        self.summarizer, self.inline_compaction = summarizer, inline_compaction
+        self.snapshots = snapshots
+        self.last_recovery: RecoveryReport | None = None
+        self.scripts = load_registry("memory")
         self.guard = SyncClientGuard(self.config.redis)
         self.retry_policy = RetryPolicy.from_config(self.config)
+        self.executor = SyncExecutor(
+            client, self.scripts, self.guard, self.retry_policy, handoff=self._blocking
+        )
+        self.on_script = None
+
+    @property
+    def on_script(self) -> ScriptHook | None:
+        """Called with (script, ARGV, reply) after each script reply: the CLI's progress
+        display (memtier.progress) hooks in here.  None by default."""
+        return self._on_script
+
+    @on_script.setter
+    def on_script(self, hook: ScriptHook | None) -> None:
+        self._on_script = hook
+        self.executor.on_script = [metrics.count_script_events, *([hook] if hook else [])]
+
+    def _blocking(self, work: BlockingPlan) -> Any:
+        return drive_sync(work.plan, self.executor.bind(None))
 
     @classmethod
     def from_config(
@@ -118,51 +155,8 @@ class ConversationStore(StoreBase):
         ``CLIENT PAUSE WRITE`` like any write.  NOSCRIPT later (a restart, a failover)
         still reloads one script on demand.
         """
-        retry_sync("load_scripts", lambda: self.scripts.load_all(self.client))
-
-    # --- plumbing: the only I/O ----------------------------------------------------------------
-    def _run(self, call: ScriptCall) -> Any:
-        script = self.scripts[call.script]
-        reply = self.guard.call(lambda: script(self.client, call.keys, call.args))
-        metrics.count_script_events(call.script, call.args, reply)
-        if self.on_script is not None:
-            self.on_script(call.script, call.args, reply)
-        return reply
-
-    def _retrying(self, operation: str, call: ScriptCall) -> Any:
-        return retry_sync(operation, lambda: self._run(call), self.retry_policy)
-
-    def _retrying_append(self, call: ScriptCall) -> Any:
-        """An append; with ``durability="replicated"`` it waits for the replicas."""
-        durable = self.core.durable_for(call)
-        if durable is None:
-            return self._retrying("append", call)
-        script = self.scripts[call.script]
-
-        def attempt() -> Any:
-            reply = self.guard.call(
-                lambda: script.call_replicated(self.client, call.keys, call.args, durable)
-            )
-            metrics.count_script_events(call.script, call.args, reply)
-            return reply
-
-        return retry_sync("append", attempt, self.retry_policy)
-
-    def _command(self, operation: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """One plain redis-py call, guarded and retried like a script."""
-        bound = getattr(self.client, method)
-        return retry_sync(
-            operation, lambda: self.guard.call(lambda: bound(*args, **kwargs)), self.retry_policy
-        )
-
-    def _execute(self, request: ScriptCall | Command) -> Any:
-        if isinstance(request, ScriptCall):
-            return self._retrying(request.script, request)
-        return self._command(request.method, request.method, *request.args, **request.kwargs)
-
-    def _drive(self, plan: Plan[T]) -> T:
-        """Run a sans-I/O plan (compaction, flush, recovery) on this store's client."""
-        return drive_sync(plan, self._execute)
+        sources = self.scripts.sources_for(self.client)
+        self.executor.run(ops.load_scripts(sources), "load_scripts")
 
     def close(self) -> None:
         self.client.close()
@@ -189,50 +183,22 @@ class ConversationStore(StoreBase):
         Raises: ValidationError, SessionFullError (session at its bounds and not
         compacted), CapacityError, TurnTooLargeError, BackendError.
         """
-        prepared = self._prepare(key, turn)
-        if self.loss_watch is not None:
-            self.check_data_loss()
-        call = self.core.append_call(prepared)
-        swept_first = 0  # expired sessions the refused first attempt swept
-        try:
-            try:
-                receipt = self.core.decode_append(prepared, self._retrying_append(call))
-            except SessionFullError as full:
-                if not self.inline_compaction:
-                    raise
-                swept_first = int(full.details.get("swept", 0))
-                # Compact inline, then retry the same call (same turn id) once.
-                outcome = self._drive(self._inline_compaction(prepared))
-                metrics.COMPACTIONS.labels(outcome.status.value).inc()
-                receipt = self.core.decode_append(prepared, self._retrying_append(call))
-        except Exception as exc:
-            self._count_append_error(prepared, exc, swept_first)
-            raise
-        if swept_first:
-            receipt = receipt.model_copy(update={"swept": receipt.swept + swept_first})
-        return self._count_append(prepared, receipt)
+        return self.executor.run(ops.append(self, key, turn), "append")
 
     def context(self, key: KeyLike, *, limit: int = 0) -> Context:
         """The LLM-facing projection of exactly this key (empty if none or expired)."""
-        ckey = self.core.coerce_key(key)
-        if self.loss_watch is not None:
-            self.check_data_loss()
-        reply = self._retrying("context", self.core.context_call(ckey, limit))
-        return self.core.decode_context(ckey, reply)
+        return self.executor.run(ops.context(self, key, limit), "context")
 
     def list_metadata(self, cursor: str | None = None, *, limit: int | None = None) -> MetadataPage:
         """One page of session metadata (never content); pass ``page.cursor`` for the next."""
-        partition, call = self._metadata_call(cursor, limit)
-        return self._metadata_page(partition, self._retrying("list_metadata", call))
+        return self.executor.run(ops.list_metadata(self.core, cursor, limit), "list_metadata")
 
     def iter_metadata(self, *, page_size: int | None = None) -> Iterator[SessionMetadata]:
         """Iterate every live session's metadata, page by page (bounded pages)."""
-        cursor: str | None = None
-        while True:
-            page = self.list_metadata(cursor, limit=page_size)
+        cursor: str | None = ""  # "": the first page (no real cursor is empty)
+        while cursor is not None:
+            page = self.list_metadata(cursor or None, limit=page_size)
             yield from page.sessions
-            if page.cursor is None:
-                return
             cursor = page.cursor
 
     def pop(self, key: KeyLike) -> TurnRecord | None:
@@ -242,17 +208,17 @@ class ConversationStore(StoreBase):
         the popped turn's; its turn id may be appended again; one ``popped`` event.
         Seqs are never reused (the next append continues after the popped seq).
         """
-        return self._count_pop(self.core.decode_pop(self._retrying("pop", self._pop_call(key))))
+        return self.executor.run(ops.pop(self.core, key), "pop")
 
     def delete(self, key: KeyLike) -> bool:
         """Operator delete of one exact key; publishes ``operator_deleted``. False if absent."""
-        call = self._drop_call(key, ReasonCode.OPERATOR_DELETED)
-        return int(self._retrying("delete", call)[0]) == 1
+        plan = ops.drop(self.core, key, ReasonCode.OPERATOR_DELETED)
+        return self.executor.run(plan, "delete")
 
     def expire(self, key: KeyLike) -> bool:
         """Operator expiry of one exact key; publishes ``operator_expired``. False if absent."""
-        call = self._drop_call(key, ReasonCode.OPERATOR_EXPIRED)
-        return int(self._retrying("expire", call)[0]) == 1
+        plan = ops.drop(self.core, key, ReasonCode.OPERATOR_EXPIRED)
+        return self.executor.run(plan, "expire")
 
     def sweep(self, *, max_per_partition: int = limits.SWEEP_PER_CALL) -> int:
         """Remove expired sessions now (publishing ``expired`` events); returns how many.
@@ -260,28 +226,18 @@ class ConversationStore(StoreBase):
         Each partition is swept until it reports no expired session left, at most
         :data:`~memtier.limits.SWEEP_ROUNDS` calls of ``max_per_partition`` each.
         """
-        total = 0
-        for part in self.core.keyspace.all_partitions():
-            for _ in range(limits.SWEEP_ROUNDS):
-                call = self.core.sweep_call(part, max_per_partition)
-                swept, more = self._retrying("sweep", call)
-                total += int(swept)
-                if not int(more):
-                    break
-        return self._count_swept(total)
+        return self.executor.run(ops.sweep(self.core, max_per_partition), "sweep")
 
     def stats(self) -> StoreStats:
         """Live sessions and stored bytes over all partitions (also updates the gauges)."""
-        return self._stats_result([self._retrying("stats", c) for c in self._stats_calls()])
+        return self.executor.run(ops.stats(self.core), "stats")
 
     def events(self, *, after: str | None = None, limit: int | None = None) -> list[Event]:
         """Read the bounded event queue in time order, from the start or after a cursor.
 
         Each :class:`Event` carries ``cursor``: pass the last one back as ``after``.
         """
-        start, count, ranges = self._event_ranges(after, limit)
-        pages = [self._command("events", "xrange", k, lo, "+", count) for k, lo in ranges]
-        return self.core.merge_events(pages, start, count)
+        return self.executor.run(ops.events(self.core, after, limit), "events")
 
     # --- compaction and snapshots --------------------------------------------------------------
     def compact(self, key: KeyLike, *, force: bool = False) -> CompactionOutcome:
@@ -290,10 +246,7 @@ class ConversationStore(StoreBase):
         Without ``force`` nothing happens below the compaction trigger
         (:data:`memtier.limits.COMPACTION_TRIGGER_PERCENT` of a bound).
         """
-        ckey = self.core.coerce_key(key)
-        return self._drive(
-            compaction_plan(self.core, ckey, summarizer=self.summarizer, force=force)
-        )
+        return self.executor.run(ops.compact(self, key, force))
 
     def flush(self) -> FlushResult:
         """Write every live session into a new immutable snapshot generation (durability point).
@@ -302,14 +255,7 @@ class ConversationStore(StoreBase):
         Raises SnapshotError (persistence off, a full disk, a flush larger than the
         ceiling -- older generations are intact in every case), BackendError.
         """
-        snapshots = self._require_snapshots()
-        try:
-            result = self._drive(flush_plan(self.core, snapshots))
-        except Exception:
-            metrics.SNAPSHOT_FLUSHES.labels("error").inc()
-            raise
-        metrics.SNAPSHOT_FLUSHES.labels("ok" if result.durable else "not_durable").inc()
-        return result
+        return self.executor.run(ops.flush(self))
 
     def recover(self, *, force: bool = False, wait_s: float | None = None) -> RecoveryReport:
         """Restore the newest valid generation if the namespace is empty in Redis.
@@ -317,12 +263,10 @@ class ConversationStore(StoreBase):
         Safe to call from many workers at once: exactly one restores, the others wait
         for it (at most ``wait_s``).  Never raises for bad files (they are quarantined)
         and never overwrites a live key.  ``force``: restore even into a non-empty or
-        already initialised namespace (create-only all the same).
+        already initialised namespace (create-only all the same).  The report is also
+        kept in :attr:`last_recovery`.
         """
-        self.last_recovery = self._drive(self._recover_plan(force, wait_s))
-        if self.loss_watch is not None:
-            self.loss_watch.saw(self.last_recovery)
-        return self.last_recovery
+        return self.executor.run(ops.recover(self, force, wait_s))
 
     def check_data_loss(self, *, force: bool = False) -> RecoveryReport | None:
         """If a check is due (or ``force``): did Redis lose its data under this process?
@@ -332,16 +276,4 @@ class ConversationStore(StoreBase):
         appends and reads that call it wait only when a restore runs.  Never raises:
         Redis not answering is logged and tried again at the next check.
         """
-        watch = self.loss_watch
-        if watch is None or self.snapshots is None or not watch.claim(force):
-            return None
-        try:
-            report = self._drive(loss_check_plan(self.core, self.snapshots, watch))
-        except MemtierError as exc:
-            log.warning("memtier: data-loss check failed (%s); trying again later", exc)
-            return None
-        finally:
-            watch.release()
-        if report is not None:
-            self.last_recovery = report
-        return report
+        return self.executor.run(ops.check_data_loss(self, force))

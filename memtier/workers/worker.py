@@ -54,6 +54,7 @@ from memtier.memory.models import ConversationKey
 from memtier.memory.persistence import LOSS_CHECK_MIN_S, LOSS_CHECK_S, LossWatch
 from memtier.memory.store import ConversationStore
 from memtier.retry import retry_sync
+from memtier.wire import text
 
 __all__ = ["GROUP", "Worker", "WorkerOptions", "WorkerStats"]
 
@@ -110,10 +111,6 @@ class WorkerStats:
         self.restored += other.restored
         for k, v in other.outcomes.items():
             self.outcomes[k] = self.outcomes.get(k, 0) + v
-
-
-def _s(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def default_consumer() -> str:
@@ -210,15 +207,15 @@ class Worker:
                 count=self.batch,
             ),
         )
-        self._claim_cursor[part.partition] = _s(reply[0])
+        self._claim_cursor[part.partition] = text(reply[0])
         out = []
         for entry_id, fields in reply[1]:
             if fields is None:
                 continue  # deleted meanwhile (XAUTOCLAIM already dropped it from the PEL)
-            eid = _s(entry_id)
+            eid = text(entry_id)
             pending = self._cmd("xpending_range", part.compact, GROUP, eid, eid, 1)
             deliveries = int(pending[0]["times_delivered"]) if pending else 1
-            out.append((eid, {_s(k): _s(v) for k, v in fields.items()}, deliveries))
+            out.append((eid, {text(k): text(v) for k, v in fields.items()}, deliveries))
         return out
 
     def _read_new(
@@ -236,7 +233,9 @@ class Worker:
             reply = list(reply.items())
         for _stream, entries in reply or ():
             for entry_id, fields in entries:
-                out.append((_s(entry_id), {_s(k): _s(v) for k, v in (fields or {}).items()}, 1))
+                out.append(
+                    (text(entry_id), {text(k): text(v) for k, v in (fields or {}).items()}, 1)
+                )
         return out
 
     def _drop(self, part: PartitionKeys, entry_id: str) -> None:
@@ -263,14 +262,14 @@ class Worker:
                 deliveries - 1,
             )
             # Release the session's job marker and acknowledge the job: one script call.
-            self.store._execute(apply_call(self.store.core, key, sid or "-", None, job))
+            self.store.executor.execute(apply_call(self.store.core, key, sid or "-", None, job))
             self.stats.dropped += 1
             metrics.COMPACTIONS.labels("dropped").inc()
             return None
         if self.on_claimed is not None:
             self.on_claimed(job)
         try:
-            outcome = self.store._drive(
+            outcome = self.store.executor.run(
                 compaction_plan(
                     self.store.core,
                     key,
@@ -468,7 +467,7 @@ class Worker:
             except (MemtierError, ResponseError):
                 continue
             for info in consumers[:MAX_BATCH]:
-                name = _s(info.get("name", ""))
+                name = text(info.get("name", ""))
                 if (
                     name
                     and name != self.consumer

@@ -17,9 +17,9 @@ import pytest
 from faultservers import fault_redis
 from servers import require_real_redis
 
+from bench.workerbench import populate_sessions
 from memtier import AvatarMessage, ConversationKey, ConversationStore, MemtierConfig, limits
 from memtier.scripts import load_registry
-from memtier.workers.benchsupport import populate_sessions
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

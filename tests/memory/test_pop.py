@@ -13,6 +13,7 @@ from redis.crc import key_slot
 
 from memtier import AgentResponse, AvatarMessage, ReasonCode, ToolSummary
 from memtier.errors import ScriptError
+from memtier.memory.scriptspecs import POP_TURN
 from memtier.scripts import load_registry
 
 # The store tests run on the sync and on the asyncio store (issue 13): ids [sync-fake], ...
@@ -36,10 +37,9 @@ def test_pop_script_contract_every_output(backend: Any) -> None:
     assert (record.seq, record.turn_id, record.fields) == (1, "t-1", {"text": "héllo"})
     assert (int(reply[2]), int(reply[3]), int(reply[4])) == (receipt.bytes, 0, 0)
     assert list(script(client, call.keys, call.args)) == [0]  # session left with no turn
-    args = list(call.args)
-    args[1] = "not-a-number"
+    bad = POP_TURN.replace(call, ttl_ms="not-a-number")
     with pytest.raises(ScriptError):
-        script(client, call.keys, args)
+        script(client, bad.keys, bad.args)
 
 
 def test_pop_call_keys_share_one_slot(backend: Any) -> None:

@@ -19,6 +19,7 @@ from memtier import (
     ScriptError,
     retry,
 )
+from memtier.memory.scriptspecs import DROP_SESSION, MEMORY_SPECS
 from memtier.scripts import load_registry
 
 # The store tests run on the sync and on the asyncio store (issue 13): ids [sync-fake], ...
@@ -268,7 +269,7 @@ def test_every_lua_script_keeps_its_keys_in_one_slot(backend: Any) -> None:
         slots = {key_slot(k.encode()) for k in call.keys}
         assert len(slots) == 1, call
         prefix_slot = (
-            key_slot(str(call.args[0]).encode() + b"x")
+            key_slot(str(MEMORY_SPECS[call.script].arg(call, "prefix")).encode() + b"x")
             if call.script in ("append_turn", "drop_session", "sweep_expired", "list_metadata")
             else None
         )
@@ -333,9 +334,9 @@ def test_drop_receipt_is_bounded_in_time(backend: Any) -> None:
     store = sync_store(backend, Clock())
     store.append(key(1), AvatarMessage(text="x"))
     client = backend.sync_client()
-    call = store._drop_call(key(1), __import__("memtier").ReasonCode.OPERATOR_DELETED)
-    receipt = call.args[-2]
+    call = store.core.drop_call(key(1), __import__("memtier").ReasonCode.OPERATOR_DELETED)
+    receipt = DROP_SESSION.arg(call, "receipt_key")
     assert isinstance(receipt, str) and receipt.startswith(store.core.partition_for(key(1)).prefix)
-    assert int(store._retrying("delete", call)[0]) == 1
+    assert int(store.executor.execute(call, "delete")[0]) == 1
     assert 0 < client.pttl(receipt) <= retry.limits.DROP_RECEIPT_MS
-    assert int(store._retrying("delete", call)[0]) == 1  # the same call again: same answer
+    assert int(store.executor.execute(call, "delete")[0]) == 1  # the same call again: same answer

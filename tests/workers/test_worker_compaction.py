@@ -50,6 +50,7 @@ from memtier.memory.compaction import (
     plan_compaction,
     read_session_call,
 )
+from memtier.memory.scriptspecs import APPLY_COMPACTION
 from memtier.memory.state import SessionState, StoredTurn, iter_sessions
 from memtier.redaction import contains_secret
 
@@ -380,7 +381,7 @@ async def test_async_store_compacts_inline_too(backend: Any) -> None:
 
 
 def _read(store: Any, k: Any) -> SessionState:
-    (state,) = iter_sessions(store._run(read_session_call(store.core, k)))
+    (state,) = iter_sessions(store.executor.execute(read_session_call(store.core, k)))
     return state
 
 
@@ -398,7 +399,7 @@ def test_cas_append_racing_a_compaction_keeps_the_new_turn(backend: Any) -> None
         append_raw(store, k, turn_for(i))
     state, plan = _plan(store, k)
     append_raw(store, k, AvatarMessage(text="racing turn"))  # lands between read and swap
-    reply = store._run(apply_call(store.core, k, state.session_id, plan))
+    reply = store.executor.execute(apply_call(store.core, k, state.session_id, plan))
     assert int(reply[0]) == 0
     seqs = [int(r.split("|")[0]) for r in turn_records(store, k)]
     assert seqs == list(range(plan.fold_n + 1, 10))  # only the old prefix was folded
@@ -412,8 +413,8 @@ def test_cas_concurrent_compaction_applies_once(backend: Any) -> None:
     for i in range(9):
         append_raw(store, k, turn_for(i))
     state, plan = _plan(store, k)
-    first = store._run(apply_call(store.core, k, state.session_id, plan))
-    second = store._run(apply_call(store.core, k, state.session_id, plan))
+    first = store.executor.execute(apply_call(store.core, k, state.session_id, plan))
+    second = store.executor.execute(apply_call(store.core, k, state.session_id, plan))
     assert int(first[0]) == 0
     assert [int(second[0]), second[1].decode()] == [-2, "sv"]  # the same plan cannot apply twice
     # A second worker with the same job re-reads, finds it done, and releases.
@@ -435,7 +436,7 @@ def test_cas_range_mismatch_is_a_conflict(backend: Any) -> None:
         replace(plan, last_seq=plan.last_seq + 1),
         replace(plan, fold_n=50, last_seq=50),
     ):
-        reply = store._run(apply_call(store.core, k, state.session_id, bad))
+        reply = store.executor.execute(apply_call(store.core, k, state.session_id, bad))
         assert [int(reply[0]), reply[1].decode()] == [-2, "range"]
     assert len(turn_records(store, k)) == 9
     assert_exact_accounting(store)
@@ -461,7 +462,7 @@ def test_cas_session_replaced_or_gone_nothing_lost_or_resurrected(backend: Any, 
     else:
         clock.advance(1)
         append_raw(store, key(2), AvatarMessage(text="pressure"))  # evicts key(1)
-    reply = store._run(apply_call(store.core, k, state.session_id, plan))
+    reply = store.executor.execute(apply_call(store.core, k, state.session_id, plan))
     assert int(reply[0]) == -1
     h = session_hash(store, k)
     if loss == "rotation":
@@ -482,18 +483,18 @@ def test_apply_compaction_bounds_and_bad_arguments(backend: Any) -> None:
     from dataclasses import replace
 
     too_big = replace(plan, summary=b"x" * (store.core.conv.max_summary_bytes + 1))
-    reply = store._run(apply_call(store.core, k, state.session_id, too_big))
+    reply = store.executor.execute(apply_call(store.core, k, state.session_id, too_big))
     assert int(reply[0]) == -3 and reply[1] == b"summary"
-    call = apply_call(store.core, k, state.session_id, plan)
-    args = list(call.args)
-    args[10] = store.stats()["bytes"]  # max_aggregate: no room for any growth
     grown = replace(plan, summary=b"y" * 1000)
-    args[6] = grown.summary
-    reply = store._run(type(call)(call.script, call.keys, tuple(args)))
+    call = APPLY_COMPACTION.replace(
+        apply_call(store.core, k, state.session_id, plan),
+        max_aggregate=store.stats()["bytes"],  # no room for any growth
+        summary=grown.summary,
+    )
+    reply = store.executor.execute(call)
     assert int(reply[0]) == -3 and reply[1] == b"aggregate"
-    args[3] = "not a number"
     with pytest.raises(ScriptError):
-        store._run(type(call)(call.script, call.keys, tuple(args)))
+        store.executor.execute(APPLY_COMPACTION.replace(call, fold_n="not a number"))
     assert len(turn_records(store, k)) == 9
     assert_exact_accounting(store)
 

@@ -145,7 +145,7 @@ def test_flushes_are_held_while_a_loss_is_not_restored(backend: Any, tmp_path: P
     writer.append(NEW_KEY, AvatarMessage(text="after the loss"))
     # Another process is restoring (it holds the gate): this worker must not flush a
     # generation with one session, which would become the newest.
-    assert int(store._run(restore_gate_call(store.core, "acquire", "other"))[0]) == 1
+    assert int(store.executor.execute(restore_gate_call(store.core, "acquire", "other"))[0]) == 1
     worker.flush()
     assert worker.stats.flushes_held == 1 and worker.stats.flushes == 1
     assert snaps(store).generations() == first

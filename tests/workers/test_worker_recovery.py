@@ -329,8 +329,15 @@ def test_a_restorer_that_died_midway_is_continued(backend: Any, tmp_path: Path) 
     store.flush()
     wipe(backend)
     # A restorer took the gate, restored two sessions, then died (its lock expired).
-    assert int(store._run(restore_gate_call(store.core, "acquire", "dead"))[0]) == 1
-    assert int(store._run(restore_gate_call(store.core, "begin", "dead", generation="1"))[0]) == 1
+    assert int(store.executor.execute(restore_gate_call(store.core, "acquire", "dead"))[0]) == 1
+    assert (
+        int(
+            store.executor.execute(restore_gate_call(store.core, "begin", "dead", generation="1"))[
+                0
+            ]
+        )
+        == 1
+    )
     gen = snaps(store).generations()[0]
     verified = verify_generation(gen, backend.namespace, store.core.conv, 10**9)
     assert not isinstance(verified, snapshot.Rejection)
@@ -338,9 +345,9 @@ def test_a_restorer_that_died_midway_is_continued(backend: Any, tmp_path: Path) 
         if n == 2:
             break
         call = restore_session_call(store.core, session, "generation=1")
-        args = list(call.args)
+        args = list(call.args)  # by position: restore_session has no ScriptSpec yet
         args[11] = verified.header["flush_wall_ms"]
-        assert int(store._run(type(call)(call.script, call.keys, tuple(args)))[0]) == 0
+        assert int(store.executor.execute(type(call)(call.script, call.keys, tuple(args)))[0]) == 0
     store.client.delete(store.core.keyspace.restore_lock)
     report = store.recover()  # not empty any more, but the gate says "restoring": continue
     assert report.outcome == "restored" and (report.existing, report.restored) == (2, 4)
@@ -356,11 +363,13 @@ def test_a_waiting_worker_does_not_restore_while_another_holds_the_gate(
     populate(store, 2)
     store.flush()
     wipe(backend)
-    assert int(store._run(restore_gate_call(store.core, "acquire", "other"))[0]) == 1
+    assert int(store.executor.execute(restore_gate_call(store.core, "acquire", "other"))[0]) == 1
     report = store.recover(wait_s=0.3)
     assert report.outcome == "timeout" and not report.restorer
     assert store.stats()["sessions"] == 0
-    store._run(restore_gate_call(store.core, "finish", "other", generation="1", outcome="restored"))
+    store.executor.execute(
+        restore_gate_call(store.core, "finish", "other", generation="1", outcome="restored")
+    )
     assert store.recover().outcome == "done_already"
 
 

@@ -17,14 +17,16 @@ from memtier.memory.persistence import (
     restore_session_call,
     snapshot_page_call,
 )
+from memtier.memory.scriptspecs import EMIT_EVENT
 from memtier.memory.snapshot import Rejection, iter_generation, verify_generation
 
 
 def _run(store: Any, call: ScriptCall) -> Any:
-    return store._run(call)
+    return store.executor.execute(call)
 
 
 def _replace_arg(call: ScriptCall, index: int, value: Any) -> ScriptCall:
+    # By position: restore_session has no ScriptSpec yet (see memtier.memory.scriptspecs).
     args = list(call.args)
     args[index] = value
     return ScriptCall(call.script, call.keys, tuple(args))
@@ -105,7 +107,9 @@ def test_emit_event_and_snapshot_page_reject_bad_arguments(backend: Any) -> None
     ok = emit_event_call(store.core, ReasonCode.QUARANTINED, "x.snapshot: checksum")
     assert _run(store, ok)
     with pytest.raises(ScriptError):
-        _run(store, _replace_arg(ok, 0, "restored"))  # only the reasons no other script emits
+        _run(
+            store, EMIT_EVENT.replace(ok, reason="restored")
+        )  # only the reasons no other script emits
     part = store.core.keyspace.partition(0)
     with pytest.raises(ScriptError):
         _run(store, snapshot_page_call(store.core, part, [f"m{i}" for i in range(257)]))

@@ -63,7 +63,9 @@ def turn_for(i: int) -> Any:
 def append_raw(store: Any, k: ConversationKey, turn: Any) -> Any:
     """One append_turn script call, bypassing the store's inline compaction."""
     prepared = store.core.prepare_turn(k, turn)
-    return store.core.decode_append(prepared, store._run(store.core.append_call(prepared)))
+    return store.core.decode_append(
+        prepared, store.executor.execute(store.core.append_call(prepared))
+    )
 
 
 def session_hash(store: Any, k: ConversationKey) -> dict[str, str]:

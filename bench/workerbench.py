@@ -1,5 +1,7 @@
 """Measurements of the workers for ``bench/`` (import-light; nothing here runs on import).
 
+Bench code, not part of the package: nothing under ``memtier/`` imports it.
+
 * :func:`bench_flush_blocking` -- how long appends from *other processes* are blocked
   while a flush of N sessions (100k by default) runs, next to the same appends without
   a flush (same run, same server); plus the flush's own write rate and the longest
@@ -74,7 +76,7 @@ def populate_sessions(
             prepared = core.prepare_turn(key, turn)
             call = core.append_call(prepared)
             if pipe is None:
-                store._retrying("append", call)
+                store.executor.execute(call, "append")
                 continue
             pipe.evalsha(script.sha, script.num_keys, *call.keys, *call.args)
             pending += 1
@@ -169,8 +171,8 @@ def bench_flush_blocking(
     (``n``, ``p50_s``, ``p99_s``, ``max_s``) and ``blocked_extra_max_s`` (max during the
     flush minus max without).  The namespace's keys are deleted at the end.
     """
+    from memtier.engine import drive_sync
     from memtier.memory.persistence import flush_plan
-    from memtier.memory.plans import drive_sync
     from memtier.memory.store import ConversationStore
 
     namespace = namespace or "benchflush" + os.urandom(3).hex()
@@ -189,7 +191,7 @@ def bench_flush_blocking(
         def execute(request: Any) -> Any:
             t0 = time.perf_counter()
             try:
-                return store._execute(request)
+                return store.executor.execute(request)
             finally:
                 if getattr(request, "script", "") == "snapshot_page":
                     page_times.append(time.perf_counter() - t0)
