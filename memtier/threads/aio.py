@@ -115,7 +115,7 @@ class AsyncConversationService:
 
     async def _run(self, operation: str, plan: Plan[T]) -> T:
         with counted(operation):
-            return await self.executor.run(plan, operation)  # type: ignore[no-any-return]
+            return await self.executor.run(plan, operation)
 
     async def _run_turn(self, state: TurnState) -> RunnerResult:
         """The plan's hand-off: run the runner for a claimed turn."""

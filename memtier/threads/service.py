@@ -127,7 +127,7 @@ class ConversationService:
 
     def _run(self, operation: str, plan: Plan[T]) -> T:
         with counted(operation):
-            return self.executor.run(plan, operation)  # type: ignore[no-any-return]
+            return self.executor.run(plan, operation)
 
     def _run_turn(self, state: TurnState) -> RunnerResult:
         """The plan's hand-off: run the runner for a claimed turn."""
