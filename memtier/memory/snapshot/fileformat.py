@@ -58,7 +58,6 @@ HEADER_BLOCK: Final = 4096
 # One session line: its bytes, receipts and JSON escaping (<= 6x for control characters)
 # stay well under this for the largest session the hard ceilings allow.
 MAX_LINE_BYTES: Final = 8 * int(limits.MAX_SESSION_BYTES.ceiling) + 1024 * 1024
-READ_CHUNK: Final = 1024 * 1024
 # Plausible timestamps: 2000-01-01 .. 9999-12-31 (ms).  Clocks come from Redis TIME.
 MIN_TIME_MS: Final = 946_684_800_000
 MAX_TIME_MS: Final = 253_402_300_799_999

@@ -42,9 +42,10 @@ from memtier.memory.snapshot.fileformat import (
     encode_header,
 )
 
-__all__ = ["READ_CHUNK", "GenerationWriter"]
+__all__ = ["WRITE_BUFFER", "GenerationWriter"]
 
-READ_CHUNK: Final = 1024 * 1024
+# Buffered writes of the payload (the header block is written over its placeholder last).
+WRITE_BUFFER: Final = 1024 * 1024
 
 
 class GenerationWriter:
@@ -74,7 +75,7 @@ class GenerationWriter:
         try:
             if not _dir.is_windows():
                 os.fchmod(fd, FILE_MODE)
-            self._file: BinaryIO = os.fdopen(fd, "wb", buffering=READ_CHUNK)
+            self._file: BinaryIO = os.fdopen(fd, "wb", buffering=WRITE_BUFFER)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.close(fd)
