@@ -30,10 +30,10 @@ import orjson
 
 from memtier import limits
 from memtier.config import ConversationConfig
+from memtier.engine import Plan, ScriptCall
 from memtier.errors import ScriptError
-from memtier.memory.core import MemoryCore, ScriptCall
+from memtier.memory.core import MemoryCore
 from memtier.memory.models import ConversationKey
-from memtier.memory.plans import Plan
 from memtier.memory.state import SessionState, iter_sessions
 from memtier.memory.summary import (
     SUMMARY_VERSION,

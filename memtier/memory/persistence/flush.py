@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from memtier import limits, metrics
+from memtier.engine import Command, Plan, ScriptCall
 from memtier.errors import SnapshotError
 from memtier.keys import PartitionKeys
-from memtier.memory.core import MemoryCore, ScriptCall
+from memtier.memory.core import MemoryCore
 from memtier.memory.models import ReasonCode
 from memtier.memory.persistence.shared import emit_event_call
 from memtier.memory.persistence.shared import text as _b
-from memtier.memory.plans import Command, Plan
 from memtier.memory.snapshot.directory import SnapshotDir
 from memtier.memory.snapshot.fileformat import SnapshotValidationError, session_to_json
 from memtier.memory.snapshot.validation import validate_session

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from memtier.memory.core import MemoryCore, ScriptCall
+from memtier.engine import ScriptCall
+from memtier.memory.core import MemoryCore
 
 __all__ = ["LOCK_MS", "restore_gate_call"]
 

@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Final
 
+from memtier.engine import Command, Plan
 from memtier.memory.core import MemoryCore
 from memtier.memory.persistence.recovery import RecoveryReport, recover_plan
 from memtier.memory.persistence.shared import text as _b
-from memtier.memory.plans import Command, Plan
 from memtier.memory.snapshot.directory import SnapshotDir
 
 __all__ = ["LOSS_CHECK_MIN_S", "LOSS_CHECK_S", "LossWatch", "loss_check_plan"]

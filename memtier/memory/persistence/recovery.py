@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from memtier import limits, metrics
+from memtier.engine import Plan, ScriptCall, Sleep
 from memtier.errors import BackendError, MemtierError, SnapshotError
-from memtier.memory.core import MemoryCore, ScriptCall, new_session_id
+from memtier.memory.core import MemoryCore, new_session_id
 from memtier.memory.models import Channel, ConversationKey, ReasonCode
 from memtier.memory.persistence.gate import restore_gate_call
 from memtier.memory.persistence.shared import emit_event_call
 from memtier.memory.persistence.shared import text as _b
-from memtier.memory.plans import Plan, Sleep
 from memtier.memory.restorestatus import GateStatus, RestoreStatus
 from memtier.memory.snapshot.directory import GenerationFile, SnapshotDir
 from memtier.memory.snapshot.fileformat import SnapshotValidationError

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtier.memory.core import MemoryCore, ScriptCall
+from memtier.engine import ScriptCall
+from memtier.memory.core import MemoryCore
 from memtier.memory.models import ConversationKey, ReasonCode
 from memtier.memory.snapshot.directory import SnapshotDir
 
