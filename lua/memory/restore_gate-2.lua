@@ -15,8 +15,8 @@
 
   Input:
     KEYS[1] lock        {<ns>:m:restore}:lock    STRING token, PX expiry
-    KEYS[2] state hash  {<ns>:m:restore}:state   status ("restoring" | "done"), generation,
-                                                 outcome, wall ms, epoch
+    KEYS[2] state       {<ns>:m:restore}:state   hash: status ("restoring" | "done"),
+                                                 generation, outcome, wall ms, epoch
     ARGV[1] op          "acquire" | "begin" | "extend" | "finish"
     ARGV[2] token       random per restorer
     ARGV[3] lock_ms     lock expiry, ms (acquire, begin, extend)
@@ -26,13 +26,15 @@
     ARGV[7] epoch       begin, finish: the epoch to record if the state has none yet
     ARGV[8] unhandled   acquire: an epoch whose "live" outcome hid a data loss ("" = none)
 
-  Output:
-    acquire: { 1, status, generation }  ACQUIRED (status "" or "restoring": a restorer died
-                                        midway; continue its work)
-             { 0 }                       BUSY: another worker holds the lock
-             { 2, generation, outcome, epoch }  DONE: the namespace was initialised already
-    begin / extend: { 1 } OK, { -1 } LOST: the lock is no longer ours
-    finish: { 1, epoch } OK (the state's epoch), { -1 } LOST
+  Output (negative = refused, zero = done, positive = a variant: GateStatus in
+  memtier/memory/restorestatus.py):
+    OK           0   acquire: { 0, status, generation } the gate is the caller's (status ""
+                     or "restoring": a restorer died midway; continue its work);
+                     begin / extend: { 0 }; finish: { 0, epoch } (the state's epoch)
+    INITIALISED  1   acquire: { 1, generation, outcome, epoch } the namespace was
+                     initialised already
+    LOST        -1   begin / extend / finish: { -1 } the lock is no longer the caller's
+    BUSY        -2   acquire: { -2 } another worker holds the lock
 
   Side effects: the lock key (SET NX PX / PEXPIRE / DEL); the state hash (no TTL).
 ]]
@@ -61,15 +63,15 @@ if op == 'acquire' then
     local state_epoch = rcall('HGET', state_key, 'epoch') or ''
     local state_outcome = rcall('HGET', state_key, 'outcome') or ''
     if not (unhandled ~= '' and state_epoch == unhandled and state_outcome == 'live') then
-      return { 2, rcall('HGET', state_key, 'generation') or '', state_outcome, state_epoch }
+      return { 1, rcall('HGET', state_key, 'generation') or '', state_outcome, state_epoch }
     end
   end
   if rcall('SET', lock_key, token, 'NX', 'PX', lock_ms) or rcall('GET', lock_key) == token then
     rcall('PEXPIRE', lock_key, lock_ms)
     if status == 'done' then status = '' end
-    return { 1, status or '', rcall('HGET', state_key, 'generation') or '' }
+    return { 0, status or '', rcall('HGET', state_key, 'generation') or '' }
   end
-  return { 0 }
+  return { -2 }
 end
 
 if rcall('GET', lock_key) ~= token then
@@ -79,15 +81,15 @@ if op == 'begin' then
   rcall('PEXPIRE', lock_key, lock_ms)
   rcall('HSET', state_key, 'status', 'restoring', 'generation', generation, 'wall', wall_ms())
   record_epoch()
-  return { 1 }
+  return { 0 }
 elseif op == 'extend' then
   rcall('PEXPIRE', lock_key, lock_ms)
-  return { 1 }
+  return { 0 }
 elseif op == 'finish' then
   rcall('HSET', state_key, 'status', 'done', 'generation', generation, 'outcome', outcome,
     'wall', wall_ms())
   record_epoch()
   rcall('DEL', lock_key)
-  return { 1, rcall('HGET', state_key, 'epoch') or '' }
+  return { 0, rcall('HGET', state_key, 'epoch') or '' }
 end
 return redis.error_reply('memtier: restore_gate: unknown op')

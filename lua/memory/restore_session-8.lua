@@ -8,14 +8,14 @@
   its TTL is not restored (an `expired` event, detail "recovery").
 
   Input:
-    KEYS[1] session hash   T:s:<member>
-    KEYS[2] turns list     T:t:<member>
-    KEYS[3] turn-id zset   T:i:<member>
-    KEYS[4] lru zset       T:lru:<channel of this member>
-    KEYS[5] lru zset       T:lru:<the other channel>  (session count)
-    KEYS[6] index hash     T:ix       member -> session bytes
-    KEYS[7] meta hash      T:meta     bytes, clock
-    KEYS[8] events stream  T:events
+    KEYS[1] session        T:s:<member>, hash
+    KEYS[2] turns          T:t:<member>, list
+    KEYS[3] turn_ids       T:i:<member>, zset
+    KEYS[4] lru            T:lru:<channel of this member>, zset
+    KEYS[5] other_lru      T:lru:<the other channel>, zset (session count)
+    KEYS[6] index          T:ix, hash: member -> session bytes
+    KEYS[7] meta           T:meta, hash: bytes, clock
+    KEYS[8] events         T:events, stream
     ARGV[1]  member            "<avatar-uuid>:<channel>"
     ARGV[2]  session_id
     ARGV[3]  created_ms        clock (ms) of the session's creation, flush epoch
@@ -41,12 +41,13 @@
     ARGV[23 .. 22+n]           records "<seq>|<clock>|<wall>|<bytes>|<is_tool>|<json>" (flush epoch)
     ARGV[23+n ..]              receipts as pairs: turn_id, "<sid>|<seq>|<clock>|<wall>|<bytes>|<rotated>"
 
-  Output:
-    { 0, bytes, last_ms }      RESTORED (last_ms = the restored last activity, new epoch)
-    { 1 }                      EXISTS: the key is live in Redis; nothing changed
-    { 2, age_ms }              EXPIRED: past its TTL on recovery; `expired` event
-    { 3, "sessions"|"bytes" }  NO_ROOM: the partition's ceilings are full; event
-                               evicted_session_pressure / evicted_aggregate_pressure
+  Output (negative = refused, zero = done, positive = a variant: RestoreStatus in
+  memtier/memory/restorestatus.py):
+    RESTORED  0   { 0, bytes, last_ms } (last_ms = the restored last activity, new epoch)
+    EXISTS    1   { 1 } the key is live in Redis; nothing changed
+    EXPIRED   2   { 2, age_ms } past its TTL on recovery; `expired` event
+    NO_ROOM  -1   { -1, "sessions"|"bytes" } the partition's ceilings are full; event
+                  evicted_session_pressure / evicted_aggregate_pressure
 
   Side effects (RESTORED): session hash, turns, turn ids and receipts created; clocks moved
   into the current epoch (last = now - recovered age, created and record clocks shifted
@@ -141,13 +142,13 @@ local live = rcall('ZCARD', lru_key) + rcall('ZCARD', other_lru_key)
 if live + 1 > max_sessions then
   memtier_emit(events_key, max_events, 'evicted_session_pressure', member, session_id, now,
     wall, 'recovery')
-  return { 3, 'sessions' }
+  return { -1, 'sessions' }
 end
 local aggregate = tonumber(rcall('HGET', meta_key, 'bytes') or '0')
 if aggregate + nbytes > max_aggregate then
   memtier_emit(events_key, max_events, 'evicted_aggregate_pressure', member, session_id, now,
     wall, 'recovery')
-  return { 3, 'bytes' }
+  return { -1, 'bytes' }
 end
 
 -- 5. Create.

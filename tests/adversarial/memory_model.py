@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtier.memory import compaction as _compaction
+from memtier.memory import summary as _summary
 
 PUBLIC_TTL_MS = 30 * 60 * 1000  # seed: exactly 30 minutes
 IM_TTL_MS = 24 * 3600 * 1000  # seed: exactly 24 hours
@@ -264,7 +264,7 @@ class Snapshot:
 # grows a session", which adds ``minimal_summary_bytes``).  Where it is present both checks
 # are on; where it is not, the model records what they would have found in ``grown`` and
 # ``inline_failures`` instead of failing.
-COMPACTION_BUDGET_FIX = hasattr(_compaction, "minimal_summary_bytes")
+COMPACTION_BUDGET_FIX = hasattr(_summary, "minimal_summary_bytes")
 CHECK_COMPACTION_NEVER_GROWS = COMPACTION_BUDGET_FIX
 CHECK_INLINE_COMPACTION_ALWAYS_MAKES_ROOM = COMPACTION_BUDGET_FIX
 

@@ -31,7 +31,14 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from servers import HOST, START_TIMEOUT_S, ServerStartError, find_binary, free_ports
+from servers import (
+    HOST,
+    START_TIMEOUT_S,
+    ServerStartError,
+    find_binary,
+    free_ports,
+    write_redis_config,
+)
 
 __all__ = ["AOF_ALWAYS", "FaultRedis", "fault_redis"]
 
@@ -82,21 +89,13 @@ class FaultRedis:
 
     # --- life cycle -------------------------------------------------------------------------
     def _write_config(self) -> Path:
-        config = {
-            "bind": HOST,
-            "port": str(self.port),
-            "protected-mode": "yes",
-            "dir": str(self.datadir),
-            "logfile": str(self.workdir / "redis.log"),
-            "daemonize": "no",
-            "save": '""',
-            "appendonly": "no",
-            "enable-debug-command": "local",
-            **self.config,
-        }
-        path = self.workdir / "redis.conf"
-        path.write_text("".join(f"{k} {v}\n" for k, v in config.items()), encoding="utf-8")
-        return path
+        return write_redis_config(
+            self.workdir / "redis.conf",
+            port=self.port,
+            data_dir=self.datadir,
+            log_path=self.workdir / "redis.log",
+            extra=self.config,
+        )
 
     def start(self) -> FaultRedis:
         find_binary("redis-server")

@@ -58,9 +58,9 @@ _VALUE = st.recursive(
 _NAMES = (
     st.sampled_from(
         sorted(
-            snapshot._SESSION_KEYS
-            | snapshot._RECORD_KEYS
-            | snapshot._HEADER_KEYS
+            snapshot.fileformat.SESSION_KEYS
+            | snapshot.fileformat.RECORD_KEYS
+            | snapshot.fileformat.HEADER_KEYS
             | {"text", "tool", "summary", "action", "outcome", "v", "untrusted", "counts", "seq"}
             | {"tools", "actions", "wall", "turns", "tools_other", "actions_other"}
         )
@@ -152,7 +152,7 @@ def _write(path: Path, header: dict[str, Any], lines: list[Any]) -> None:
     if "payload_sha256" in header:
         header["payload_sha256"] = hashlib.sha256(payload).hexdigest()
     try:
-        block = snapshot._header_block(header)
+        block = snapshot.fileformat.encode_header(header)
     except Exception:  # a header too large for its block: write it unsigned (a rejection)
         block = (snapshot.MAGIC + orjson.dumps(header))[: snapshot.HEADER_BLOCK]
     path.write_bytes(block + payload)

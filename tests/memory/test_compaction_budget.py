@@ -25,14 +25,9 @@ from memtier import (
     ToolSummary,
 )
 from memtier.config import ConversationConfig
-from memtier.memory.compaction import (
-    CompactionStatus,
-    build_summary,
-    deterministic_summary,
-    minimal_summary_bytes,
-    plan_compaction,
-)
+from memtier.memory.compaction import CompactionStatus, plan_compaction
 from memtier.memory.state import SessionState, StoredTurn
+from memtier.memory.summary import build_summary, deterministic_summary, minimal_summary_bytes
 
 fake_or_real = memfixtures.fake_or_real  # the fixture, in this module's namespace
 make_store = memfixtures.make_store  # the store tests: sync and asyncio store (issue 13)

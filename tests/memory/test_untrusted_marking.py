@@ -30,7 +30,7 @@ from memtier import (
     ToolSummary,
     ValidationError,
 )
-from memtier.memory.compaction import SummaryRequest, deterministic_summary
+from memtier.config import MemtierConfig
 from memtier.memory.core import MemoryCore
 from memtier.memory.delimiters import (
     OPENERS,
@@ -40,6 +40,7 @@ from memtier.memory.delimiters import (
     wrap_untrusted,
 )
 from memtier.memory.models import Role, TurnRecord, check_name, parse_turn
+from memtier.memory.summary import SummaryRequest, deterministic_summary
 
 fake_or_real = memfixtures.fake_or_real  # the fixture, in this module's namespace
 

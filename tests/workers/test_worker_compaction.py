@@ -44,14 +44,13 @@ from memtier.config import ConversationConfig
 from memtier.errors import ScriptError
 from memtier.memory.compaction import (
     CompactionStatus,
-    SummaryRequest,
     apply_call,
-    build_summary,
     plan_compaction,
     read_session_call,
 )
 from memtier.memory.scriptspecs import APPLY_COMPACTION
 from memtier.memory.state import SessionState, StoredTurn, iter_sessions
+from memtier.memory.summary import SummaryRequest, build_summary
 from memtier.redaction import contains_secret
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,6 +30,7 @@ from workhelpers import (
 
 from memtier import AgentResponse, AvatarMessage, ConversationStore, ReasonCode
 from memtier.memory.persistence import LossWatch, restore_gate_call
+from memtier.memory.restorestatus import GateStatus
 from memtier.workers.worker import Worker, WorkerOptions
 
 SESSIONS = 20
@@ -145,7 +146,8 @@ def test_flushes_are_held_while_a_loss_is_not_restored(backend: Any, tmp_path: P
     writer.append(NEW_KEY, AvatarMessage(text="after the loss"))
     # Another process is restoring (it holds the gate): this worker must not flush a
     # generation with one session, which would become the newest.
-    assert int(store.executor.execute(restore_gate_call(store.core, "acquire", "other"))[0]) == 1
+    acquired = store.executor.execute(restore_gate_call(store.core, "acquire", "other"))
+    assert int(acquired[0]) == GateStatus.OK
     worker.flush()
     assert worker.stats.flushes_held == 1 and worker.stats.flushes == 1
     assert snaps(store).generations() == first

@@ -29,7 +29,7 @@ from workhelpers import (
 
 from memtier import AvatarMessage, ConversationStore, ReasonCode
 from memtier.config import MemtierConfig
-from memtier.memory.compaction import SummaryRequest
+from memtier.memory.summary import SummaryRequest
 from memtier.workers import GROUP, Worker, WorkerOptions
 from memtier.workers.cli import flush_main, inspect_main, restore_main, worker_main
 

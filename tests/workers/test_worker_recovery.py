@@ -38,6 +38,7 @@ from memtier.memory.persistence import (
     restore_session_call,
     snapshot_dir_for,
 )
+from memtier.memory.restorestatus import GateStatus
 from memtier.memory.snapshot import HEADER_BLOCK, iter_generation, verify_generation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -329,14 +330,11 @@ def test_a_restorer_that_died_midway_is_continued(backend: Any, tmp_path: Path) 
     store.flush()
     wipe(backend)
     # A restorer took the gate, restored two sessions, then died (its lock expired).
-    assert int(store.executor.execute(restore_gate_call(store.core, "acquire", "dead"))[0]) == 1
+    run = store.executor.execute
+    assert int(run(restore_gate_call(store.core, "acquire", "dead"))[0]) == GateStatus.OK
     assert (
-        int(
-            store.executor.execute(restore_gate_call(store.core, "begin", "dead", generation="1"))[
-                0
-            ]
-        )
-        == 1
+        int(run(restore_gate_call(store.core, "begin", "dead", generation="1"))[0])
+        == GateStatus.OK
     )
     gen = snaps(store).generations()[0]
     verified = verify_generation(gen, backend.namespace, store.core.conv, 10**9)
@@ -363,7 +361,8 @@ def test_a_waiting_worker_does_not_restore_while_another_holds_the_gate(
     populate(store, 2)
     store.flush()
     wipe(backend)
-    assert int(store.executor.execute(restore_gate_call(store.core, "acquire", "other"))[0]) == 1
+    acquired = store.executor.execute(restore_gate_call(store.core, "acquire", "other"))
+    assert int(acquired[0]) == GateStatus.OK
     report = store.recover(wait_s=0.3)
     assert report.outcome == "timeout" and not report.restorer
     assert store.stats()["sessions"] == 0
@@ -392,7 +391,7 @@ def test_recovery_on_windows_publishes_permissions_not_verified(
     backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = persistent_store(backend, tmp_path)
-    monkeypatch.setattr(snapshot, "is_windows", lambda: True)
+    monkeypatch.setattr(snapshot.directory, "is_windows", lambda: True)
     report = store.recover()
     assert report.permissions_verified is False
     assert [e.reason for e in store.events(limit=10)] == [ReasonCode.PERMISSIONS_NOT_VERIFIED]

@@ -17,6 +17,7 @@ from memtier.memory.persistence import (
     restore_session_call,
     snapshot_page_call,
 )
+from memtier.memory.restorestatus import GateStatus, RestoreStatus
 from memtier.memory.scriptspecs import EMIT_EVENT
 from memtier.memory.snapshot import Rejection, iter_generation, verify_generation
 
@@ -49,7 +50,7 @@ def test_restore_session_codes(backend: Any, tmp_path: Path) -> None:
         )
 
     # EXISTS: every session is live.
-    assert [int(_run(store, call(store, s))[0]) for s in sessions] == [1, 1, 1]
+    assert [int(_run(store, call(store, s))[0]) for s in sessions] == [RestoreStatus.EXISTS] * 3
     if backend.is_fake:  # Redis lost the namespace
         backend.sync_client().flushall()
     else:
@@ -57,7 +58,9 @@ def test_restore_session_codes(backend: Any, tmp_path: Path) -> None:
     # NO_ROOM: a configuration lowered to one session per partition.
     small = persistent_store(backend, tmp_path, clock, max_active_sessions=1)
     codes = [_run(small, call(small, s)) for s in sessions]
-    assert [int(c[0]) for c in codes] == [0, 3, 3]
+    assert [int(c[0]) for c in codes] == [
+        RestoreStatus.RESTORED, RestoreStatus.NO_ROOM, RestoreStatus.NO_ROOM,
+    ]  # fmt: skip
     assert codes[1][1] == b"sessions"
     events = [e.reason for e in small.events(limit=100)]
     assert events.count(ReasonCode.EVICTED_SESSION_PRESSURE) == 2
@@ -74,28 +77,41 @@ def test_restore_gate_codes(backend: Any) -> None:
     assert [
         int(x) if i == 0 else x
         for i, x in enumerate(_run(store, restore_gate_call(core, "acquire", "a")))
-    ] == [1, b"", b""]
-    assert _run(store, restore_gate_call(core, "acquire", "b")) == [0]  # BUSY
-    assert _run(store, restore_gate_call(core, "extend", "b")) == [-1]  # LOST: not b's
-    assert _run(store, restore_gate_call(core, "begin", "b", generation="1")) == [-1]
-    assert _run(store, restore_gate_call(core, "finish", "b")) == [-1]
-    assert _run(store, restore_gate_call(core, "extend", "a")) == [1]
-    assert _run(store, restore_gate_call(core, "begin", "a", generation="4", epoch="e1")) == [1]
+    ] == [GateStatus.OK, b"", b""]
+    assert _run(store, restore_gate_call(core, "acquire", "b")) == [GateStatus.BUSY]
+    assert _run(store, restore_gate_call(core, "extend", "b")) == [GateStatus.LOST]  # not b's
+    assert _run(store, restore_gate_call(core, "begin", "b", generation="1")) == [GateStatus.LOST]
+    assert _run(store, restore_gate_call(core, "finish", "b")) == [GateStatus.LOST]
+    assert _run(store, restore_gate_call(core, "extend", "a")) == [GateStatus.OK]
+    assert _run(store, restore_gate_call(core, "begin", "a", generation="4", epoch="e1")) == [
+        GateStatus.OK
+    ]
     # The epoch is written once, when the state is created: a later one never replaces it.
     assert _run(
         store,
         restore_gate_call(core, "finish", "a", generation="4", outcome="restored", epoch="e2"),
-    ) == [1, b"e1"]
-    assert _run(store, restore_gate_call(core, "acquire", "c")) == [2, b"4", b"restored", b"e1"]
+    ) == [GateStatus.OK, b"e1"]
+    assert _run(store, restore_gate_call(core, "acquire", "c")) == [
+        GateStatus.INITIALISED, b"4", b"restored", b"e1",
+    ]  # fmt: skip
     # Only a "live" outcome under the named epoch may be taken again as an unhandled loss.
     assert _run(store, restore_gate_call(core, "acquire", "c", unhandled="e1")) == [
-        2, b"4", b"restored", b"e1",
+        GateStatus.INITIALISED, b"4", b"restored", b"e1",
     ]  # fmt: skip
     forced = _run(store, restore_gate_call(core, "acquire", "c", force=True))
-    assert int(forced[0]) == 1  # an operator restore may take the gate again
-    assert _run(store, restore_gate_call(core, "finish", "c", outcome="live")) == [1, b"e1"]
-    assert int(_run(store, restore_gate_call(core, "acquire", "d", unhandled="e0"))[0]) == 2
-    assert int(_run(store, restore_gate_call(core, "acquire", "d", unhandled="e1"))[0]) == 1
+    assert int(forced[0]) == GateStatus.OK  # an operator restore may take the gate again
+    assert _run(store, restore_gate_call(core, "finish", "c", outcome="live")) == [
+        GateStatus.OK,
+        b"e1",
+    ]
+    assert (
+        int(_run(store, restore_gate_call(core, "acquire", "d", unhandled="e0"))[0])
+        == GateStatus.INITIALISED
+    )
+    assert (
+        int(_run(store, restore_gate_call(core, "acquire", "d", unhandled="e1"))[0])
+        == GateStatus.OK
+    )
     with pytest.raises(ScriptError):
         _run(store, restore_gate_call(core, "nonsense", "d"))
     with pytest.raises(ScriptError):

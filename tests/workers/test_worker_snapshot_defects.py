@@ -233,14 +233,14 @@ def test_generation_removed_between_verification_and_restore_goes_to_the_next(
     populate(store, 2, turns=2, start=10)
     newest = store.flush()
     store.client.flushall()
-    real = persistence.iter_generation
+    real = persistence.recovery.iter_generation
 
     def remove_first(verified: Any, conv: Any) -> Any:
         if verified.file.generation == newest.generation:
             os.unlink(verified.file.path)  # retention in another process, an operator
         return real(verified, conv)
 
-    monkeypatch.setattr(persistence, "iter_generation", remove_first)
+    monkeypatch.setattr(persistence.recovery, "iter_generation", remove_first)
     again = ConversationStore.from_config(config, summarizer=None)  # must not raise
     report = again.last_recovery
     assert report is not None and report.outcome == "restored"
@@ -347,8 +347,8 @@ def test_d2_quarantine_failing_with_enospc_does_not_abort_startup(
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(snapshot.os, "link", full)
-    monkeypatch.setattr(snapshot.os, "rename", full)
+    monkeypatch.setattr(os, "link", full)
+    monkeypatch.setattr(os, "rename", full)
     report = store.recover()
     assert report.outcome == "restored" and report.generation == first.generation
     assert [name for name, _ in report.quarantine_failed] == [newest.name]
@@ -373,7 +373,7 @@ def test_d3_read_only_storage_still_restores(
         raise OSError(errno.EROFS, "Read-only file system")
 
     for name in ("chmod", "mkdir", "link", "rename", "unlink"):
-        monkeypatch.setattr(snapshot.os, name, erofs)
+        monkeypatch.setattr(os, name, erofs)
     monkeypatch.setattr(Path, "mkdir", erofs)
     report = store.recover()
     assert report.outcome == "restored" and report.restored == 10
@@ -393,7 +393,7 @@ def test_d4_directory_fsync_failure_after_publish_is_reported_truthfully(
     def eio(path: Path) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(snapshot, "_fsync_dir", eio)
+    monkeypatch.setattr(snapshot.directory, "fsync_dir", eio)
     result = store.flush()
     assert result.durable is False and any("fsync" in w for w in result.warnings)
     published = snaps(store).generations()
@@ -417,7 +417,7 @@ def test_d5_fchmod_failure_is_a_snapshot_error_and_keeps_older(
     def eperm(fd: int, mode: int) -> None:
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(snapshot.os, "fchmod", eperm)
+    monkeypatch.setattr(os, "fchmod", eperm)
     with pytest.raises(SnapshotError) as info:
         store.flush()
     assert info.value.details.get("errno_name") == "EPERM"
@@ -437,7 +437,7 @@ def test_d5_worker_keeps_going_after_a_fchmod_failure(
     def eperm(fd: int, mode: int) -> None:
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(snapshot.os, "fchmod", eperm)
+    monkeypatch.setattr(os, "fchmod", eperm)
     worker.flush()  # logged and counted, never raised
     assert worker.stats.flush_errors == 1
     monkeypatch.undo()

@@ -123,7 +123,7 @@ def test_windows_emits_permissions_not_verified(
 ) -> None:
     store = persistent_store(backend, tmp_path)
     populate(store, 1)
-    monkeypatch.setattr(snapshot, "is_windows", lambda: True)
+    monkeypatch.setattr(snapshot.directory, "is_windows", lambda: True)
     result = store.flush()
     assert result.permissions_verified is False
     events = [e for e in store.events(limit=100) if e.reason is ReasonCode.PERMISSIONS_NOT_VERIFIED]
@@ -287,7 +287,7 @@ def test_trailing_garbage_and_oversized_files_are_rejected(
     result = verify_generation(gen, "small", store.core.conv, len(data) - 1)
     assert isinstance(result, VerifiedGeneration)
     monkeypatch.setattr(
-        snapshot.limits, "MAX_SNAPSHOT_BYTES", limits.Bound(1024, len(data) - 1, 1024, "bytes")
+        limits, "MAX_SNAPSHOT_BYTES", limits.Bound(1024, len(data) - 1, 1024, "bytes")
     )
     result = verify_generation(gen, "small", store.core.conv, len(data) - 1)
     assert isinstance(result, Rejection) and result.reason == "oversized"
@@ -561,7 +561,7 @@ def test_secret_prefilter_never_misses_a_field(fields: list[str]) -> None:
     exact if no pattern can be hidden by joining (a secret in one field must still be
     found in the joined text)."""
     if any(contains_secret(f) for f in fields):
-        assert contains_secret(snapshot._SEPARATOR.join(fields))
+        assert contains_secret(snapshot.validation.SEPARATOR.join(fields))
 
 
 def test_secret_prefilter_on_every_corpus_secret_between_neighbours() -> None:
@@ -584,5 +584,5 @@ def test_secret_prefilter_on_every_corpus_secret_between_neighbours() -> None:
         assert contains_secret(secret), secret
         for before in neighbours:
             for after in neighbours:
-                joined = snapshot._SEPARATOR.join([before, secret, after])
+                joined = snapshot.validation.SEPARATOR.join([before, secret, after])
                 assert contains_secret(joined), (before, secret, after)

@@ -162,7 +162,7 @@ def resign(
     if header is not None:
         header(head)
     head.pop("header_sha256", None)
-    new_block = snapshot._header_block(head)
+    new_block = snapshot.fileformat.encode_header(head)
     Path(path).write_bytes(new_block + out)
 
 

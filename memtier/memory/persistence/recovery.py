@@ -1,15 +1,4 @@
-"""Flush and restart recovery as sans-I/O plans (driven by both stores; see plans.py).
-
-Flush
-    Every partition's index hash is scanned with bounded ``HSCAN`` pages; the live
-    sessions of a page are read by one ``snapshot_page`` script call (at most
-    :data:`PAGE_SESSIONS` sessions and about :data:`PAGE_BYTES` of content), so each
-    session is a consistent point-in-time copy and no call blocks appends for long.
-    Sessions stream into a new generation file (:mod:`memtier.memory.snapshot`); each is
-    checked with the recovery validator first, so one bad live session cannot poison
-    every future generation (it is left out and reported: ``skipped``, a
-    ``snapshot_skipped`` event, a metric).  ``append`` runs the same record validator,
-    so what the live path stores is always flushable.
+"""The recovery plan: restore the newest valid generation into an empty namespace.
 
 Recovery (``recover_plan``), on start with persistence enabled
     1. ``restore_gate acquire``: exactly one worker gets the lock (random token, PX
@@ -32,137 +21,52 @@ Recovery (``recover_plan``), on start with persistence enabled
     4. None valid: start empty, log it, and say so in the report.
     Startup never fails on a file: every file error is typed and ends in the report.
 
-Data loss under running processes (``loss_check_plan``, with a :class:`LossWatch`)
-    The gate state carries an ``epoch``: a random id written once, when the hash is
-    created.  A process remembers the epoch it saw (its own start-up recovery, or its
-    first check) and checks on a bounded schedule -- one ``HMGET`` of the state, never
-    per append.  The state missing, or holding an epoch this process never saw whose
-    outcome was ``live`` (a start after the loss found the new appends and restored
-    nothing), means Redis lost its data under this process: it takes the gate and
-    restores the newest valid generation *into the non-empty namespace*, create-only
-    (a session re-created by an append after the loss stays as it is; every other
-    absent session comes back under a new session id, D7).  Another epoch with any other
-    outcome means someone else handled it: the new epoch is adopted.
+The gate (:mod:`~memtier.memory.persistence.gate`) elects the one restorer; sessions are
+restored by ``restore_session`` (statuses: :class:`~memtier.memory.restorestatus.RestoreStatus`).
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from memtier import limits, metrics
-from memtier.engine import Command, Plan, ScriptCall, Sleep
+from memtier.engine import Plan, ScriptCall, Sleep
 from memtier.errors import BackendError, MemtierError, SnapshotError
-from memtier.keys import PartitionKeys
 from memtier.memory.core import MemoryCore, new_session_id
 from memtier.memory.models import Channel, ConversationKey, ReasonCode
-from memtier.memory.snapshot import (
-    GenerationFile,
+from memtier.memory.persistence.gate import restore_gate_call
+from memtier.memory.persistence.shared import emit_event_call
+from memtier.memory.persistence.shared import text as _b
+from memtier.memory.restorestatus import GateStatus, RestoreStatus
+from memtier.memory.snapshot.directory import GenerationFile, SnapshotDir
+from memtier.memory.snapshot.fileformat import SnapshotValidationError
+from memtier.memory.snapshot.validation import (
     Rejection,
-    SnapshotDir,
-    SnapshotValidationError,
     ValidatedSession,
     VerifiedGeneration,
     fit_session,
     iter_generation,
-    session_to_json,
-    validate_session,
     verify_steps,
 )
-from memtier.memory.state import iter_sessions
 
 __all__ = [
-    "FlushResult",
-    "LossWatch",
+    "POLL_S",
+    "WAIT_S",
     "RecoveryReport",
-    "emit_event_call",
-    "flush_plan",
-    "loss_check_plan",
+    "RestoreStatus",
     "recover_plan",
+    "restore_session_call",
 ]
 
 log = logging.getLogger("memtier.persistence")
 
-# One snapshot_page call reads at most this many sessions (the script's own cap is 256)...
-PAGE_SESSIONS: Final = 64
-# ...and stops adding sessions once their indexed bytes pass this (one big session still
-# goes alone): bounds how long one call blocks the shard (about a millisecond per 128 KiB).
-PAGE_BYTES: Final = 128 * 1024
-# HSCAN pages per partition: a flush of the largest allowed partition finishes well within.
-MAX_SCAN_ROUNDS: Final = 4 * int(limits.MAX_ACTIVE_SESSIONS.ceiling) // 10 + 10_000
-# Restore gate timings.
-LOCK_MS: Final = 30_000  # the restorer extends it every EXTEND_EVERY sessions / second
 EXTEND_EVERY: Final = 200
 WAIT_S: Final = 120.0  # how long a non-restorer waits for the restorer
 POLL_S: Final = 0.2
-# Data-loss checks: the default period, and its hard floor (a check is one HMGET).
-LOSS_CHECK_S: Final = 5.0
-LOSS_CHECK_MIN_S: Final = 0.05
-
-
-# --------------------------------------------------------------------------- script calls
-
-
-def emit_event_call(
-    core: MemoryCore,
-    reason: ReasonCode,
-    detail: str,
-    *,
-    partition: int = 0,
-    member: str = "",
-    session_id: str = "",
-) -> ScriptCall:
-    """Publish a ``quarantined`` / ``permissions_not_verified`` / ``snapshot_skipped`` /
-    ``restore_skipped`` event: on the member's partition, else partition 0's stream."""
-    if member:
-        part = core.partition_for(ConversationKey.from_member(member))
-    else:
-        part = core.keyspace.partition(partition)
-    return ScriptCall(
-        "emit_event",
-        (part.meta, part.events),
-        (reason.value, member, session_id, detail[:512], core.conv.max_events, core.clock_arg()),
-    )
-
-
-def snapshot_page_call(core: MemoryCore, part: PartitionKeys, members: Iterable[str]) -> ScriptCall:
-    return ScriptCall(
-        "snapshot_page",
-        (part.index, part.meta),
-        (
-            part.prefix,
-            core.conv.public_ttl_ms,
-            core.conv.im_ttl_ms,
-            core.clock_arg(),
-            *members,
-        ),
-    )
-
-
-def restore_gate_call(
-    core: MemoryCore,
-    op: str,
-    token: str,
-    *,
-    generation: str = "",
-    outcome: str = "",
-    force: bool = False,
-    epoch: str = "",
-    unhandled: str = "",
-) -> ScriptCall:
-    """``epoch``: recorded by begin/finish when the state has none yet; ``unhandled``:
-    acquire again a gate whose ``live`` outcome under that epoch hid a data loss."""
-    ks = core.keyspace
-    return ScriptCall(
-        "restore_gate",
-        (ks.restore_lock, ks.restore_state),
-        (op, token, LOCK_MS, generation, outcome, "1" if force else "", epoch, unhandled),
-    )
 
 
 def restore_session_call(
@@ -221,157 +125,6 @@ def _with_flush_wall(call: ScriptCall, flush_wall_ms: int) -> ScriptCall:
     args = list(call.args)
     args[11] = flush_wall_ms
     return ScriptCall(call.script, call.keys, tuple(args))
-
-
-# --------------------------------------------------------------------------- flush
-
-
-@dataclass(frozen=True)
-class FlushResult:
-    """One published generation.
-
-    ``skipped``: live sessions the flush could not write, by reason (each also published
-    as a ``snapshot_skipped`` event and counted in
-    ``memtier_snapshot_sessions_skipped_total{stage="flush"}``).  ``durable``: False when
-    the directory fsync after publication failed -- the generation is published and
-    retention was applied, but its name may not survive a power loss.  ``warnings``: what
-    went wrong after publication (directory fsync, temp removal, retention).
-    """
-
-    generation: int
-    path: str
-    sessions: int
-    bytes: int
-    skipped: dict[str, int]
-    removed: tuple[str, ...]
-    permissions_verified: bool
-    duration_s: float
-    durable: bool = True
-    warnings: tuple[str, ...] = ()
-
-
-def _b(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def flush_plan(
-    core: MemoryCore,
-    directory: SnapshotDir,
-    *,
-    page_sessions: int = PAGE_SESSIONS,
-    page_bytes: int = PAGE_BYTES,
-) -> Plan[FlushResult]:
-    """Write every live session of the namespace into a new generation; apply retention."""
-    started = time.monotonic()
-    page_sessions = max(1, min(page_sessions, 256))
-    verified = directory.ensure()
-    if not verified:
-        yield emit_event_call(core, ReasonCode.PERMISSIONS_NOT_VERIFIED, str(directory.path))
-    directory.cleanup_temps()
-    walls: list[int] = []
-    clocks: list[int] = []
-    writer = directory.begin()
-    try:
-        first = yield snapshot_page_call(core, core.keyspace.partition(0), ())
-        clocks.append(int(first[0]))
-        walls.append(int(first[1]))
-        for part in core.keyspace.all_partitions():
-            seen: set[str] = set()
-            cursor: Any = 0
-            for _ in range(MAX_SCAN_ROUNDS):
-                cursor, entries = yield Command(
-                    "hscan", (part.index,), {"cursor": cursor, "count": page_sessions}
-                )
-                batch: list[str] = []
-                batch_bytes = 0
-                pages: list[list[str]] = []
-                for raw_member, raw_bytes in entries.items():
-                    member = _b(raw_member)
-                    if member in seen:
-                        continue  # HSCAN may return an entry twice
-                    seen.add(member)
-                    nbytes = int(raw_bytes)
-                    if batch and (len(batch) >= page_sessions or batch_bytes + nbytes > page_bytes):
-                        pages.append(batch)
-                        batch, batch_bytes = [], 0
-                    batch.append(member)
-                    batch_bytes += nbytes
-                if batch:
-                    pages.append(batch)
-                while pages:  # bounded: every call with a session consumes one member
-                    members = pages.pop(0)
-                    reply = yield snapshot_page_call(core, part, members)
-                    clocks.append(int(reply[0]))
-                    walls.append(int(reply[1]))
-                    states = list(iter_sessions(reply))
-                    if states:
-                        # The script stops after the session that passes its work bound:
-                        # the members after the last one returned go again (the ones
-                        # before it that it skipped were read and are not live).
-                        rest = members[members.index(states[-1].member) + 1 :]
-                        if rest:
-                            pages.insert(0, rest)
-                    for state in states:
-                        line = session_to_json(state)
-                        try:
-                            validate_session(line)
-                        except SnapshotValidationError as exc:
-                            # Left out, never written: it would reject the whole generation.
-                            # Reported three ways: FlushResult.skipped, an event, a metric.
-                            log.warning(
-                                "snapshot: session left out of the flush (%s: %s)",
-                                exc.reason,
-                                exc.detail,
-                            )
-                            writer.skip(exc.reason)
-                            metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("flush", exc.reason).inc()
-                            yield emit_event_call(
-                                core,
-                                ReasonCode.SNAPSHOT_SKIPPED,
-                                f"{exc.reason}: {exc.detail}",
-                                member=state.member,
-                                session_id=state.session_id,
-                            )
-                            continue
-                        writer.add(line)
-                if int(cursor) == 0:
-                    break
-            else:
-                raise SnapshotError(f"scanning partition {part.partition} did not finish")
-        last = yield snapshot_page_call(core, core.keyspace.partition(0), ())
-        clocks.append(int(last[0]))
-        walls.append(int(last[1]))
-        published = writer.commit(
-            {
-                "partitions": core.config.partitions,
-                "flush_started_wall_ms": min(walls),
-                "flush_clock_ms": max(clocks),
-                "flush_wall_ms": max(walls),
-            }
-        )
-    except BaseException:
-        writer.abort()
-        raise
-    # Retention runs for every published generation, durable or not (the new one is kept).
-    removed = directory.retain(keep=published.generation)
-    warnings = (*writer.warnings, *directory.retention_errors)
-    for warning in warnings:
-        log.warning("snapshot generation %d: %s", published.generation, warning)
-    return FlushResult(
-        generation=published.generation,
-        path=str(published.path),
-        sessions=writer.sessions,
-        bytes=published.size,
-        skipped=dict(writer.skipped),
-        removed=tuple(str(p) for p in removed),
-        permissions_verified=verified,
-        duration_s=time.monotonic() - started,
-        durable=writer.durable,
-        warnings=tuple(warnings),
-    )
-
-
-# --------------------------------------------------------------------------- recovery
 
 
 @dataclass
@@ -449,7 +202,7 @@ def recover_plan(
             core, "acquire", token, force=force, unhandled=unhandled if after_loss else ""
         )
         code = int(reply[0])
-        if code == 2:
+        if code == GateStatus.INITIALISED:
             if report.outcome == "skipped":  # someone else finished before we ever waited
                 report.outcome = "done_already"
             else:
@@ -457,7 +210,7 @@ def recover_plan(
             report.message = f"namespace already initialised ({_b(reply[2])})"
             report.epoch = _b(reply[3]) if len(reply) > 3 else ""
             return report
-        if code == 1:
+        if code == GateStatus.OK:
             resuming = _b(reply[1]) == "restoring"
             break
         report.outcome = "waiting"
@@ -497,7 +250,7 @@ def _finish_plan(
     reply = yield restore_gate_call(
         core, "finish", gate.token, generation=generation, outcome=outcome, epoch=gate.epoch
     )
-    if int(reply[0]) == 1:
+    if int(reply[0]) == GateStatus.OK:
         report.epoch = _b(reply[1]) if len(reply) > 1 else ""
 
 
@@ -536,7 +289,7 @@ def _recover_as_restorer(
         begun = yield restore_gate_call(
             core, "begin", token, generation=str(gen.generation), epoch=gate.epoch
         )
-        if int(begun[0]) != 1:
+        if int(begun[0]) != GateStatus.OK:
             report.outcome = "lost_lock"
             return report
         report.generation = gen.generation
@@ -602,7 +355,7 @@ def _verify_plan(
         if time.monotonic() - last_extend > 1.0:  # a large file: keep the gate
             last_extend = time.monotonic()
             ext = yield restore_gate_call(core, "extend", token)
-            if int(ext[0]) != 1:
+            if int(ext[0]) != GateStatus.OK:
                 report.outcome = "lost_lock"
                 report.message = "the restore lock expired while verifying"
                 return None
@@ -644,21 +397,21 @@ def _restore_generation_plan(
             call = restore_session_call(core, fitted.session, note, session_id=new_session_id())
             out = yield _with_flush_wall(call, flush_wall)
             status = int(out[0])
-            if status == 0:
+            if status == RestoreStatus.RESTORED:
                 report.restored += 1
                 if fitted.dropped:
                     report.trimmed += 1
-            elif status == 1:
+            elif status == RestoreStatus.EXISTS:
                 report.existing += 1
-            elif status == 2:
+            elif status == RestoreStatus.EXPIRED:
                 report.expired += 1
-            else:
+            else:  # RestoreStatus.NO_ROOM
                 report.no_room += 1
             done += 1
             if done % EXTEND_EVERY == 0 or time.monotonic() - last_extend > 1.0:
                 last_extend = time.monotonic()
                 ext = yield restore_gate_call(core, "extend", token)
-                if int(ext[0]) != 1:
+                if int(ext[0]) != GateStatus.OK:
                     report.outcome = "lost_lock"
                     report.message = "the restore lock expired; another worker continues"
                     return "stop"
@@ -712,123 +465,3 @@ def _quarantine(
         target,
     )
     yield emit_event_call(core, ReasonCode.QUARANTINED, f"{name}: {rejection.reason}")
-
-
-# --------------------------------------------------------------------------- data loss
-
-
-@dataclass
-class LossWatch:
-    """What one process knows about the gate state, for :func:`loss_check_plan`.
-
-    ``epoch``: the gate epoch this process last saw (None: none yet).  ``retry_start``:
-    the start-up recovery of this process did not finish (Redis was down, another
-    restorer held the gate): the next check runs it again.  ``pending``: a data loss
-    was detected and is not recovered yet (the worker holds its flushes back: a
-    generation written now would lack every lost session and become the newest).
-    Checks are spaced ``interval_s`` apart (floor :data:`LOSS_CHECK_MIN_S`); only one
-    thread of a process checks at a time (:meth:`claim` never blocks).
-    """
-
-    interval_s: float = LOSS_CHECK_S
-    epoch: str | None = None
-    retry_start: bool = False
-    pending: bool = False
-    losses: int = 0  # data losses this process detected
-    last: RecoveryReport | None = None  # the last recovery a check ran
-    next_check: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self.interval_s = max(LOSS_CHECK_MIN_S, float(self.interval_s))
-        if not self.next_check:
-            self.next_check = time.monotonic() + self.interval_s
-
-    def saw(self, report: RecoveryReport) -> None:
-        """Take in a recovery's result (the start-up one, or one a check ran)."""
-        if report.epoch is not None:
-            self.epoch = report.epoch
-            self.retry_start = False
-            self.pending = False
-        elif self.epoch is None:
-            self.retry_start = True
-        elif report.after_loss:
-            self.pending = True
-
-    def claim(self, force: bool = False) -> bool:
-        """True when a check is due and this thread got to do it (then :meth:`release`).
-
-        The hot path: one clock read and a comparison unless a check is due.
-        """
-        now = time.monotonic()
-        if not force and now < self.next_check:
-            return False
-        if not self._lock.acquire(blocking=False):
-            return False
-        self.next_check = now + self.interval_s
-        return True
-
-    def release(self) -> None:
-        self._lock.release()
-
-
-def loss_check_plan(
-    core: MemoryCore, directory: SnapshotDir, watch: LossWatch
-) -> Plan[RecoveryReport | None]:
-    """One check for a data loss (see the module docstring); the recovery it ran, if any.
-
-    Never waits for another restorer (``wait_s=0``): a busy gate is tried again at the
-    next check.  Raises BackendError when Redis does not answer (the caller logs it).
-    """
-    reply = yield Command(
-        "hmget", (core.keyspace.restore_state, ["status", "epoch", "outcome"]), {}
-    )
-    status, epoch, outcome = (None if v is None else _b(v) for v in reply)
-    seen = watch.epoch
-    after_loss = False
-    unhandled = ""
-    if status is None:  # no gate state
-        if seen is None and not watch.retry_start:
-            return None  # never initialised as far as this process knows: not evidence
-        after_loss = seen is not None
-    elif seen is None:
-        if status == "done":
-            watch.epoch = epoch or ""
-            watch.retry_start = False
-            return None
-        # status "restoring": a restorer at work, or one that died midway (continue it).
-    elif (epoch or "") == seen:
-        if status == "done":
-            return None  # the common case: nothing happened
-    elif status == "done" and outcome != "live":
-        watch.epoch = epoch or ""  # someone else restored (or started empty) after a loss
-        watch.pending = False
-        return None
-    else:
-        # Created again since this process saw it, and either a start after the loss
-        # found the new appends as "live" and restored nothing, or a restore is running.
-        after_loss = True
-        unhandled = epoch or "" if status == "done" else ""
-    if after_loss:
-        watch.losses += 1
-        log.warning(
-            "snapshot recovery: Redis lost this namespace's data under a running process"
-            " (restore gate state %s); restoring the absent sessions (create-only)",
-            "missing" if status is None else f"re-created as {epoch!r}",
-        )
-    report = yield from recover_plan(
-        core, directory, wait_s=0.0, after_loss=after_loss, unhandled=unhandled
-    )
-    watch.last = report
-    watch.saw(report)
-    if after_loss and report.epoch is None:
-        watch.pending = True
-    return report
-
-
-def snapshot_dir_for(config: Any) -> SnapshotDir:
-    """``<storage_path>/conversations`` of a :class:`~memtier.config.MemtierConfig`."""
-    conv = config.conversation
-    return SnapshotDir(
-        conv.storage_path / "conversations", config.namespace, max_bytes=conv.max_snapshot_bytes
-    )

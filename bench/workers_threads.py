@@ -1,15 +1,14 @@
-"""Sections that plug in as memtier grows: workers (compaction, flush, recovery) and threads.
+"""Benchmark sections of the background work and the threads service.
 
-Each section first checks that the code it measures exists in this checkout;
-when it does not, it reports a "not yet available" row per figure of the issue
--- never a number.  When the modules land, the measuring code goes here, with
-its baseline from the same run (the disk's sequential write rate for the
-flush, the append latency without a flush for the blocked-append figure).
+* :func:`run_workers` -- compaction throughput, a flush against the disk's own sequential
+  write rate, the longest append blocked while a flush runs, the recovery validation
+  rate (each with its baseline from the same run).
+* :func:`run_threads` -- the threads service: create, continue (echo runner), replay
+  pages, export, next to the raw minimal-script append.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import tempfile
 from pathlib import Path
@@ -20,32 +19,8 @@ from bench.server import BenchRedis
 
 __all__ = ["run_threads", "run_workers"]
 
-WORKER_FIGURES = (
-    ("workers.compaction", "compaction throughput (sessions compacted/s)"),
-    ("workers.flush", "flush of 100k sessions vs the disk's sequential write rate"),
-    ("workers.flush_blocked", "longest append blocked while a 100k-session flush runs"),
-    ("workers.recovery", "recovery validation rate (records/s)"),
-)
 THREAD_POOL = 200  # threads the continue benchmark rotates over
 HISTORY_TURNS = 40  # turns of the thread that replay and export read
-
-THREAD_FIGURES = (
-    ("threads.continue", "continue a thread with the echo runner"),
-    ("threads.replay", "replay pages"),
-    ("threads.export", "export"),
-)
-
-
-def _missing(*modules: str) -> list[str]:
-    out = []
-    for name in modules:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            out.append(name)
-    return out
 
 
 # (flush sessions, flush rounds, disk-rate bytes, compaction sessions, writer baseline s)
@@ -59,21 +34,11 @@ _WORKER_SIZES = {
 def run_workers(h: Harness, server: BenchRedis) -> None:
     """Compaction, flush against the disk's own write rate, appends blocked, recovery.
 
-    Uses ``bench.workerbench`` (written with the workers): each flush round
+    Uses ``memtier.workers.benchsupport`` (written with the workers): each flush round
     first measures the disk's sequential write + fsync rate into the same directory,
     then flushes N sessions while two other processes append (and, before it, append
     without a flush for the baseline latency).
     """
-    missing = _missing("memtier.workers", "bench.workerbench")
-    if missing:
-        for key, label in WORKER_FIGURES:
-            h.unavailable(
-                "workers",
-                key,
-                label,
-                f"not yet available: {', '.join(missing)} is not in this checkout",
-            )
-        return
     from bench import workerbench as bs
 
     sessions, rounds, disk_bytes, compact_n, baseline_s = _WORKER_SIZES[h.settings.profile]
@@ -220,16 +185,6 @@ def run_threads(h: Harness, server: BenchRedis, baseline: Measure) -> None:
     Same group as the raw minimal-script append (``baseline``), so each figure has a
     same-run ratio to the physical limit of one script call from Python.
     """
-    missing = _missing("memtier.threads.service")
-    if missing:
-        for key, label in THREAD_FIGURES:
-            h.unavailable(
-                "threads",
-                key,
-                label,
-                f"not yet available: {', '.join(missing)} is not in this checkout",
-            )
-        return
     from bench.workloads import bench_config, chat_text
     from memtier.threads.models import Ownership
     from memtier.threads.service import ConversationService

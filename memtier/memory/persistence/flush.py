@@ -1,0 +1,201 @@
+"""The flush plan: every live session of the namespace into a new snapshot generation.
+
+Flush
+    Every partition's index hash is scanned with bounded ``HSCAN`` pages; the live
+    sessions of a page are read by one ``snapshot_page`` script call (at most
+    :data:`PAGE_SESSIONS` sessions and about :data:`PAGE_BYTES` of content), so each
+    session is a consistent point-in-time copy and no call blocks appends for long.
+    Sessions stream into a new generation file (:mod:`memtier.memory.snapshot`); each is
+    checked with the recovery validator first, so one bad live session cannot poison
+    every future generation (it is left out and reported: ``skipped``, a
+    ``snapshot_skipped`` event, a metric).  ``append`` runs the same record validator,
+    so what the live path stores is always flushable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from memtier import limits, metrics
+from memtier.engine import Command, Plan, ScriptCall
+from memtier.errors import SnapshotError
+from memtier.keys import PartitionKeys
+from memtier.memory.core import MemoryCore
+from memtier.memory.models import ReasonCode
+from memtier.memory.persistence.shared import emit_event_call
+from memtier.memory.persistence.shared import text as _b
+from memtier.memory.snapshot.directory import SnapshotDir
+from memtier.memory.snapshot.fileformat import SnapshotValidationError, session_to_json
+from memtier.memory.snapshot.validation import validate_session
+from memtier.memory.state import iter_sessions
+
+__all__ = ["PAGE_BYTES", "PAGE_SESSIONS", "FlushResult", "flush_plan", "snapshot_page_call"]
+
+log = logging.getLogger("memtier.persistence")
+
+# One snapshot_page call reads at most this many sessions (the script's own cap is 256)...
+PAGE_SESSIONS: Final = 64
+# ...and stops adding sessions once their indexed bytes pass this (one big session still
+# goes alone): bounds how long one call blocks the shard (about a millisecond per 128 KiB).
+PAGE_BYTES: Final = 128 * 1024
+# HSCAN pages per partition: a flush of the largest allowed partition finishes well within.
+MAX_SCAN_ROUNDS: Final = 4 * int(limits.MAX_ACTIVE_SESSIONS.ceiling) // 10 + 10_000
+
+
+def snapshot_page_call(core: MemoryCore, part: PartitionKeys, members: Iterable[str]) -> ScriptCall:
+    return ScriptCall(
+        "snapshot_page",
+        (part.index, part.meta),
+        (
+            part.prefix,
+            core.conv.public_ttl_ms,
+            core.conv.im_ttl_ms,
+            core.clock_arg(),
+            *members,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """One published generation.
+
+    ``skipped``: live sessions the flush could not write, by reason (each also published
+    as a ``snapshot_skipped`` event and counted in
+    ``memtier_snapshot_sessions_skipped_total{stage="flush"}``).  ``durable``: False when
+    the directory fsync after publication failed -- the generation is published and
+    retention was applied, but its name may not survive a power loss.  ``warnings``: what
+    went wrong after publication (directory fsync, temp removal, retention).
+    """
+
+    generation: int
+    path: str
+    sessions: int
+    bytes: int
+    skipped: dict[str, int]
+    removed: tuple[str, ...]
+    permissions_verified: bool
+    duration_s: float
+    durable: bool = True
+    warnings: tuple[str, ...] = ()
+
+
+def flush_plan(
+    core: MemoryCore,
+    directory: SnapshotDir,
+    *,
+    page_sessions: int = PAGE_SESSIONS,
+    page_bytes: int = PAGE_BYTES,
+) -> Plan[FlushResult]:
+    """Write every live session of the namespace into a new generation; apply retention."""
+    started = time.monotonic()
+    page_sessions = max(1, min(page_sessions, 256))
+    verified = directory.ensure()
+    if not verified:
+        yield emit_event_call(core, ReasonCode.PERMISSIONS_NOT_VERIFIED, str(directory.path))
+    directory.cleanup_temps()
+    walls: list[int] = []
+    clocks: list[int] = []
+    writer = directory.begin()
+    try:
+        first = yield snapshot_page_call(core, core.keyspace.partition(0), ())
+        clocks.append(int(first[0]))
+        walls.append(int(first[1]))
+        for part in core.keyspace.all_partitions():
+            seen: set[str] = set()
+            cursor: Any = 0
+            for _ in range(MAX_SCAN_ROUNDS):
+                cursor, entries = yield Command(
+                    "hscan", (part.index,), {"cursor": cursor, "count": page_sessions}
+                )
+                batch: list[str] = []
+                batch_bytes = 0
+                pages: list[list[str]] = []
+                for raw_member, raw_bytes in entries.items():
+                    member = _b(raw_member)
+                    if member in seen:
+                        continue  # HSCAN may return an entry twice
+                    seen.add(member)
+                    nbytes = int(raw_bytes)
+                    if batch and (len(batch) >= page_sessions or batch_bytes + nbytes > page_bytes):
+                        pages.append(batch)
+                        batch, batch_bytes = [], 0
+                    batch.append(member)
+                    batch_bytes += nbytes
+                if batch:
+                    pages.append(batch)
+                while pages:  # bounded: every call with a session consumes one member
+                    members = pages.pop(0)
+                    reply = yield snapshot_page_call(core, part, members)
+                    clocks.append(int(reply[0]))
+                    walls.append(int(reply[1]))
+                    states = list(iter_sessions(reply))
+                    if states:
+                        # The script stops after the session that passes its work bound:
+                        # the members after the last one returned go again (the ones
+                        # before it that it skipped were read and are not live).
+                        rest = members[members.index(states[-1].member) + 1 :]
+                        if rest:
+                            pages.insert(0, rest)
+                    for state in states:
+                        line = session_to_json(state)
+                        try:
+                            validate_session(line)
+                        except SnapshotValidationError as exc:
+                            # Left out, never written: it would reject the whole generation.
+                            # Reported three ways: FlushResult.skipped, an event, a metric.
+                            log.warning(
+                                "snapshot: session left out of the flush (%s: %s)",
+                                exc.reason,
+                                exc.detail,
+                            )
+                            writer.skip(exc.reason)
+                            metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("flush", exc.reason).inc()
+                            yield emit_event_call(
+                                core,
+                                ReasonCode.SNAPSHOT_SKIPPED,
+                                f"{exc.reason}: {exc.detail}",
+                                member=state.member,
+                                session_id=state.session_id,
+                            )
+                            continue
+                        writer.add(line)
+                if int(cursor) == 0:
+                    break
+            else:
+                raise SnapshotError(f"scanning partition {part.partition} did not finish")
+        last = yield snapshot_page_call(core, core.keyspace.partition(0), ())
+        clocks.append(int(last[0]))
+        walls.append(int(last[1]))
+        published = writer.commit(
+            {
+                "partitions": core.config.partitions,
+                "flush_started_wall_ms": min(walls),
+                "flush_clock_ms": max(clocks),
+                "flush_wall_ms": max(walls),
+            }
+        )
+    except BaseException:
+        writer.abort()
+        raise
+    # Retention runs for every published generation, durable or not (the new one is kept).
+    removed = directory.retain(keep=published.generation)
+    warnings = (*writer.warnings, *directory.retention_errors)
+    for warning in warnings:
+        log.warning("snapshot generation %d: %s", published.generation, warning)
+    return FlushResult(
+        generation=published.generation,
+        path=str(published.path),
+        sessions=writer.sessions,
+        bytes=published.size,
+        skipped=dict(writer.skipped),
+        removed=tuple(str(p) for p in removed),
+        permissions_verified=verified,
+        duration_s=time.monotonic() - started,
+        durable=writer.durable,
+        warnings=tuple(warnings),
+    )

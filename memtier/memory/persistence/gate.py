@@ -1,0 +1,38 @@
+"""The restore gate: exactly one process restores a namespace; the gate state records it.
+
+Its statuses are :class:`~memtier.memory.restorestatus.GateStatus` (see
+``lua/memory/restore_gate-2.lua``).  The gate's lock expires after :data:`LOCK_MS`
+unless the restorer extends it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from memtier.engine import ScriptCall
+from memtier.memory.core import MemoryCore
+
+__all__ = ["LOCK_MS", "restore_gate_call"]
+
+LOCK_MS: Final = 30_000  # the restorer extends it every EXTEND_EVERY sessions / second
+
+
+def restore_gate_call(
+    core: MemoryCore,
+    op: str,
+    token: str,
+    *,
+    generation: str = "",
+    outcome: str = "",
+    force: bool = False,
+    epoch: str = "",
+    unhandled: str = "",
+) -> ScriptCall:
+    """``epoch``: recorded by begin/finish when the state has none yet; ``unhandled``:
+    acquire again a gate whose ``live`` outcome under that epoch hid a data loss."""
+    ks = core.keyspace
+    return ScriptCall(
+        "restore_gate",
+        (ks.restore_lock, ks.restore_state),
+        (op, token, LOCK_MS, generation, outcome, "1" if force else "", epoch, unhandled),
+    )

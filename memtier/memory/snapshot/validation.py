@@ -1,0 +1,436 @@
+"""Validation of snapshot generations before any record can become LLM context.
+
+Validation (:func:`verify_generation`, before any record can become LLM context)
+    Integrity only (bounds of the current configuration are applied per session by
+    :func:`fit_session` when restoring): size <= the hard ceiling of
+    ``max_snapshot_bytes``; magic, header checksum, known format and schema
+    versions, namespace; payload length and SHA-256; then every session: UUID and
+    channel of the key, session-id shape, unique keys and ids, integer timestamps in
+    range and ordered, strictly increasing unique sequences within the counter, known
+    kinds with their normalized role and exact field set, turn-id shape, byte counts
+    that add up exactly, the hard ceilings, the live path's record validator
+    (:mod:`memtier.memory.recordcheck`), a summary as compaction writes it,
+    well-formed receipts -- and redaction holds: a record, turn id or summary for which
+    :func:`memtier.redaction.contains_secret` is true rejects the whole generation.  A
+    generation failing any check is quarantined and the next older one is tried.
+
+Reading (:func:`verify_steps` pass 1, :func:`iter_generation` pass 2) decodes through
+:mod:`~memtier.memory.snapshot.fileformat`; :func:`fit_session` applies today's bounds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final
+from uuid import UUID
+
+import orjson
+
+from memtier import limits
+from memtier.config import ConversationConfig
+from memtier.memory.recordcheck import RecordInvalid, check_record, check_summary
+from memtier.memory.snapshot.directory import GenerationFile
+from memtier.memory.snapshot.fileformat import (
+    HEADER_BLOCK,
+    RECORD_KEYS,
+    SESSION_KEYS,
+    SnapshotValidationError,
+    fail,
+    int_field,
+    read_header,
+    read_lines,
+    time_field,
+)
+from memtier.memory.state import KIND_FIELDS, KIND_ROLES, StoredTurn
+from memtier.redaction import contains_secret
+
+__all__ = [
+    "SEPARATOR",
+    "VERIFY_STEP_LINES",
+    "FittedSession",
+    "Rejection",
+    "ValidatedSession",
+    "VerifiedGeneration",
+    "fit_session",
+    "iter_generation",
+    "validate_session",
+    "verify_generation",
+    "verify_steps",
+]
+
+_SESSION_ID_RE: Final = re.compile(r"^ses_[A-Za-z0-9_\-]{16,64}$")
+_TURN_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_RECEIPT_RE: Final = re.compile(
+    r"^(ses_[A-Za-z0-9_\-]{16,64})\|(\d{1,16})\|(\d{1,16})\|(\d{1,16})\|(\d{1,16})\|([01])$"
+)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a generation was not accepted (``reason`` is a stable word)."""
+
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class ValidatedSession:
+    """A session line that passed every check: safe to restore."""
+
+    member: str
+    session_id: str
+    created_ms: int
+    created_wall_ms: int
+    last_ms: int
+    last_wall_ms: int
+    age_ms: int
+    read_wall_ms: int
+    seq: int
+    summary: str | None
+    summary_version: int
+    nbytes: int
+    records: tuple[StoredTurn, ...]
+    receipts: tuple[tuple[str, str], ...]
+
+    @property
+    def channel(self) -> str:
+        return self.member.rpartition(":")[2]
+
+
+# Joins the texts of one session for the secret prefilter.  No pattern of
+# memtier.redaction matches across a blank line (tests/workers pin this property), so
+# "no secret in the joined text" implies "no secret in any text"; when the joined text
+# does match, every text is checked on its own and only a real hit rejects.
+SEPARATOR: Final = "\n\n"
+
+
+def _no_secrets(texts: list[tuple[str, str]]) -> None:
+    """Raise if any ``(what, text)`` carries a secret pattern (one regex pass per session)."""
+    if not texts or not contains_secret(SEPARATOR.join(t for _, t in texts)):
+        return
+    for what, text in texts:
+        if contains_secret(text):
+            raise fail("secret", f"{what} carries a secret pattern")
+
+
+def _validate_record(
+    rec: Any,
+    created_ms: int,
+    last_ms: int,
+    texts: list[tuple[str, str]],
+) -> StoredTurn:
+    if not isinstance(rec, dict) or set(rec) != RECORD_KEYS:
+        raise fail("invalid_record", "record fields")
+    seq = int_field(rec, "seq", 1)
+    clock = time_field(rec, "clock_ms")
+    wall = time_field(rec, "wall_ms")
+    nbytes = int_field(rec, "bytes", 0, int(limits.MAX_TURN_BYTES.ceiling))
+    kind, role, turn_id, fields, tool = rec["kind"], rec["role"], rec["id"], rec["f"], rec["tool"]
+    if not isinstance(kind, str) or kind not in KIND_FIELDS or role != KIND_ROLES[kind]:
+        raise fail("invalid_record", f"record {seq}: unknown kind or wrong role")
+    if type(tool) is not int or tool != (1 if kind == "tool" else 0):
+        raise fail("invalid_record", f"record {seq}: tool flag")
+    if not isinstance(turn_id, str) or not _TURN_ID_RE.match(turn_id):
+        raise fail("invalid_record", f"record {seq}: turn id")
+    if not created_ms <= clock <= last_ms:
+        raise fail("invalid_record", f"record {seq}: clock outside the session's lifetime")
+    try:
+        # The live path's own validator (memtier.memory.recordcheck): same records accepted.
+        sizes = check_record(kind, fields, turn_id)
+    except RecordInvalid as exc:
+        raise fail(exc.reason, f"record {seq}: {exc.detail}") from None
+    if nbytes != sum(sizes.values()):
+        raise fail("invalid_record", f"record {seq}: byte count does not match its content")
+    texts.append((f"record {seq} turn id", turn_id))
+    texts.extend((f"record {seq} {name}", value) for name, value in fields.items())
+    return StoredTurn(seq, clock, wall, nbytes, kind == "tool", kind, turn_id, dict(fields))
+
+
+def validate_session(
+    obj: Any,
+    conv: ConversationConfig | None = None,
+    *,
+    flush_walls: tuple[int, int] | None = None,
+) -> ValidatedSession:
+    """Check one session line; raise :class:`SnapshotValidationError` on the first problem.
+
+    Integrity only: every bound is checked against its hard ceiling, never against the
+    current configuration (``conv`` is accepted for compatibility and not used).  Today's
+    bounds are applied per session by :func:`fit_session` when restoring, so lowering a
+    limit never makes a whole generation unreadable.
+    ``flush_walls`` = (earliest, latest) server wall time of the flush, from the header.
+    """
+    if not isinstance(obj, dict) or set(obj) != SESSION_KEYS:
+        raise fail("invalid_session", "session fields")
+    member = obj["member"]
+    if not isinstance(member, str) or member.count(":") != 1:
+        raise fail("invalid_session", "key")
+    avatar, channel = member.split(":")
+    try:
+        if str(UUID(avatar)) != avatar:
+            raise ValueError(avatar)
+    except ValueError:
+        raise fail("invalid_session", "avatar is not a canonical UUID") from None
+    if channel not in ("public", "im"):
+        raise fail("invalid_session", "channel")
+    sid = obj["id"]
+    if not isinstance(sid, str) or not _SESSION_ID_RE.match(sid):
+        raise fail("invalid_session", "session id")
+    created_ms, last_ms = time_field(obj, "created_ms"), time_field(obj, "last_ms")
+    created_wall, last_wall = time_field(obj, "created_wall_ms"), time_field(obj, "last_wall_ms")
+    if created_ms > last_ms:
+        raise fail("invalid_session", "created after last activity")
+    age_ms = int_field(obj, "age_ms")
+    read_wall = time_field(obj, "read_wall_ms")
+    if flush_walls is not None and not flush_walls[0] <= read_wall <= flush_walls[1]:
+        raise fail("invalid_session", "read time outside the flush")
+    seq = int_field(obj, "seq", 0)
+    turns = int_field(obj, "turns", 0, int(limits.MAX_TURNS_PER_SESSION.ceiling))
+    nbytes = int_field(obj, "bytes", 0, int(limits.MAX_SESSION_BYTES.ceiling))
+    tools = int_field(obj, "tools", 0, int(limits.MAX_TOOL_RESULTS.ceiling))
+    summary_bytes = int_field(obj, "summary_bytes", 0, int(limits.MAX_SUMMARY_BYTES.ceiling))
+    summary_version = int_field(obj, "summary_version", 0)
+    records_raw = obj["records"]
+    if not isinstance(records_raw, list) or len(records_raw) != turns:
+        raise fail("invalid_session", "turn count does not match the records")
+    texts: list[tuple[str, str]] = []
+    records = tuple(_validate_record(r, created_ms, last_ms, texts) for r in records_raw)
+    previous = 0
+    for record in records:
+        if record.seq <= previous:
+            raise fail("duplicate_sequence", f"sequence {record.seq} not strictly increasing")
+        previous = record.seq
+    if previous > seq or seq < turns:
+        raise fail("invalid_session", "sequence counter behind its records")
+    if sum(r.is_tool for r in records) != tools:
+        raise fail("invalid_session", "tool-result count")
+    summary = obj["summary"]
+    if summary is None:
+        if summary_bytes != 0:
+            raise fail("invalid_session", "summary bytes without a summary")
+    else:
+        if not isinstance(summary, str) or len(summary.encode("utf-8")) != summary_bytes:
+            raise fail("invalid_summary", "summary size")
+        try:
+            doc = orjson.loads(summary)
+        except orjson.JSONDecodeError:
+            raise fail("invalid_summary", "summary is not JSON") from None
+        if summary_version < 1:
+            raise fail("invalid_summary", "summary version")
+        try:
+            texts.extend(check_summary(doc))
+        except RecordInvalid as exc:
+            raise fail(exc.reason, exc.detail) from None
+    if nbytes != sum(r.nbytes for r in records) + summary_bytes:
+        raise fail("invalid_session", "session bytes do not add up")
+    receipts_raw = obj["receipts"]
+    if not isinstance(receipts_raw, list) or len(receipts_raw) > limits.IDEMPOTENCY_WINDOW:
+        raise fail("invalid_session", "receipts")
+    receipts: list[tuple[str, str]] = []
+    seen_ids: set[str] = set()
+    for item in receipts_raw:
+        if not (
+            isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)
+        ):
+            raise fail("invalid_session", "receipt shape")
+        turn_id, receipt = item
+        m = _RECEIPT_RE.match(receipt)
+        # A receipt names the session id the turn was first acknowledged under: this
+        # session's, or the one it was restored from (recovery gives a new id, D7).
+        if (
+            not _TURN_ID_RE.match(turn_id)
+            or turn_id in seen_ids
+            or m is None
+            or not 1 <= int(m.group(2)) <= seq
+        ):
+            raise fail("invalid_session", "receipt")
+        texts.append(("receipt turn id", turn_id))
+        seen_ids.add(turn_id)
+        receipts.append((turn_id, receipt))
+    _no_secrets(texts)
+    return ValidatedSession(
+        member=member,
+        session_id=sid,
+        created_ms=created_ms,
+        created_wall_ms=created_wall,
+        last_ms=last_ms,
+        last_wall_ms=last_wall,
+        age_ms=age_ms,
+        read_wall_ms=read_wall,
+        seq=seq,
+        summary=summary,
+        summary_version=summary_version,
+        nbytes=nbytes,
+        records=records,
+        receipts=tuple(receipts),
+    )
+
+
+@dataclass(frozen=True)
+class FittedSession:
+    """:func:`fit_session`'s verdict: the session to restore (None = skip it), and why."""
+
+    session: ValidatedSession | None
+    dropped: int  # oldest turns left out to fit today's bounds
+    reason: str  # "" when nothing was changed
+
+
+def fit_session(session: ValidatedSession, conv: ConversationConfig) -> FittedSession:
+    """Today's per-session bounds: keep the summary and the newest turns that fit.
+
+    A generation written under larger limits stays readable when a limit is lowered
+    (``max_turns_per_session`` 200 -> 10, a smaller ``max_turn_bytes``...): the summary
+    is kept and the longest run of newest turns that fits every bound is restored (a
+    contiguous suffix, so sequences stay gapless).  A summary over today's
+    ``max_summary_bytes`` (or a session left with nothing) is skipped alone.
+    """
+    summary_bytes = session.nbytes - sum(r.nbytes for r in session.records)
+    if summary_bytes > conv.max_summary_bytes:
+        return FittedSession(None, len(session.records), "summary over max_summary_bytes")
+    if summary_bytes > conv.max_session_bytes:
+        return FittedSession(None, len(session.records), "summary over max_session_bytes")
+    kept: list[StoredTurn] = []
+    nbytes, tools = summary_bytes, 0
+    for record in reversed(session.records):
+        body = sum(
+            len(v.encode("utf-8")) for k, v in record.fields.items() if k not in ("tool", "action")
+        )
+        if (
+            record.nbytes > conv.max_turn_bytes
+            or (record.kind in ("tool", "action") and body > conv.max_tool_result_bytes)
+            or len(kept) + 1 > conv.max_turns_per_session
+            or nbytes + record.nbytes > conv.max_session_bytes
+            or tools + record.is_tool > conv.max_tool_results
+        ):
+            break
+        kept.append(record)
+        nbytes += record.nbytes
+        tools += record.is_tool
+    dropped = len(session.records) - len(kept)
+    if not dropped:
+        return FittedSession(session, 0, "")
+    if not kept and session.summary is None:
+        return FittedSession(None, dropped, "no turn fits today's bounds")
+    fitted = replace(session, records=tuple(reversed(kept)), nbytes=nbytes)
+    return FittedSession(fitted, dropped, "over today's bounds")
+
+
+@dataclass(frozen=True)
+class VerifiedGeneration:
+    """A generation that passed every check; ``header`` is its parsed header."""
+
+    file: GenerationFile
+    header: Mapping[str, Any]
+
+    @property
+    def flush_walls(self) -> tuple[int, int]:
+        return int(self.header["flush_started_wall_ms"]), int(self.header["flush_wall_ms"])
+
+
+# verify_steps yields after this many session lines (the restorer extends its lock).
+VERIFY_STEP_LINES: Final = 256
+
+
+def verify_generation(
+    gen: GenerationFile, namespace: str, conv: ConversationConfig, max_bytes: int
+) -> VerifiedGeneration | Rejection:
+    """Pass 1: every check of the module docstring, reading the file once."""
+    steps = verify_steps(gen, namespace, conv, max_bytes)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+
+def verify_steps(
+    gen: GenerationFile, namespace: str, conv: ConversationConfig, max_bytes: int
+) -> Generator[int, None, VerifiedGeneration | Rejection]:
+    """:func:`verify_generation` as a generator: yields the lines read so far every
+    :data:`VERIFY_STEP_LINES` lines, returns the verdict."""
+    try:
+        size = gen.path.stat().st_size
+        # Integrity is per file against the hard ceiling: a generation written before
+        # max_snapshot_bytes was lowered stays readable (retention prunes it later).
+        ceiling = int(limits.MAX_SNAPSHOT_BYTES.ceiling)
+        if size > ceiling:
+            return Rejection("oversized", f"{size} bytes > the snapshot ceiling {ceiling}")
+        with open(gen.path, "rb") as fh:
+            header = read_header(fh, namespace)
+            if header["generation"] != gen.generation:
+                return Rejection("bad_header", "generation does not match the file name")
+            expected = HEADER_BLOCK + header["payload_bytes"]
+            if size < expected:
+                return Rejection("truncated", f"{size} of {expected} bytes")
+            if size > expected:
+                return Rejection("corrupt", f"{size - expected} bytes after the payload")
+            sha = hashlib.sha256()
+            walls = (header["flush_started_wall_ms"], header["flush_wall_ms"])
+            members: set[str] = set()
+            ids: set[str] = set()
+            count = 0
+            problem: SnapshotValidationError | None = None
+            for line in read_lines(fh, header["payload_bytes"], sha):
+                count += 1
+                if count % VERIFY_STEP_LINES == 0:
+                    yield count
+                if problem is not None:
+                    continue  # keep hashing: a checksum mismatch names corruption best
+                try:
+                    obj = orjson.loads(line)
+                    session = validate_session(obj, flush_walls=walls)
+                    if session.member in members or session.session_id in ids:
+                        raise fail("duplicate_session", "a key or session id appears twice")
+                    members.add(session.member)
+                    ids.add(session.session_id)
+                except orjson.JSONDecodeError:
+                    problem = fail("corrupt", f"session line {count} is not JSON")
+                except SnapshotValidationError as exc:
+                    problem = exc
+            if sha.hexdigest() != header["payload_sha256"]:
+                return Rejection("checksum", "payload checksum mismatch")
+            if problem is not None:
+                return Rejection(problem.reason, problem.detail)
+            if count != header["sessions"]:
+                return Rejection("corrupt", "session count does not match the header")
+            return VerifiedGeneration(gen, header)
+    except SnapshotValidationError as exc:
+        return Rejection(exc.reason, exc.detail)
+    except FileNotFoundError:
+        return Rejection("vanished", "the file disappeared")
+    except OSError as exc:
+        return Rejection("unreadable", exc.strerror or str(exc))
+
+
+def iter_generation(
+    verified: VerifiedGeneration, conv: ConversationConfig
+) -> Iterator[ValidatedSession]:
+    """Pass 2: the sessions of a verified generation, each validated again as it is read.
+
+    Raises :class:`SnapshotValidationError` if the file changed since pass 1.
+    """
+    header = verified.header
+    sha = hashlib.sha256()
+    try:
+        fh = open(verified.file.path, "rb")  # noqa: SIM115 -- closed below; open errors typed
+    except FileNotFoundError:
+        raise fail("vanished", "the file disappeared after it was verified") from None
+    except OSError as exc:
+        raise fail("unreadable", exc.strerror or str(exc)) from None
+    try:
+        with fh:
+            if read_header(fh, header["namespace"]) != header:
+                raise fail("changed", "the header changed since it was verified")
+            for line in read_lines(fh, header["payload_bytes"], sha):
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    raise fail("changed", "the payload changed since it was verified") from None
+                yield validate_session(obj, flush_walls=verified.flush_walls)
+    except OSError as exc:
+        raise fail("unreadable", exc.strerror or str(exc)) from None
+    if sha.hexdigest() != header["payload_sha256"]:
+        raise fail("changed", "the payload changed since it was verified")
