@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +86,18 @@ class ScriptSpec:
                 f" unknown {sorted(argv.keys() - set(self.argv))}"
             )
         return self._argv_getter(argv)
+
+    def call_with_tail(
+        self,
+        keys: Mapping[str, str] | tuple[str, ...],
+        tail: Iterable[str | int | bytes],
+        /,
+        **argv: str | int | bytes,
+    ) -> ScriptCall:
+        """:meth:`call`, then a counted tail after the declared ARGV (``snapshot_page``'s
+        members, ``restore_session``'s records): the script's header documents it."""
+        call = self.call(keys, **argv)
+        return dataclasses.replace(call, args=(*call.args, *tail))
 
     def replace(self, call: ScriptCall, /, **argv: str | int | bytes) -> ScriptCall:
         """``call`` (a call of this script) with the ARGV named in ``argv`` changed."""

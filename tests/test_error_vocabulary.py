@@ -40,7 +40,8 @@ CANONICAL_CODES = [member.value for member in ErrorCode]  # aliases are not iter
 OUTCOME_STATUSES: Mapping[str, str] = {
     "memory/apply_compaction": "compaction outcomes (memtier.memory.compaction): job states",
     "memory/read_context": "NOT_FOUND is an empty context",
-    "memory/restore_gate": "LOST: the restore lock is no longer ours (the restorer stops)",
+    "memory/restore_gate": "LOST: the lock is no longer ours (the restorer stops); BUSY: wait",
+    "memory/restore_session": "NO_ROOM: that session is skipped and reported; recovery goes on",
 }
 # Reason codes the Python side publishes without a script emitting them (none today).
 PYTHON_ONLY_REASONS: frozenset[str] = frozenset()
@@ -51,13 +52,17 @@ PYTHON_ONLY_REASONS: frozenset[str] = frozenset()
 _HEADER_RE = re.compile(r"--\[\[(.*?)\]\]", re.DOTALL)
 _REFUSAL_RE = re.compile(r"\{\s*(-\d+)\b[^}]*\}\s*([A-Z][A-Z_]+)")
 _STATUS_ROW_RE = re.compile(r"(-?\d+) ([A-Z][A-Z_]+)")
+_TABLE_ROW_RE = re.compile(r"^\s*([A-Z][A-Z_]+)\s+(-\d+)\s", re.MULTILINE)
 
 
 def header_refusals(source: str) -> dict[str, int]:
-    """``NAME -> status`` of the negative statuses a script's header documents."""
+    """``NAME -> status`` of the negative statuses a script's header documents: as
+    ``{ -2, ... }  NAME: ...`` rows, or as ``NAME  -2  ...`` table rows."""
     match = _HEADER_RE.search(source)
     header = match.group(1) if match else ""
-    return {name: int(status) for status, name in _REFUSAL_RE.findall(header)}
+    found = {name: int(status) for status, name in _REFUSAL_RE.findall(header)}
+    found.update((name, int(status)) for name, status in _TABLE_ROW_RE.findall(header))
+    return found
 
 
 def status_table(source: str) -> dict[str, int]:
@@ -202,6 +207,8 @@ def test_the_checker_reports_reason_codes_both_ways() -> None:
 def test_the_parsers_read_headers_tables_and_event_calls() -> None:
     header = "--[[\n  Output:\n    { 0, x }  stored\n    { -2, a, b }  AGGREGATE_FULL: no\n]]\n"
     assert header_refusals(header + "return { -9 } -- NOT_A_HEADER") == {"AGGREGATE_FULL": -2}
+    table_rows = "--[[\n  Output:\n    OK      0   done\n    LOST   -1   { -1 } not ours\n]]\n"
+    assert header_refusals(table_rows) == {"LOST": -1}
     table = (
         "Status convention (x):\n     0 OK     1 EXISTED / NOOP\n    -1 NOT_FOUND\n\nlater -5 NOPE"
     )

@@ -82,8 +82,7 @@ def checkpoint_call(
     **argv: str | int | bytes,
 ) -> ScriptCall:
     """A call of ``spec`` on one thread: KEYS by role, ARGV by name, then the ``tail``."""
-    call = spec.call({role: getattr(keys, role) for role in spec.keys}, **argv)
-    return ScriptCall(call.script, call.keys, (*call.args, *tail))
+    return spec.call_with_tail({role: getattr(keys, role) for role in spec.keys}, tail, **argv)
 
 
 @dataclass

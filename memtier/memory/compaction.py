@@ -34,6 +34,7 @@ from memtier.engine import Plan, ScriptCall
 from memtier.errors import ScriptError
 from memtier.memory.core import MemoryCore
 from memtier.memory.models import ConversationKey
+from memtier.memory.scriptspecs import APPLY_COMPACTION, READ_SESSION
 from memtier.memory.state import SessionState, iter_sessions
 from memtier.memory.summary import (
     SUMMARY_VERSION,
@@ -255,10 +256,11 @@ class JobRef:
 def read_session_call(core: MemoryCore, key: ConversationKey) -> ScriptCall:
     part = core.partition_for(key)
     sk = part.session(key.member)
-    return ScriptCall(
-        "read_session",
-        (sk.session, sk.turns, part.meta),
-        (key.member, core.ttl_ms(key.channel), core.clock_arg()),
+    return READ_SESSION.call(
+        {"session": sk.session, "turns": sk.turns, "meta": part.meta},
+        member=key.member,
+        ttl_ms=core.ttl_ms(key.channel),
+        clock_override=core.clock_arg(),
     )
 
 
@@ -273,26 +275,31 @@ def apply_call(
     part = core.partition_for(key)
     sk = part.session(key.member)
     conv = core.conv
-    return ScriptCall(
-        "apply_compaction",
-        (sk.session, sk.turns, part.index, part.meta, part.events, part.compact),
-        (
-            key.member,
-            session_id,
-            plan.expected_sv if plan else 0,
-            plan.fold_n if plan else 0,
-            plan.first_seq if plan else 0,
-            plan.last_seq if plan else 0,
-            plan.summary if plan else b"",
-            core.ttl_ms(key.channel),
-            conv.max_session_bytes,
-            conv.max_summary_bytes,
-            core.max_bytes_per_partition,
-            conv.max_events,
-            core.clock_arg(),
-            job.group if job else "",
-            job.entry_id if job else "",
-        ),
+    keys = {
+        "session": sk.session,
+        "turns": sk.turns,
+        "index": part.index,
+        "meta": part.meta,
+        "events": part.events,
+        "compact": part.compact,
+    }
+    return APPLY_COMPACTION.call(
+        keys,
+        member=key.member,
+        session_id=session_id,
+        expected_sv=plan.expected_sv if plan else 0,
+        fold_n=plan.fold_n if plan else 0,
+        first_seq=plan.first_seq if plan else 0,
+        last_seq=plan.last_seq if plan else 0,
+        summary=plan.summary if plan else b"",
+        ttl_ms=core.ttl_ms(key.channel),
+        max_session_bytes=conv.max_session_bytes,
+        max_summary_bytes=conv.max_summary_bytes,
+        max_aggregate=core.max_bytes_per_partition,
+        max_events=conv.max_events,
+        clock_override=core.clock_arg(),
+        group=job.group if job else "",
+        job_id=job.entry_id if job else "",
     )
 
 

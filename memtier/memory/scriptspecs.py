@@ -5,8 +5,8 @@ is the script's, declared once here and checked against each script's header by
 tests/memory/test_memory_script_specs.py.  Variadic tails (``snapshot_page``'s members)
 follow the declared ARGV.
 
-``restore_session`` has no spec yet: its header names two KEYS ``lru`` and one
-``turn-id`` (not identifiers), and that header belongs to the snapshot work.
+Variadic tails (``snapshot_page``'s members, ``restore_session``'s records and
+receipts) are appended with :meth:`~memtier.scriptspec.ScriptSpec.call_with_tail`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = [
     "READ_CONTEXT",
     "READ_SESSION",
     "RESTORE_GATE",
+    "RESTORE_SESSION",
     "SNAPSHOT_PAGE",
     "SWEEP_EXPIRED",
 ]
@@ -130,6 +131,34 @@ RESTORE_GATE: Final = ScriptSpec(
     keys=("lock", "state"),
     argv=("op", "token", "lock_ms", "generation", "outcome", "force", "epoch", "unhandled"),
 )
+RESTORE_SESSION: Final = ScriptSpec(
+    "restore_session",
+    keys=(*_SESSION, "lru", "other_lru", "index", "meta", "events"),
+    argv=(
+        "member",
+        "session_id",
+        "created_ms",
+        "created_wall_ms",
+        "last_ms",
+        "last_wall_ms",
+        "seq",
+        "summary",
+        "summary_version",
+        "age_ms",
+        "read_wall_ms",
+        "flush_wall_ms",
+        "ttl_ms",
+        "grace_ms",
+        "max_sessions",
+        "max_aggregate",
+        "max_session_bytes",
+        "max_turns",
+        "max_events",
+        "clock_override",
+        "detail",
+        "n_records",
+    ),  # then the records and the receipts
+)
 SNAPSHOT_PAGE: Final = ScriptSpec(
     "snapshot_page",
     keys=("index", "meta"),
@@ -155,6 +184,7 @@ MEMORY_SPECS: Final[dict[str, ScriptSpec]] = {
         READ_CONTEXT,
         READ_SESSION,
         RESTORE_GATE,
+        RESTORE_SESSION,
         SNAPSHOT_PAGE,
         SWEEP_EXPIRED,
     )

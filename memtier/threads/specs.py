@@ -8,6 +8,7 @@ triples, meter pairs) declares the fixed part; :func:`with_tail` appends the res
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Final
 
@@ -162,4 +163,4 @@ def thread_call(
 
 def with_tail(call: ScriptCall, tail: Iterable[str | int | bytes]) -> ScriptCall:
     """``call`` with the counted tail of its ARGV appended (the header documents it)."""
-    return ScriptCall(call.script, call.keys, (*call.args, *tail))
+    return dataclasses.replace(call, args=(*call.args, *tail))

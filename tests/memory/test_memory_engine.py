@@ -15,8 +15,8 @@ import pytest
 from memhelpers import Clock, key
 
 from memtier import AsyncConversationStore, AvatarMessage, ConversationStore
-from memtier.memory.compaction import SummaryRequest, deterministic_summary
 from memtier.memory.persistence import snapshot_dir_for
+from memtier.memory.summary import SummaryRequest, deterministic_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 API = (

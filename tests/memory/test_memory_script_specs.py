@@ -11,7 +11,7 @@ from memtier.scripts import load_registry, lua_root
 from memtier.scriptspec import ScriptSpec, header_inputs
 
 # Scripts without a spec, and why (see the module docstring of scriptspecs).
-WITHOUT_SPEC = {"restore_session"}
+WITHOUT_SPEC: set[str] = set()
 
 
 def _source(name: str) -> str:
@@ -53,12 +53,6 @@ def test_the_check_fails_on_a_mismatch(name: str) -> None:
     first_key = f"KEYS[1] {spec.keys[0]}"
     assert first_key in source
     assert not _matches(spec, source.replace(first_key, "KEYS[1] renamed_role", 1))
-
-
-def test_restore_session_header_still_does_not_parse_into_unique_roles() -> None:
-    # When its header is rewritten, this fails: then give it a spec (and drop WITHOUT_SPEC).
-    keys, _argv = header_inputs(_source("restore_session"))
-    assert len(set(keys)) < len(keys)
 
 
 def test_calls_are_built_by_name_and_refuse_a_missing_or_unknown_name() -> None:

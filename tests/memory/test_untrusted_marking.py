@@ -30,7 +30,6 @@ from memtier import (
     ToolSummary,
     ValidationError,
 )
-from memtier.config import MemtierConfig
 from memtier.memory.core import MemoryCore
 from memtier.memory.delimiters import (
     OPENERS,

@@ -18,19 +18,12 @@ from memtier.memory.persistence import (
     snapshot_page_call,
 )
 from memtier.memory.restorestatus import GateStatus, RestoreStatus
-from memtier.memory.scriptspecs import EMIT_EVENT
+from memtier.memory.scriptspecs import EMIT_EVENT, RESTORE_SESSION
 from memtier.memory.snapshot import Rejection, iter_generation, verify_generation
 
 
 def _run(store: Any, call: ScriptCall) -> Any:
     return store.executor.execute(call)
-
-
-def _replace_arg(call: ScriptCall, index: int, value: Any) -> ScriptCall:
-    # By position: restore_session has no ScriptSpec yet (see memtier.memory.scriptspecs).
-    args = list(call.args)
-    args[index] = value
-    return ScriptCall(call.script, call.keys, tuple(args))
 
 
 def test_restore_session_codes(backend: Any, tmp_path: Path) -> None:
@@ -45,9 +38,8 @@ def test_restore_session_codes(backend: Any, tmp_path: Path) -> None:
     flush_wall = verified.header["flush_wall_ms"]
 
     def call(store: Any, session: Any) -> ScriptCall:
-        return _replace_arg(
-            restore_session_call(store.core, session, "generation=1"), 11, flush_wall
-        )
+        built = restore_session_call(store.core, session, "generation=1")
+        return RESTORE_SESSION.replace(built, flush_wall_ms=flush_wall)
 
     # EXISTS: every session is live.
     assert [int(_run(store, call(store, s))[0]) for s in sessions] == [RestoreStatus.EXISTS] * 3
@@ -68,7 +60,7 @@ def test_restore_session_codes(backend: Any, tmp_path: Path) -> None:
     assert int(codes[0][1]) == sessions[0].nbytes
     # Malformed: a record count that does not match the arguments.
     with pytest.raises(ScriptError):
-        _run(small, _replace_arg(call(small, sessions[1]), 21, 99))
+        _run(small, RESTORE_SESSION.replace(call(small, sessions[1]), n_records=99))
 
 
 def test_restore_gate_codes(backend: Any) -> None:

@@ -28,6 +28,7 @@ from memtier.memory.core import MemoryCore
 from memtier.memory.models import ReasonCode
 from memtier.memory.persistence.shared import emit_event_call
 from memtier.memory.persistence.shared import text as _b
+from memtier.memory.scriptspecs import SNAPSHOT_PAGE
 from memtier.memory.snapshot.directory import SnapshotDir
 from memtier.memory.snapshot.fileformat import SnapshotValidationError, session_to_json
 from memtier.memory.snapshot.validation import validate_session
@@ -47,16 +48,13 @@ MAX_SCAN_ROUNDS: Final = 4 * int(limits.MAX_ACTIVE_SESSIONS.ceiling) // 10 + 10_
 
 
 def snapshot_page_call(core: MemoryCore, part: PartitionKeys, members: Iterable[str]) -> ScriptCall:
-    return ScriptCall(
-        "snapshot_page",
-        (part.index, part.meta),
-        (
-            part.prefix,
-            core.conv.public_ttl_ms,
-            core.conv.im_ttl_ms,
-            core.clock_arg(),
-            *members,
-        ),
+    return SNAPSHOT_PAGE.call_with_tail(
+        {"index": part.index, "meta": part.meta},
+        members,
+        prefix=part.prefix,
+        public_ttl_ms=core.conv.public_ttl_ms,
+        im_ttl_ms=core.conv.im_ttl_ms,
+        clock_override=core.clock_arg(),
     )
 
 

@@ -11,6 +11,7 @@ from typing import Final
 
 from memtier.engine import ScriptCall
 from memtier.memory.core import MemoryCore
+from memtier.memory.scriptspecs import RESTORE_GATE
 
 __all__ = ["LOCK_MS", "restore_gate_call"]
 
@@ -31,8 +32,14 @@ def restore_gate_call(
     """``epoch``: recorded by begin/finish when the state has none yet; ``unhandled``:
     acquire again a gate whose ``live`` outcome under that epoch hid a data loss."""
     ks = core.keyspace
-    return ScriptCall(
-        "restore_gate",
-        (ks.restore_lock, ks.restore_state),
-        (op, token, LOCK_MS, generation, outcome, "1" if force else "", epoch, unhandled),
+    return RESTORE_GATE.call(
+        {"lock": ks.restore_lock, "state": ks.restore_state},
+        op=op,
+        token=token,
+        lock_ms=LOCK_MS,
+        generation=generation,
+        outcome=outcome,
+        force="1" if force else "",
+        epoch=epoch,
+        unhandled=unhandled,
     )

@@ -42,6 +42,7 @@ from memtier.memory.persistence.gate import restore_gate_call
 from memtier.memory.persistence.shared import emit_event_call
 from memtier.memory.persistence.shared import text as _b
 from memtier.memory.restorestatus import GateStatus, RestoreStatus
+from memtier.memory.scriptspecs import RESTORE_SESSION
 from memtier.memory.snapshot.directory import GenerationFile, SnapshotDir
 from memtier.memory.snapshot.fileformat import SnapshotValidationError
 from memtier.memory.snapshot.validation import (
@@ -80,51 +81,46 @@ def restore_session_call(
     receipts: list[str] = []
     for turn_id, receipt in session.receipts:
         receipts += (turn_id, receipt)
-    return ScriptCall(
-        "restore_session",
-        (
-            sk.session,
-            sk.turns,
-            sk.turn_ids,
-            part.lru(key.channel.value),
-            part.lru(other.value),
-            part.index,
-            part.meta,
-            part.events,
-        ),
-        (
-            session.member,
-            session_id or session.session_id,
-            session.created_ms,
-            session.created_wall_ms,
-            session.last_ms,
-            session.last_wall_ms,
-            session.seq,
-            session.summary or "",
-            session.summary_version,
-            session.age_ms,
-            session.read_wall_ms,
-            0,  # flush_wall_ms: filled by the caller (header value)
-            core.ttl_ms(key.channel),
-            limits.EXPIRY_GRACE_MS,
-            core.max_sessions_per_partition,
-            core.max_bytes_per_partition,
-            core.conv.max_session_bytes,
-            core.conv.max_turns_per_session,
-            core.conv.max_events,
-            core.clock_arg(),
-            detail,
-            len(session.records),
-            *(r.encode() for r in session.records),
-            *receipts,
-        ),
+    keys = {
+        "session": sk.session,
+        "turns": sk.turns,
+        "turn_ids": sk.turn_ids,
+        "lru": part.lru(key.channel.value),
+        "other_lru": part.lru(other.value),
+        "index": part.index,
+        "meta": part.meta,
+        "events": part.events,
+    }
+    return RESTORE_SESSION.call_with_tail(
+        keys,
+        (*(r.encode() for r in session.records), *receipts),
+        member=session.member,
+        session_id=session_id or session.session_id,
+        created_ms=session.created_ms,
+        created_wall_ms=session.created_wall_ms,
+        last_ms=session.last_ms,
+        last_wall_ms=session.last_wall_ms,
+        seq=session.seq,
+        summary=session.summary or "",
+        summary_version=session.summary_version,
+        age_ms=session.age_ms,
+        read_wall_ms=session.read_wall_ms,
+        flush_wall_ms=0,  # filled by the caller (header value)
+        ttl_ms=core.ttl_ms(key.channel),
+        grace_ms=limits.EXPIRY_GRACE_MS,
+        max_sessions=core.max_sessions_per_partition,
+        max_aggregate=core.max_bytes_per_partition,
+        max_session_bytes=core.conv.max_session_bytes,
+        max_turns=core.conv.max_turns_per_session,
+        max_events=core.conv.max_events,
+        clock_override=core.clock_arg(),
+        detail=detail,
+        n_records=len(session.records),
     )
 
 
 def _with_flush_wall(call: ScriptCall, flush_wall_ms: int) -> ScriptCall:
-    args = list(call.args)
-    args[11] = flush_wall_ms
-    return ScriptCall(call.script, call.keys, tuple(args))
+    return RESTORE_SESSION.replace(call, flush_wall_ms=flush_wall_ms)
 
 
 @dataclass

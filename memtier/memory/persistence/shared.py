@@ -7,6 +7,7 @@ from typing import Any
 from memtier.engine import ScriptCall
 from memtier.memory.core import MemoryCore
 from memtier.memory.models import ConversationKey, ReasonCode
+from memtier.memory.scriptspecs import EMIT_EVENT
 from memtier.memory.snapshot.directory import SnapshotDir
 
 __all__ = ["emit_event_call", "snapshot_dir_for", "text"]
@@ -27,10 +28,14 @@ def emit_event_call(
         part = core.partition_for(ConversationKey.from_member(member))
     else:
         part = core.keyspace.partition(partition)
-    return ScriptCall(
-        "emit_event",
-        (part.meta, part.events),
-        (reason.value, member, session_id, detail[:512], core.conv.max_events, core.clock_arg()),
+    return EMIT_EVENT.call(
+        {"meta": part.meta, "events": part.events},
+        reason=reason.value,
+        member=member,
+        session_id=session_id,
+        detail=detail[:512],
+        max_events=core.conv.max_events,
+        clock_override=core.clock_arg(),
     )
 
 
