@@ -34,7 +34,7 @@ _WORKER_SIZES = {
 def run_workers(h: Harness, server: BenchRedis) -> None:
     """Compaction, flush against the disk's own write rate, appends blocked, recovery.
 
-    Uses ``memtier.workers.benchsupport`` (written with the workers): each flush round
+    Uses ``bench.workerbench``: each flush round
     first measures the disk's sequential write + fsync rate into the same directory,
     then flushes N sessions while two other processes append (and, before it, append
     without a flush for the baseline latency).

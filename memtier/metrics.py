@@ -34,6 +34,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 
 from memtier.memory.restorestatus import RestoreStatus
+from memtier.memory.scriptspecs import DROP_SESSION, EMIT_EVENT
 
 __all__ = [
     "ACTIVE_SESSIONS",
@@ -237,11 +238,11 @@ def count_script_events(script: str, args: Sequence[Any], reply: Any) -> None:
     counted from its receipt by the store)."""
     try:
         if script == "drop_session" and int(reply[0]) == 1:
-            count_event(_text(args[2]))
+            count_event(_text(args[DROP_SESSION.index("reason")]))
         elif script == "sweep_expired":
             count_event("expired", int(reply[0]))
         elif script == "emit_event":
-            count_event(_text(args[0]))
+            count_event(_text(args[EMIT_EVENT.index("reason")]))
         elif script == "apply_compaction" and int(reply[0]) == 0:
             count_event("compacted")
         elif script == "restore_session":

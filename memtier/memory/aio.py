@@ -19,7 +19,7 @@ from memtier.engine import drive_async
 from memtier.errors import BackendError
 from memtier.executor import AsyncExecutor, ScriptHook
 from memtier.memory import operations as ops
-from memtier.memory.compaction import CompactionOutcome, Summarizer
+from memtier.memory.compaction import CompactionOutcome
 from memtier.memory.core import MemoryCore
 from memtier.memory.models import (
     AppendReceipt,
@@ -34,6 +34,7 @@ from memtier.memory.models import (
 from memtier.memory.operations import BlockingPlan, KeyLike, StoreStats
 from memtier.memory.persistence import FlushResult, LossWatch, RecoveryReport, snapshot_dir_for
 from memtier.memory.snapshot import SnapshotDir
+from memtier.memory.summary import Summarizer
 from memtier.retry import RetryPolicy, retry_async
 from memtier.scripts import load_registry
 

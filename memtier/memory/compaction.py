@@ -1,7 +1,7 @@
 """Deterministic compaction: fold a session's oldest turns into a bounded factual summary.
 
 Pure and I/O-free, except :func:`compaction_plan`, a sans-I/O plan (see
-:mod:`memtier.memory.plans`) that the stores and ``memtier worker`` drive.
+:mod:`memtier.engine`) that the stores and ``memtier worker`` drive.
 
 When
     ``append_turn`` queues a job on the partition's ``T:compact`` stream once a session
@@ -42,7 +42,6 @@ from memtier.memory.summary import (
     SummaryFacts,
     build_summary,
     merge_facts,
-    with_fallback,
 )
 
 __all__ = [
@@ -51,14 +50,12 @@ __all__ = [
     "CompactionPlan",
     "CompactionStatus",
     "JobRef",
-    "Summarizer",
     "apply_call",
     "choose_fold",
     "compaction_plan",
     "needs_compaction",
     "plan_compaction",
     "read_session_call",
-    "with_fallback",
 ]
 
 

@@ -24,12 +24,7 @@ from typing import Any, Protocol
 from memtier import limits, metrics
 from memtier.engine import Command, Handoff, Plan
 from memtier.errors import MemtierError, SessionFullError, SnapshotError, ValidationError
-from memtier.memory.compaction import (
-    CompactionOutcome,
-    Summarizer,
-    compaction_plan,
-    with_fallback,
-)
+from memtier.memory.compaction import CompactionOutcome, compaction_plan
 from memtier.memory.core import MemoryCore, PreparedTurn
 from memtier.memory.models import (
     AppendReceipt,
@@ -51,6 +46,7 @@ from memtier.memory.persistence import (
     recover_plan,
 )
 from memtier.memory.snapshot import SnapshotDir
+from memtier.memory.summary import Summarizer, with_fallback
 
 __all__ = [
     "BlockingPlan",

@@ -17,7 +17,7 @@ from memtier.engine import drive_sync
 from memtier.errors import BackendError
 from memtier.executor import ScriptHook, SyncExecutor
 from memtier.memory import operations as ops
-from memtier.memory.compaction import CompactionOutcome, Summarizer
+from memtier.memory.compaction import CompactionOutcome
 from memtier.memory.core import MemoryCore
 from memtier.memory.models import (
     AppendReceipt,
@@ -32,6 +32,7 @@ from memtier.memory.models import (
 from memtier.memory.operations import BlockingPlan, KeyLike, StoreStats
 from memtier.memory.persistence import FlushResult, LossWatch, RecoveryReport, snapshot_dir_for
 from memtier.memory.snapshot import SnapshotDir
+from memtier.memory.summary import Summarizer
 from memtier.retry import RetryPolicy
 from memtier.scripts import load_registry
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from memtier.errors import ConversationError, ErrorCode
 from memtier.keys import OWNER_ID_RE
+from memtier.wire import ms_to_datetime
 
 __all__ = [
     "MARKER",
@@ -64,11 +65,6 @@ RESERVED_EVENT_TYPES: Final = TERMINAL_EVENT_TYPES | {
     "user_message",
     "assistant_message",
 }
-
-
-def ms_to_datetime(ms: int) -> datetime:
-    """Epoch milliseconds -> aware UTC datetime (serialized as ``...Z``)."""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 @dataclass(frozen=True, slots=True)

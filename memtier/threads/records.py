@@ -29,15 +29,9 @@ from memtier.threads.models import (
     ThreadState,
     ms_to_datetime,
 )
+from memtier.wire import text
 
 __all__ = ["entry_from_json", "entry_row", "pairs", "text", "thread_from_fields", "thread_of"]
-
-
-def text(value: Any) -> str:
-    """A reply value as text (redis-py answers bytes unless decode_responses)."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    return str(value)
 
 
 def pairs(flat: Sequence[Any]) -> dict[str, str]:

@@ -15,6 +15,7 @@ from enum import IntEnum
 from typing import Any, Final
 
 from memtier.errors import ConversationError, ErrorCode
+from memtier.wire import text
 
 __all__ = ["ThreadStatus", "status_error"]
 
@@ -82,5 +83,5 @@ def status_error(status: int, reply: Sequence[Any] = ()) -> ConversationError:
     details: dict[str, Any] = {}
     if status == ThreadStatus.LIMIT_EXCEEDED and len(reply) > 1:
         value = reply[1]
-        details["limit"] = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        details["limit"] = text(value)
     return ConversationError(code, message, **details)

@@ -27,12 +27,12 @@ from memtier.keys import PartitionKeys
 from memtier.memory.core import MemoryCore
 from memtier.memory.models import ReasonCode
 from memtier.memory.persistence.shared import emit_event_call
-from memtier.memory.persistence.shared import text as _b
 from memtier.memory.scriptspecs import SNAPSHOT_PAGE
 from memtier.memory.snapshot.directory import SnapshotDir
 from memtier.memory.snapshot.fileformat import SnapshotValidationError, session_to_json
 from memtier.memory.snapshot.validation import validate_session
 from memtier.memory.state import iter_sessions
+from memtier.wire import text as _b
 
 __all__ = ["PAGE_BYTES", "PAGE_SESSIONS", "FlushResult", "flush_plan", "snapshot_page_call"]
 

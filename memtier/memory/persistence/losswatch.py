@@ -24,8 +24,8 @@ from typing import Final
 from memtier.engine import Command, Plan
 from memtier.memory.core import MemoryCore
 from memtier.memory.persistence.recovery import RecoveryReport, recover_plan
-from memtier.memory.persistence.shared import text as _b
 from memtier.memory.snapshot.directory import SnapshotDir
+from memtier.wire import text as _b
 
 __all__ = ["LOSS_CHECK_MIN_S", "LOSS_CHECK_S", "LossWatch", "loss_check_plan"]
 

@@ -40,7 +40,6 @@ from memtier.memory.core import MemoryCore, new_session_id
 from memtier.memory.models import Channel, ConversationKey, ReasonCode
 from memtier.memory.persistence.gate import restore_gate_call
 from memtier.memory.persistence.shared import emit_event_call
-from memtier.memory.persistence.shared import text as _b
 from memtier.memory.restorestatus import GateStatus, RestoreStatus
 from memtier.memory.scriptspecs import RESTORE_SESSION
 from memtier.memory.snapshot.directory import GenerationFile, SnapshotDir
@@ -53,6 +52,7 @@ from memtier.memory.snapshot.validation import (
     iter_generation,
     verify_steps,
 )
+from memtier.wire import text as _b
 
 __all__ = [
     "POLL_S",

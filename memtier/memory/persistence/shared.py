@@ -10,7 +10,7 @@ from memtier.memory.models import ConversationKey, ReasonCode
 from memtier.memory.scriptspecs import EMIT_EVENT
 from memtier.memory.snapshot.directory import SnapshotDir
 
-__all__ = ["emit_event_call", "snapshot_dir_for", "text"]
+__all__ = ["emit_event_call", "snapshot_dir_for"]
 
 
 def emit_event_call(
@@ -37,10 +37,6 @@ def emit_event_call(
         max_events=core.conv.max_events,
         clock_override=core.clock_arg(),
     )
-
-
-def text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def snapshot_dir_for(config: Any) -> SnapshotDir:
