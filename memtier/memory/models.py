@@ -167,10 +167,13 @@ class ConversationKey:
     ``"conference"`` raise :class:`~memtier.errors.UnsupportedChannelError`.
     """
 
-    __slots__ = ("avatar", "channel")
+    # ``_member``: the member string, built on first use (``str(UUID)`` costs ~1 us and the
+    # hot path needs it several times per call).
+    __slots__ = ("_member", "avatar", "channel")
 
     avatar: UUID
     channel: Channel
+    _member: str
 
     def __init__(self, avatar: UUID | str, channel: Channel | str) -> None:
         try:
@@ -207,7 +210,12 @@ class ConversationKey:
     @property
     def member(self) -> str:
         """``<avatar>:<channel>``, the name of this key inside its partition."""
-        return f"{self.avatar}:{self.channel.value}"
+        try:
+            return self._member
+        except AttributeError:
+            member = f"{self.avatar}:{self.channel.value}"
+            object.__setattr__(self, "_member", member)
+            return member
 
     @classmethod
     def from_member(cls, member: str) -> ConversationKey:
