@@ -145,9 +145,17 @@ def _percent(raw: bytes) -> str:
     return "".join(f"%{b:02X}" for b in raw)
 
 
+def _opening(source: str) -> str:
+    return f'<untrusted-data source="{escape_source(source)}">\n'
+
+
+# Sources are "avatar", "summary" and "tool:"/"action:" + a grammar name (<= 64 bytes): a
+# small vocabulary, so the escaped opening is built once per source, not once per turn.
+_cached_opening: Final = lru_cache(maxsize=4096)(_opening)
+_CACHED_SOURCE_CHARS: Final = 80
+
+
 def wrap_untrusted(source: str, text: str) -> str:
     """The visible delimiter around untrusted data handed to an LLM."""
-    return (
-        f'<untrusted-data source="{escape_source(source)}">\n'
-        f"{escape_delimiters(text)}\n</untrusted-data>"
-    )
+    head = _cached_opening(source) if len(source) <= _CACHED_SOURCE_CHARS else _opening(source)
+    return head + escape_delimiters(text) + "\n</untrusted-data>"

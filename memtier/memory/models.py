@@ -167,10 +167,13 @@ class ConversationKey:
     ``"conference"`` raise :class:`~memtier.errors.UnsupportedChannelError`.
     """
 
-    __slots__ = ("avatar", "channel")
+    # ``_member``: the member string, built on first use (``str(UUID)`` costs ~1 us and the
+    # hot path needs it several times per call).
+    __slots__ = ("_member", "avatar", "channel")
 
     avatar: UUID
     channel: Channel
+    _member: str
 
     def __init__(self, avatar: UUID | str, channel: Channel | str) -> None:
         try:
@@ -207,7 +210,12 @@ class ConversationKey:
     @property
     def member(self) -> str:
         """``<avatar>:<channel>``, the name of this key inside its partition."""
-        return f"{self.avatar}:{self.channel.value}"
+        try:
+            return self._member
+        except AttributeError:
+            member = f"{self.avatar}:{self.channel.value}"
+            object.__setattr__(self, "_member", member)
+            return member
 
     @classmethod
     def from_member(cls, member: str) -> ConversationKey:
@@ -401,7 +409,14 @@ class Event(_Strict):
 
 
 _M = TypeVar("_M", bound=BaseModel)
-_set_attr = object.__setattr__
+# The slot descriptors of BaseModel's four instance slots: setting through them directly is
+# what ``object.__setattr__`` ends up doing, without its per-call name lookup (the read path
+# builds 40 models per context of 20 turns).
+_SET_DICT: Final = BaseModel.__dict__["__dict__"].__set__
+_SET_FIELDS_SET: Final = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_SET_EXTRA: Final = BaseModel.__dict__["__pydantic_extra__"].__set__
+_SET_PRIVATE: Final = BaseModel.__dict__["__pydantic_private__"].__set__
+_new: Final = object.__new__
 
 
 def trusted(model: type[_M], values: dict[str, Any]) -> _M:
@@ -411,11 +426,12 @@ def trusted(model: type[_M], values: dict[str, Any]) -> _M:
     in pydantic 2.x costs more than validating: ``values`` must name every field, in
     declaration order, with the declared types (tests/memory/test_core_decode.py compares
     the result with a validated instance).  Only for models without private attributes or
-    ``model_post_init``; the read path uses it (memory core, turn-record codec).
+    ``model_post_init``; the read path uses it (memory core, turn-record codec), and the
+    append receipt.
     """
-    obj = model.__new__(model)
-    _set_attr(obj, "__dict__", values)
-    _set_attr(obj, "__pydantic_fields_set__", set(values))
-    _set_attr(obj, "__pydantic_extra__", None)
-    _set_attr(obj, "__pydantic_private__", None)
+    obj = _new(model)
+    _SET_DICT(obj, values)
+    _SET_FIELDS_SET(obj, set(values))
+    _SET_EXTRA(obj, None)
+    _SET_PRIVATE(obj, None)
     return obj

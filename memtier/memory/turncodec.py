@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 
 from memtier.errors import ScriptError
-from memtier.memory.models import TURN_TYPES, TurnRecord, trusted
-from memtier.wire import ms_to_datetime, text
+from memtier.memory.models import TURN_TYPES, Role, TurnRecord, trusted
+from memtier.wire import text
 
 __all__ = [
     "KIND_FIELDS",
@@ -42,6 +43,10 @@ KIND_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     "action": ("action", "outcome"),
 }
 UNTRUSTED_KINDS: Final = frozenset(kind for kind, t in TURN_TYPES.items() if t.untrusted)
+# Kind -> Role member, for the read path (one dict lookup per turn).
+_ROLE_OF: Final[Mapping[str, Role]] = {kind: t.role for kind, t in TURN_TYPES.items()}
+# wire.ms_to_datetime inlined (the same call, positional tz): once per turn of every read.
+_fromtimestamp: Final = datetime.fromtimestamp
 
 
 def encode_payload(kind: str, turn_id: str, fields: dict[str, str]) -> bytes:
@@ -62,24 +67,22 @@ def decode_record(raw: bytes | str) -> TurnRecord:
     seq, clock, wall, _nbytes, _tool, payload = record.split("|", 5)
     body = orjson.loads(payload)
     kind = body["k"]
-    turn_type = TURN_TYPES.get(kind) if isinstance(kind, str) else None
+    role = _ROLE_OF.get(kind) if type(kind) is str else None
     turn_id = body["id"]
     fields = body["f"]
-    if (
-        turn_type is None
-        or not isinstance(turn_id, str)
-        or not isinstance(fields, dict)
-        or not all(type(v) is str for v in fields.values())
-    ):
+    if role is None or type(turn_id) is not str or type(fields) is not dict:
         raise ScriptError("read_context returned a malformed turn record")
+    for value in fields.values():  # a plain loop: cheaper than all() over a generator
+        if type(value) is not str:
+            raise ScriptError("read_context returned a malformed turn record")
     return trusted(
         TurnRecord,
         {
             "seq": int(seq),
-            "timestamp": ms_to_datetime(int(wall)),
+            "timestamp": _fromtimestamp(int(wall) / 1000, UTC),
             "clock_ms": int(clock),
             "kind": kind,
-            "role": turn_type.role,
+            "role": role,
             "turn_id": turn_id,
             "fields": fields,
         },
