@@ -315,8 +315,8 @@ def lean_pool(client: Any) -> LeanPool | None:
     """A :class:`LeanPool` for ``client`` if its script calls may bypass redis-py's
     command machinery: a plain standalone sync ``redis.Redis`` (not a subclass, not a
     single-connection client, no replaced ``execute_command``, no EVALSHA response
-    callback) on a real server.  None keeps the generic path (fakeredis, a cluster
-    client, a wrapper)."""
+    callback, no client-side cache) on a real server.  None keeps the generic path
+    (fakeredis, a cluster client, a wrapper)."""
     if type(client) is not _SyncRedis or "execute_command" in vars(client):
         return None
     if _SyncRedis.execute_command is not _GENERIC_EXECUTE or getattr(client, "connection", None):
@@ -326,5 +326,7 @@ def lean_pool(client: Any) -> LeanPool | None:
     pool = getattr(client, "connection_pool", None)
     connection_class = getattr(pool, "connection_class", None)
     if connection_class is None or str(connection_class.__module__).startswith("fakeredis"):
+        return None
+    if getattr(pool, "cache", None) is not None:  # client-side caching wraps connections
         return None
     return LeanPool(pool)

@@ -29,7 +29,7 @@ from memtier.engine import (
     drive_sync,
 )
 from memtier.retry import RetryPolicy, retry_async, retry_sync
-from memtier.scripts import ScriptRegistry
+from memtier.scripts import LuaScript, ScriptRegistry
 
 __all__ = ["AsyncExecutor", "ScriptHook", "SyncExecutor"]
 
@@ -106,8 +106,9 @@ class SyncExecutor:
     def _script(self, call: ScriptCall) -> Callable[[], Any]:
         script = self.scripts[call.script]
         client, durable = self.client, call.durable
+        # A registry entry that is not a LuaScript (a test double wrapping one) is called.
         lean = self._lean_for(client) if durable is None else None
-        if lean is not None:
+        if lean is not None and isinstance(script, LuaScript):
             return self._lean_script(call, script, lean)
 
         def attempt() -> Any:
@@ -125,7 +126,9 @@ class SyncExecutor:
 
         return attempt
 
-    def _lean_script(self, call: ScriptCall, script: Any, lean: LeanPool) -> Callable[[], Any]:
+    def _lean_script(
+        self, call: ScriptCall, script: LuaScript, lean: LeanPool
+    ) -> Callable[[], Any]:
         """``attempt`` for a standalone client: the EVALSHA packed on the first attempt
         and re-sent as the same bytes by every retry (same guard, hooks and metrics)."""
         client, keys, args = self.client, call.keys, call.args
