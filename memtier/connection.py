@@ -28,12 +28,15 @@ map stale (a failover, a topology change).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from redis import Redis as _SyncRedis
 from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
 
 from memtier.config import MemtierConfig, RedisConfig, parse_redis_url
 from memtier.errors import BackendBusyError, BackendError, ConfigurationError, TransientBackendError
@@ -41,11 +44,13 @@ from memtier.errors import BackendBusyError, BackendError, ConfigurationError, T
 __all__ = [
     "EMBEDDED_NOTICE",
     "AsyncClientGuard",
+    "LeanPool",
     "SyncClientGuard",
     "client_options",
     "connect_async",
     "connect_sync",
     "embedded_server",
+    "lean_pool",
 ]
 
 T = TypeVar("T")
@@ -254,3 +259,74 @@ class AsyncClientGuard:
         async with self._lock:
             self._opened = False
             await self.client.aclose()
+
+
+# --- the lean call: one packed command on a pooled connection, no command machinery ------
+# What redis-py's ``Redis.execute_command`` is when memtier is imported: a client whose
+# class (or instance) replaced it -- a tracing wrapper, a test double -- keeps it.
+_GENERIC_EXECUTE = _SyncRedis.execute_command
+
+
+class LeanPool:
+    """Send one packed command on a connection of a standalone client's pool.
+
+    What redis-py's ``Redis._execute_command`` does for a command without a response
+    callback, minus its generic machinery (argument handling, retry object, per-call
+    observability): take a connection, send, read the reply (hiredis when installed),
+    disconnect it on any failure that is not a whole error reply (a timeout or a lost
+    connection leaves an unread reply or a dead socket: the connection must not go back
+    to the pool usable), and always give it back to the pool.
+    """
+
+    __slots__ = ("_named", "pool")
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        # redis-py < 5.3 wants the command name; later versions deprecate passing it.
+        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+        self._named = parameter is not None and parameter.default is inspect.Parameter.empty
+
+    def execute(self, args: tuple[Any, ...], packed: list[Any]) -> Any:
+        """Send ``args`` (packed into ``packed`` on first use, reused after) and read the reply."""
+        pool = self.pool
+        conn = pool.get_connection(args[0]) if self._named else pool.get_connection()
+        try:
+            if not packed:
+                packed.extend(conn.pack_command(*args))
+            try:
+                conn.send_packed_command(packed)
+                return conn.read_response()
+            except ResponseError:
+                raise  # a whole error reply was read: the connection is in step
+            except BaseException:
+                conn.disconnect()
+                raise
+        finally:
+            try:
+                should_reconnect = getattr(conn, "should_reconnect", None)
+                if should_reconnect is not None and should_reconnect():
+                    conn.disconnect()  # redis-py's maintenance notifications asked for it
+                    conn.connect()
+            finally:
+                pool.release(conn)
+
+
+def lean_pool(client: Any) -> LeanPool | None:
+    """A :class:`LeanPool` for ``client`` if its script calls may bypass redis-py's
+    command machinery: a plain standalone sync ``redis.Redis`` (not a subclass, not a
+    single-connection client, no replaced ``execute_command``, no EVALSHA response
+    callback, no client-side cache) on a real server.  None keeps the generic path
+    (fakeredis, a cluster client, a wrapper)."""
+    if type(client) is not _SyncRedis or "execute_command" in vars(client):
+        return None
+    if _SyncRedis.execute_command is not _GENERIC_EXECUTE or getattr(client, "connection", None):
+        return None
+    if "EVALSHA" in getattr(client, "response_callbacks", {}):
+        return None
+    pool = getattr(client, "connection_pool", None)
+    connection_class = getattr(pool, "connection_class", None)
+    if connection_class is None or str(connection_class.__module__).startswith("fakeredis"):
+        return None
+    if getattr(pool, "cache", None) is not None:  # client-side caching wraps connections
+        return None
+    return LeanPool(pool)

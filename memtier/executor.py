@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from memtier.connection import AsyncClientGuard, SyncClientGuard
+from memtier.connection import AsyncClientGuard, LeanPool, SyncClientGuard, lean_pool
 from memtier.engine import (
     AsyncExecute,
     Batch,
@@ -29,7 +29,7 @@ from memtier.engine import (
     drive_sync,
 )
 from memtier.retry import RetryPolicy, retry_async, retry_sync
-from memtier.scripts import ScriptRegistry
+from memtier.scripts import LuaScript, ScriptRegistry
 
 __all__ = ["AsyncExecutor", "ScriptHook", "SyncExecutor"]
 
@@ -51,6 +51,7 @@ class SyncExecutor:
         *,
         on_script: Sequence[ScriptHook] = (),
         handoff: Callable[[Any], Any] | None = None,
+        lean: bool = True,
     ) -> None:
         self.client = client
         self.scripts = scripts
@@ -58,6 +59,18 @@ class SyncExecutor:
         self.policy = policy
         self.on_script: list[ScriptHook] = list(on_script)
         self.handoff = handoff
+        self.lean = lean  # False: every script call through redis-py's client (tests, bench)
+        self.lean_calls = 0  # script attempts sent on the lean path (tests read it)
+        self._lean_client: Any = None
+        self._lean_pool: LeanPool | None = None
+
+    def _lean_for(self, client: Any) -> LeanPool | None:
+        """The lean path's pool for ``client`` (decided once per client), or None."""
+        if not self.lean:
+            return None
+        if self._lean_client is not client:
+            self._lean_pool, self._lean_client = lean_pool(client), client
+        return self._lean_pool
 
     def run(self, plan: Plan[T], operation: str | None = None) -> T:
         """Drive ``plan`` to completion on this client."""
@@ -93,6 +106,10 @@ class SyncExecutor:
     def _script(self, call: ScriptCall) -> Callable[[], Any]:
         script = self.scripts[call.script]
         client, durable = self.client, call.durable
+        # A registry entry that is not a LuaScript (a test double wrapping one) is called.
+        lean = self._lean_for(client) if durable is None else None
+        if lean is not None and isinstance(script, LuaScript):
+            return self._lean_script(call, script, lean)
 
         def attempt() -> Any:
             if call.attempts is not None:
@@ -105,6 +122,29 @@ class SyncExecutor:
                 )
             for hook in self.on_script:
                 hook(call.script, call.args, reply)
+            return reply
+
+        return attempt
+
+    def _lean_script(
+        self, call: ScriptCall, script: LuaScript, lean: LeanPool
+    ) -> Callable[[], Any]:
+        """``attempt`` for a standalone client: the EVALSHA packed on the first attempt
+        and re-sent as the same bytes by every retry (same guard, hooks and metrics)."""
+        client, keys, args = self.client, call.keys, call.args
+        hooks, guard = self.on_script, self.guard
+        packed: list[Any] = []
+
+        def send() -> Any:
+            return script.call_lean(lean, client, keys, args, packed)
+
+        def attempt() -> Any:
+            if call.attempts is not None:
+                call.attempts[0] += 1
+            self.lean_calls += 1
+            reply = guard.call(send)
+            for hook in hooks:
+                hook(call.script, args, reply)
             return reply
 
         return attempt

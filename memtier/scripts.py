@@ -31,13 +31,16 @@ from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoScriptError
 from redis.exceptions import ResponseError as RedisResponseError
 
 from memtier import metrics
 from memtier.errors import OutcomeUnknownError, ScriptError, TransientBackendError
+
+if TYPE_CHECKING:
+    from memtier.connection import LeanPool
 
 __all__ = [
     "Durable",
@@ -206,6 +209,33 @@ class LuaScript:
             except NoScriptError:
                 client.script_load(text.source)
                 return client.evalsha(*call)
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
+    def call_lean(
+        self,
+        lean: LeanPool,
+        client: Any,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        packed: list[Any],
+    ) -> Any:
+        """:meth:`__call__` on the lean path: the EVALSHA packed once into ``packed``
+        (kept by the caller across its retries) and sent with ``lean``, a standalone
+        client's pool (:func:`memtier.connection.lean_pool`; never fakeredis, so the
+        text is :attr:`source`).  NOSCRIPT reloads through ``client`` and re-sends the same
+        bytes; errors, the duration metric and ``memtier:`` rejections as :meth:`__call__`."""
+        call = ("EVALSHA", *self._args(self.sha, keys, args)) if not packed else ("EVALSHA",)
+        started = time.perf_counter()
+        try:
+            try:
+                return lean.execute(call, packed)
+            except NoScriptError:
+                client.script_load(self.source)
+                return lean.execute(call, packed)
         except RedisResponseError as exc:
             _raise_script_error(self.name, exc)
             raise
