@@ -41,8 +41,10 @@ log = logging.getLogger("memtier.persistence")
 # One snapshot_page call reads at most this many sessions (the script's own cap is 256)...
 PAGE_SESSIONS: Final = 64
 # ...and stops adding sessions once their indexed bytes pass this (one big session still
-# goes alone): bounds how long one call blocks the shard (about a millisecond per 128 KiB).
-PAGE_BYTES: Final = 128 * 1024
+# goes alone): bounds how long one call blocks the shard.  Measured with bench.flushprobe
+# (SLOWLOG): 128 KiB pages held the shard p50 1.5 ms / p99 6 ms, over the 2 ms target;
+# a quarter of that keeps a page near a millisecond at the cost of more round trips.
+PAGE_BYTES: Final = 32 * 1024
 # HSCAN pages per partition: a flush of the largest allowed partition finishes well within.
 MAX_SCAN_ROUNDS: Final = 4 * int(limits.MAX_ACTIVE_SESSIONS.ceiling) // 10 + 10_000
 
