@@ -29,9 +29,8 @@ from memtier.memory.models import ReasonCode
 from memtier.memory.persistence.shared import emit_event_call
 from memtier.memory.scriptspecs import SNAPSHOT_PAGE
 from memtier.memory.snapshot.directory import SnapshotDir
-from memtier.memory.snapshot.fileformat import SnapshotValidationError, session_to_json
+from memtier.memory.snapshot.fileformat import SnapshotValidationError, page_lines
 from memtier.memory.snapshot.validation import validate_session
-from memtier.memory.state import iter_sessions
 from memtier.wire import text as _b
 
 __all__ = ["PAGE_BYTES", "PAGE_SESSIONS", "FlushResult", "flush_plan", "snapshot_page_call"]
@@ -133,16 +132,15 @@ def flush_plan(
                     reply = yield snapshot_page_call(core, part, members)
                     clocks.append(int(reply[0]))
                     walls.append(int(reply[1]))
-                    states = list(iter_sessions(reply))
-                    if states:
+                    lines = page_lines(reply)
+                    if lines:
                         # The script stops after the session that passes its work bound:
                         # the members after the last one returned go again (the ones
                         # before it that it skipped were read and are not live).
-                        rest = members[members.index(states[-1].member) + 1 :]
+                        rest = members[members.index(lines[-1]["member"]) + 1 :]
                         if rest:
                             pages.insert(0, rest)
-                    for state in states:
-                        line = session_to_json(state)
+                    for line in lines:
                         try:
                             validate_session(line)
                         except SnapshotValidationError as exc:
@@ -159,8 +157,8 @@ def flush_plan(
                                 core,
                                 ReasonCode.SNAPSHOT_SKIPPED,
                                 f"{exc.reason}: {exc.detail}",
-                                member=state.member,
-                                session_id=state.session_id,
+                                member=line["member"],
+                                session_id=line["id"],
                             )
                             continue
                         writer.add(line)
