@@ -54,6 +54,8 @@ SUMMARY_KEYS: Final = frozenset(
 )
 _COUNT_KINDS: Final = ("avatar", "agent", "tool", "action")
 _MAX_INT: Final = 2**53
+_MAX_TOOL_RESULT: Final = int(limits.MAX_TOOL_RESULT_BYTES.ceiling)
+_MAX_TURN: Final = int(limits.MAX_TURN_BYTES.ceiling)
 
 
 class RecordInvalid(Exception):
@@ -88,21 +90,24 @@ def check_record(
         raise RecordInvalid("invalid_record", "content fields")
     if not isinstance(turn_id, str):
         raise RecordInvalid("invalid_record", "turn id")
+    # Plain loops rather than generators: a flush and a recovery run this on every record.
     sizes: dict[str, int] = {}
+    total = 0
     for name, value in fields.items():
         _no_controls(name, value)
         try:
-            sizes[name] = len(value.encode("utf-8"))
+            size = len(value.encode("utf-8"))
         except UnicodeEncodeError:  # lone surrogates: never stored by the live path
             raise RecordInvalid("invalid_record", f"{name} is not UTF-8") from None
-    for name in NAME_FIELDS:
-        if name in sizes and not 1 <= sizes[name] <= limits.MAX_NAME_BYTES:
-            raise RecordInvalid("invalid_record", f"{name} name size")
-    body = sum(sizes[n] for n in BODY_FIELDS if n in sizes)
-    if kind in ("tool", "action") and body > int(limits.MAX_TOOL_RESULT_BYTES.ceiling):
-        raise RecordInvalid("invalid_record", "tool result size")
-    ceiling = max_turn_bytes or int(limits.MAX_TURN_BYTES.ceiling)
-    if sum(sizes.values()) > ceiling:
+        sizes[name] = size
+        total += size
+    if kind in ("tool", "action"):
+        name_field, body_field = KIND_FIELDS[kind]
+        if not 1 <= sizes[name_field] <= limits.MAX_NAME_BYTES:
+            raise RecordInvalid("invalid_record", f"{name_field} name size")
+        if sizes[body_field] > _MAX_TOOL_RESULT:
+            raise RecordInvalid("invalid_record", "tool result size")
+    if total > (max_turn_bytes or _MAX_TURN):
         raise RecordInvalid("invalid_record", "turn size")
     try:
         # The turn model itself: its field types and any grammar it enforces on names.

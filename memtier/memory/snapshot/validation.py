@@ -35,6 +35,9 @@ from memtier.memory.recordcheck import RecordInvalid, check_record, check_summar
 from memtier.memory.snapshot.directory import GenerationFile
 from memtier.memory.snapshot.fileformat import (
     HEADER_BLOCK,
+    MAX_INT,
+    MAX_TIME_MS,
+    MIN_TIME_MS,
     RECORD_KEYS,
     SESSION_KEYS,
     SnapshotValidationError,
@@ -61,6 +64,7 @@ __all__ = [
     "verify_steps",
 ]
 
+_MAX_TURN: Final = int(limits.MAX_TURN_BYTES.ceiling)
 _SESSION_ID_RE: Final = re.compile(r"^ses_[A-Za-z0-9_\-]{16,64}$")
 _TURN_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _RECEIPT_RE: Final = re.compile(
@@ -122,12 +126,25 @@ def _validate_record(
     last_ms: int,
     texts: list[tuple[str, str]],
 ) -> StoredTurn:
-    if not isinstance(rec, dict) or set(rec) != RECORD_KEYS:
+    if not isinstance(rec, dict) or rec.keys() != RECORD_KEYS:
         raise fail("invalid_record", "record fields")
-    seq = int_field(rec, "seq", 1)
-    clock = time_field(rec, "clock_ms")
-    wall = time_field(rec, "wall_ms")
-    nbytes = int_field(rec, "bytes", 0, int(limits.MAX_TURN_BYTES.ceiling))
+    seq, clock, wall, nbytes = rec["seq"], rec["clock_ms"], rec["wall_ms"], rec["bytes"]
+    # One inline test of the four integers (every record of every flush and recovery
+    # comes here); on a miss the field checks below name the first bad one.
+    if not (
+        type(seq) is int
+        and 1 <= seq <= MAX_INT
+        and type(clock) is int
+        and MIN_TIME_MS <= clock <= MAX_TIME_MS
+        and type(wall) is int
+        and MIN_TIME_MS <= wall <= MAX_TIME_MS
+        and type(nbytes) is int
+        and 0 <= nbytes <= _MAX_TURN
+    ):
+        seq = int_field(rec, "seq", 1)
+        clock = time_field(rec, "clock_ms")
+        wall = time_field(rec, "wall_ms")
+        nbytes = int_field(rec, "bytes", 0, _MAX_TURN)
     kind, role, turn_id, fields, tool = rec["kind"], rec["role"], rec["id"], rec["f"], rec["tool"]
     if not isinstance(kind, str) or kind not in KIND_FIELDS or role != KIND_ROLES[kind]:
         raise fail("invalid_record", f"record {seq}: unknown kind or wrong role")
@@ -145,7 +162,8 @@ def _validate_record(
     if nbytes != sum(sizes.values()):
         raise fail("invalid_record", f"record {seq}: byte count does not match its content")
     texts.append((f"record {seq} turn id", turn_id))
-    texts.extend((f"record {seq} {name}", value) for name, value in fields.items())
+    for name, value in fields.items():
+        texts.append((f"record {seq} {name}", value))
     return StoredTurn(seq, clock, wall, nbytes, kind == "tool", kind, turn_id, dict(fields))
 
 
@@ -197,15 +215,17 @@ def validate_session(
     if not isinstance(records_raw, list) or len(records_raw) != turns:
         raise fail("invalid_session", "turn count does not match the records")
     texts: list[tuple[str, str]] = []
-    records = tuple(_validate_record(r, created_ms, last_ms, texts) for r in records_raw)
-    previous = 0
+    records = tuple([_validate_record(r, created_ms, last_ms, texts) for r in records_raw])
+    previous = records_bytes = records_tools = 0
     for record in records:
         if record.seq <= previous:
             raise fail("duplicate_sequence", f"sequence {record.seq} not strictly increasing")
         previous = record.seq
+        records_bytes += record.nbytes
+        records_tools += record.is_tool
     if previous > seq or seq < turns:
         raise fail("invalid_session", "sequence counter behind its records")
-    if sum(r.is_tool for r in records) != tools:
+    if records_tools != tools:
         raise fail("invalid_session", "tool-result count")
     summary = obj["summary"]
     if summary is None:
@@ -224,7 +244,7 @@ def validate_session(
             texts.extend(check_summary(doc))
         except RecordInvalid as exc:
             raise fail(exc.reason, exc.detail) from None
-    if nbytes != sum(r.nbytes for r in records) + summary_bytes:
+    if nbytes != records_bytes + summary_bytes:
         raise fail("invalid_session", "session bytes do not add up")
     receipts_raw = obj["receipts"]
     if not isinstance(receipts_raw, list) or len(receipts_raw) > limits.IDEMPOTENCY_WINDOW:
@@ -233,7 +253,10 @@ def validate_session(
     seen_ids: set[str] = set()
     for item in receipts_raw:
         if not (
-            isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], str)
         ):
             raise fail("invalid_session", "receipt shape")
         turn_id, receipt = item
