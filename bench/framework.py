@@ -268,6 +268,9 @@ class Harness:
         }
         ops = {m.key: m.fixed_ops or s.min_ops for m in measures}
         server: dict[str, list[float]] = {m.key: [0, 0, 0] for m in measures}  # calls, usec, items
+        # Redis CPU per item of each measured round: the spread of ``srv us/op`` and a
+        # same-round ratio of server cost (the "Redis CPU per append" target).
+        server_rounds: dict[str, list[float]] = {m.key: [] for m in measures}
         failed: dict[str, str] = {}
         order = list(measures)
         for rnd in range(s.warmup_rounds + s.rounds):
@@ -295,6 +298,7 @@ class Harness:
                     acc[0] += calls
                     acc[1] += usec
                     acc[2] += n * m.items_per_op  # per item: per session, per append
+                    server_rounds[m.key].append(usec / max(n * m.items_per_op, 1e-9))
         for m in measures:
             res = results[m.key]
             if m.key in failed:
@@ -305,6 +309,8 @@ class Harness:
                 res.server_us_per_op = total_usec / items
                 res.cmds_per_op = total_calls / items
             res.extra["ops_per_round"] = ops[m.key]
+            if server_rounds[m.key] and m.key not in failed:
+                res.extra["server_us_per_round"] = server_rounds[m.key]
         for cand, base in ratios.items():
             rc, rb = results.get(cand), results.get(base)
             if rc is None or rb is None or not rc.values or not rb.values:

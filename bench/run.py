@@ -211,6 +211,7 @@ def _run_sections(
             for size, text in texts.items():
                 ms = [
                     *base.append_measures(size, text),
+                    base.floor_append_measure(size, text),
                     mem.append_sync(size, text),
                     mem.append_lean(size, text),
                     mem.append_batched(size, text),
@@ -251,6 +252,7 @@ def _run_sections(
                 hist = mem.histories(text)
                 ms = [
                     *base.read_measures(size, text),
+                    base.floor_read_measure(size, text),
                     mem.read_sync(size, hist),
                     *peer_measures(size, "read20", True),
                 ]
@@ -278,7 +280,11 @@ def _run_sections(
         def procs_group() -> None:
             pool = multiproc.ProcPool(server, settings.procs)
             try:
-                ms = pool.measures(settings.proc_ops)
+                floor = base.floor_append_measure("300B", texts["300B"], clients=settings.procs)
+                ms = [
+                    *pool.measures(settings.proc_ops),
+                    dataclasses.replace(floor, fixed_ops=settings.proc_ops),
+                ]
                 h.group(
                     f"{settings.procs} worker processes, one connection each [300B]",
                     ms,
@@ -286,6 +292,7 @@ def _run_sections(
                         "procs.memtier-own": "procs.base-own",
                         "procs.memtier-shared": "procs.base-shared",
                         "procs.base-shared": "procs.base-own",
+                        "procs.floor-own": "procs.base-own",
                     },
                 )
             finally:

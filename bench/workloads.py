@@ -52,6 +52,10 @@ HISTORY_TURNS = 100  # turns in each session that the read benchmarks read from
 READ_POOL = 32  # sessions (lists) the read benchmarks rotate over
 APPEND_POOL = 1000  # sessions the append benchmarks rotate over
 MINIMAL_SCRIPT = Path(__file__).with_name("minimal_append-4.lua")
+# The floors: the commands memtier's semantics require, no Lua logic (run from redis-benchmark).
+FLOOR_APPEND_SCRIPT = Path(__file__).with_name("floor_append-6.lua")
+FLOOR_READ_SCRIPT = Path(__file__).with_name("floor_read-2.lua")
+FLOOR_TTL_MS = 10 * 24 * 3600 * 1000  # the floor read's sessions never expire during a run
 
 _WORDS = [
     "hello",
@@ -247,6 +251,12 @@ class Baselines:
         self.client = server.client()
         self.source = MINIMAL_SCRIPT.read_text(encoding="utf-8")
         self.sha = str(self.client.script_load(self.source))
+        self.floor_append_sha = str(
+            self.client.script_load(FLOOR_APPEND_SCRIPT.read_text(encoding="utf-8"))
+        )
+        self.floor_read_sha = str(
+            self.client.script_load(FLOOR_READ_SCRIPT.read_text(encoding="utf-8"))
+        )
         self.histories_made: set[str] = set()
 
     # keys ------------------------------------------------------------------------------------
@@ -337,6 +347,72 @@ class Baselines:
                 note="C client, no Python: the server's own limit for this script",
             ),
         ]
+
+    def floor_append_measure(self, size: str, text: str, clients: int = 1) -> Measure:
+        """The floor of an append: the commands memtier's semantics require, from a C client.
+
+        ``clients`` connections of one ``redis-benchmark`` (the multi-process section's
+        floor); ``run(n)`` then performs ``n`` appends per connection, like each worker
+        process does.  redis-benchmark draws every ``__rand_int__`` independently, so the
+        session's hash, list and id zset are different sessions of the same pool: the same
+        commands on keys of the same shape, which is what the server cost depends on.
+        """
+        tag = f"fl{size}"
+        record = orjson.dumps({"role": "user", "content": text}).decode()
+        rb_args = [
+            "EVALSHA",
+            self.floor_append_sha,
+            "6",
+            f"{{{tag}}}:s:__rand_int__",
+            f"{{{tag}}}:t:__rand_int__",
+            f"{{{tag}}}:i:__rand_int__",
+            f"{{{tag}}}:lru",
+            f"{{{tag}}}:ix",
+            f"{{{tag}}}:meta",
+            "t__rand_int____rand_int____rand_int__",  # 36 random digits: no duplicates
+            record,
+            "m__rand_int__",
+        ]
+        port = self.server.port
+        if clients == 1:
+            return Measure(
+                f"floor.append.{size}.redis-benchmark",
+                f"floor: append's required commands, one script, redis-benchmark -c 1 [{size}]",
+                lambda n: redis_benchmark(port, n, rb_args, APPEND_POOL),
+                note="C client; TIME, 2 HMGET, RPUSH, ZADD x2, HSET x3; no Lua logic",
+            )
+        return Measure(
+            "procs.floor-own",
+            f"floor: append's required commands, redis-benchmark -c {clients} [300B]",
+            lambda n: redis_benchmark(port, n * clients, rb_args, APPEND_POOL, clients=clients),
+            items_per_op=clients,
+            note="C client, one process, one connection per worker; aggregate op/s",
+        )
+
+    def floor_read_measure(self, size: str, text: str) -> Measure:
+        """The floor of context(limit=20): expiry check + LRANGE in one script, C client."""
+        tag = f"br{size}"
+        self.make_histories(tag, text)
+        now_ms = int(time.time() * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        for i in range(READ_POOL):
+            pipe.hset(f"{{{tag}}}:s:{i:012d}", mapping={"id": f"sid{i}", "last": now_ms})
+        pipe.execute()
+        rb_args = [
+            "EVALSHA",
+            self.floor_read_sha,
+            "2",
+            f"{{{tag}}}:s:__rand_int__",
+            f"{{{tag}}}:r:__rand_int__",
+            str(FLOOR_TTL_MS),
+            str(READ_LAST),
+        ]
+        return Measure(
+            f"floor.read20.{size}.redis-benchmark",
+            f"floor: context's required commands, one script, redis-benchmark -c 1 [{size}]",
+            lambda n: redis_benchmark(self.server.port, n, rb_args, READ_POOL),
+            note="C client, no decoding; TIME, HMGET session, LRANGE last 20",
+        )
 
     def append_async_measure(self, size: str, text: str) -> Measure:
         tag = f"bx{size}"
@@ -504,8 +580,10 @@ class RawSocket:
             self.reader.feed(data)
 
 
-def redis_benchmark(port: int, n: int, args: Sequence[str], keyspace: int) -> float:
-    """Run ``redis-benchmark -c 1 -n n`` for one command; returns ``n / rps`` seconds."""
+def redis_benchmark(
+    port: int, n: int, args: Sequence[str], keyspace: int, clients: int = 1
+) -> float:
+    """Run ``redis-benchmark -c clients -n n`` for one command; returns ``n / rps`` seconds."""
     cmd = [
         "redis-benchmark",
         "-h",
@@ -513,7 +591,7 @@ def redis_benchmark(port: int, n: int, args: Sequence[str], keyspace: int) -> fl
         "-p",
         str(port),
         "-c",
-        "1",
+        str(clients),
         "-n",
         str(max(n, 1)),
         "-r",
@@ -523,7 +601,10 @@ def redis_benchmark(port: int, n: int, args: Sequence[str], keyspace: int) -> fl
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
-    rps = float(lines[-1].split('","')[1].strip('"'))
+    # "test","rps",...: the test name is the command as sent, unescaped (a JSON payload's
+    # quotes included), so the numeric columns are counted from the right.
+    numeric = lines[0].count('","')
+    rps = float(lines[-1].rsplit('","', numeric)[1].strip('"'))
     return n / rps
 
 
