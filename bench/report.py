@@ -105,7 +105,12 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
     r = _ratio(g("memtier.append.300B.sync"), g("base.append.300B.redispy"))
     out.append(
         _target(
-            "append stretch [300B]", ">= 1.5x", r, lambda v: v >= 1.5, "same ratio, stretch goal"
+            "append stretch [300B]",
+            ">= 1.5x",
+            r,
+            lambda v: v >= 1.5,
+            "same ratio, stretch goal",
+            _floor(_ratio(g("floor.append.300B.redis-benchmark"), g("base.append.300B.redispy"))),
         )
     )
     r = _ratio(g("memtier.append.300B.asyncio"), g("peer.openai-agents.append.300B"))
@@ -349,7 +354,9 @@ HEADERS = [
 
 def render_text(h: Harness, targets: list[Target]) -> str:
     rows = _rows(h)
-    widths = [max(len(HEADERS[i]), *(len(r[i]) for _, r in rows)) for i in range(7)]
+    widths = [
+        max([len(HEADERS[i]), *(len(r[i]) for _, r in rows)]) for i in range(7)
+    ]  # no rows: headers
     widths[0] = min(widths[0], 64)
     widths[5] = min(widths[5], 34)
     lines = []

@@ -1,0 +1,198 @@
+"""The targets table of ``bench.run`` (issue 12), on synthetic results: no server, no timing.
+
+What is checked is the arithmetic and the honesty of the table, never a speed: a target
+with no data (or half its data) is "not measured", never met; each new target is the
+same-run ratio of the right two rows, paired by round, with its spread; the 8-process
+target is only judged on a run with 8 processes; and the targets figure draws exactly
+what the table says (inside the goal line iff met, "not measured" iff not measured).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from bench.figures import goal_of, target_points
+from bench.framework import Harness, Result, Settings
+from bench.report import Target, evaluate_targets, render_markdown, render_text
+
+THREADS = "threads continue (echo runner) vs raw minimal script"
+CPU = "Redis CPU per append vs the minimal script [300B]"
+CPU_STRETCH = "Redis CPU per append, stretch [300B]"
+PROCS = "8 processes appending, one shard, vs raw minimal script from 8"
+NEW = (THREADS, CPU, CPU_STRETCH, PROCS)
+
+rounds_st = st.integers(min_value=1, max_value=9)
+positive = st.floats(min_value=0.5, max_value=5_000.0, allow_nan=False, allow_infinity=False)
+
+
+def _harness(procs: int = 8) -> Harness:
+    settings = Settings.named("full")
+    settings.procs = procs
+    return Harness(settings, None, lambda _msg: None)
+
+
+def _by_name(targets: list[Target]) -> dict[str, Target]:
+    return {t.name: t for t in targets}
+
+
+def _row(
+    key: str, section: str, values: list[float], server_rounds: list[float] | None = None
+) -> Result:
+    res = Result(key, section, key, "op/s", values=list(values))
+    if server_rounds is not None:
+        res.extra["server_us_per_round"] = list(server_rounds)
+        res.server_us_per_op = statistics.mean(server_rounds)
+    return res
+
+
+def _figure_rows(targets: list[Target]) -> dict[str, object]:
+    return {p.name: p for p in target_points({"targets": [asdict(t) for t in targets]})}
+
+
+def test_no_data_means_not_measured_for_every_target() -> None:
+    h = _harness()
+    targets = evaluate_targets(h, None)
+    names = [t.name for t in targets]
+    assert set(NEW) <= set(names)
+    assert len(names) == len(set(names))
+    for t in targets:
+        assert t.met is None and t.value is None, t
+    md = render_markdown(h, targets)
+    for name in NEW:
+        (line,) = [ln for ln in md.splitlines() if ln.startswith(f"| {name} |")]
+        assert line.endswith("| not measured |"), line
+    text = render_text(h, targets)
+    assert "MET" not in text and "MISSED" not in text
+    for point in target_points({"targets": [asdict(t) for t in targets]}):
+        assert point.score is None and point.met is None
+        assert point.label.startswith("not measured"), point
+
+
+def test_every_goal_of_the_table_is_drawn_against_a_line() -> None:
+    for t in evaluate_targets(_harness(), None):
+        assert goal_of(t.goal) is not None, t.goal
+
+
+def _median_ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def _assert_target(t: Target, expected: tuple[float, float, float], met: bool | None) -> None:
+    med, lo, hi = expected
+    assert t.value is not None and t.low is not None and t.high is not None, t
+    assert abs(t.value - med) <= 1e-9 * max(1.0, med), (t, expected)
+    assert abs(t.low - lo) <= 1e-9 * max(1.0, lo), (t, expected)
+    assert abs(t.high - hi) <= 1e-9 * max(1.0, hi), (t, expected)
+    assert t.met is met, t
+
+
+# Per round: (candidate op/s, baseline op/s, candidate srv us/op, baseline srv us/op).
+rounds = st.lists(st.tuples(positive, positive, positive, positive), min_size=1, max_size=9)
+
+
+@given(rounds)
+@example([(1.0, 1.0, 40.0, 20.0)])  # exactly 2.0x Redis CPU: met (<=); stretch missed
+@example([(1.0, 1.0, 30.0, 20.0)])  # exactly 1.5x: the stretch is met too
+@example([(1.0, 1.0, 40.0, 20.0), (1.0, 1.0, 100.0, 20.0)])  # median of two rounds 3.5x
+@example([(1.0, 3.0, 1.0, 1.0), (1.0, 3.0, 1.0, 1.0)])  # threads 0.333..: met (>= 0.33)
+def test_redis_cpu_and_threads_targets_are_same_round_ratios(
+    data: list[tuple[float, float, float, float]],
+) -> None:
+    mem_ops, base_ops, mem_us, base_us = (list(col) for col in zip(*data, strict=True))
+    h = _harness()
+    h.add(_row("base.append.300B.redispy", "append", base_ops, base_us))
+    h.add(_row("memtier.append.300B.sync", "append", mem_ops, mem_us))
+    h.add(_row("threads.base.append.300B.redispy", "threads", base_ops))
+    h.add(_row("threads.continue", "threads", mem_ops))
+    targets = _by_name(evaluate_targets(h, None))
+    cpu = _median_ratio(mem_us, base_us)
+    _assert_target(targets[CPU], cpu, targets[CPU].value is not None and cpu[0] <= 2.0)
+    _assert_target(targets[CPU_STRETCH], cpu, cpu[0] <= 1.5)
+    assert targets[CPU].floor is None  # no floor row in this run: none claimed
+    thr = _median_ratio(mem_ops, base_ops)
+    _assert_target(targets[THREADS], thr, thr[0] >= 0.33)
+    assert targets[PROCS].met is None  # the procs section did not run
+    figure = _figure_rows(list(targets.values()))
+    for name in (CPU, CPU_STRETCH, THREADS):
+        point = figure[name]
+        assert point.score is not None and point.met is targets[name].met  # type: ignore[attr-defined]
+        assert (point.score >= 1.0) is bool(point.met)  # type: ignore[attr-defined]
+
+
+@given(rounds, st.sampled_from([2, 4, 8, 16]))
+@example([(0.8, 1.0, 1.0, 1.0)], 8)  # exactly 0.8x at 8 processes: met
+@example([(0.8, 1.0, 1.0, 1.0)], 2)  # the same ratio from a 2-process run: not judged
+def test_procs_target_needs_eight_processes_and_both_rows(
+    data: list[tuple[float, float, float, float]], procs: int
+) -> None:
+    mem_ops, base_ops, floor_ops, _ = (list(col) for col in zip(*data, strict=True))
+    sec = f"{procs} worker processes"
+    h = _harness(procs)
+    h.add(_row("procs.base-own", sec, base_ops))
+    h.add(_row("procs.memtier-own", sec, mem_ops))
+    h.add(_row("procs.floor-own", sec, floor_ops))
+    t = _by_name(evaluate_targets(h, None))[PROCS]
+    expected = _median_ratio(mem_ops, base_ops)
+    _assert_target(t, expected, (expected[0] >= 0.8) if procs == 8 else None)
+    floor = _median_ratio(floor_ops, base_ops)[0]
+    assert t.floor is not None and abs(t.floor - floor) <= 1e-9 * max(1.0, floor)
+    if procs != 8:
+        assert "not measured" in t.detail and f"{procs} processes" in t.detail
+        point = _figure_rows([t])[PROCS]
+        assert point.score is None and point.label.startswith("not measured")  # type: ignore[attr-defined]
+
+
+@given(st.sampled_from(["base", "cand"]), rounds)
+def test_half_the_data_is_not_measured(
+    missing: str, data: list[tuple[float, float, float, float]]
+) -> None:
+    mem_ops, base_ops, mem_us, base_us = (list(col) for col in zip(*data, strict=True))
+    h = _harness()
+    rows = {
+        "base": [
+            _row("base.append.300B.redispy", "append", base_ops, base_us),
+            _row("threads.base.append.300B.redispy", "threads", base_ops),
+            _row("procs.base-own", "procs", base_ops),
+        ],
+        "cand": [
+            _row("memtier.append.300B.sync", "append", mem_ops, mem_us),
+            _row("threads.continue", "threads", mem_ops),
+            _row("procs.memtier-own", "procs", mem_ops),
+        ],
+    }
+    for kind, results in rows.items():
+        if kind != missing:
+            for r in results:
+                h.add(r)
+    targets = _by_name(evaluate_targets(h, None))
+    for name in NEW:
+        assert targets[name].met is None and targets[name].value is None, targets[name]
+
+
+def test_a_failed_row_is_not_measured() -> None:
+    h = _harness()
+    h.add(_row("base.append.300B.redispy", "append", [100.0, 110.0], [20.0, 21.0]))
+    failed = _row("memtier.append.300B.sync", "append", [])
+    failed.status, failed.note = "error", "RuntimeError: boom"
+    h.add(failed)
+    targets = _by_name(evaluate_targets(h, None))
+    assert targets[CPU].met is None and targets[CPU_STRETCH].met is None
+
+
+def test_cpu_ratio_without_rounds_falls_back_to_totals_without_a_spread() -> None:
+    h = _harness()
+    base = _row("base.append.300B.redispy", "append", [100.0])
+    base.server_us_per_op = 20.0
+    mem = _row("memtier.append.300B.sync", "other", [50.0])
+    mem.server_us_per_op = 50.0
+    h.add(base)
+    h.add(mem)
+    t = _by_name(evaluate_targets(h, None))[CPU]
+    assert t.value == 2.5 and t.met is False
+    md = render_markdown(h, [t])
+    assert "| 2.50 (" in md and "**missed**" in md
