@@ -70,7 +70,9 @@ def _targets(run: Run) -> list[str]:
         if lo is not None and hi is not None and lo != hi:
             val += f" [{lo:.2f}-{hi:.2f}]"
         met = {True: "met", False: "**missed**", None: "not measured"}[t["met"]]
-        out.append(f"| {t['name']} | {t['goal']} | {val} -- {t['detail']} | {met} |")
+        # The floor (required Redis commands from a C client), where the run has one.
+        floor = "" if t.get("floor") is None else f"; floor {t['floor']:.2f}"
+        out.append(f"| {t['name']} | {t['goal']} | {val} -- {t['detail']}{floor} | {met} |")
     return out
 
 

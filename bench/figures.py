@@ -211,7 +211,10 @@ def draw_targets(data: dict[str, Any], path: Path) -> list[TargetPoint]:
         ax.text(right * 1.12, y, p.label, va="center", fontsize=7)
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
-    ax.set_xlim(0.01, _MAX_SCORE * 12)
+    drawn = [v for p in points for v in (p.score, p.low, p.high, p.floor) if v is not None]
+    left = min([0.1, *drawn]) / 1.5
+    right = max([2.0, *drawn]) * 8  # room for the labels right of each row
+    ax.set_xlim(left, right)
     ax.set_yticks(ys)
     ax.set_yticklabels([p.name for p in points], fontsize=7)
     ax.set_ylim(-0.7, len(points) - 0.3)

@@ -100,6 +100,8 @@ rounds = st.lists(st.tuples(positive, positive, positive, positive), min_size=1,
 @example([(1.0, 1.0, 30.0, 20.0)])  # exactly 1.5x: the stretch is met too
 @example([(1.0, 1.0, 40.0, 20.0), (1.0, 1.0, 100.0, 20.0)])  # median of two rounds 3.5x
 @example([(1.0, 3.0, 1.0, 1.0), (1.0, 3.0, 1.0, 1.0)])  # threads 0.333..: met (>= 0.33)
+@example([(0.32, 1.0, 41.0, 20.0)])  # just outside both goals: threads 0.32x, CPU 2.05x
+@example([(0.34, 1.0, 31.0, 20.0)])  # threads 0.34x met; CPU 1.55x: met, stretch missed
 def test_redis_cpu_and_threads_targets_are_same_round_ratios(
     data: list[tuple[float, float, float, float]],
 ) -> None:
@@ -127,6 +129,7 @@ def test_redis_cpu_and_threads_targets_are_same_round_ratios(
 @given(rounds, st.sampled_from([2, 4, 8, 16]))
 @example([(0.8, 1.0, 1.0, 1.0)], 8)  # exactly 0.8x at 8 processes: met
 @example([(0.8, 1.0, 1.0, 1.0)], 2)  # the same ratio from a 2-process run: not judged
+@example([(0.79, 1.0, 1.0, 1.0)], 8)  # just under 0.8x: missed
 def test_procs_target_needs_eight_processes_and_both_rows(
     data: list[tuple[float, float, float, float]], procs: int
 ) -> None:
