@@ -128,6 +128,10 @@ def test_tiny_run_writes_table_json_and_stops_its_server(
     rounds = data["meta"]["settings"]["rounds"]
     for key in ("memtier.append.300B.sync", "base.append.300B.redispy"):
         assert len(results[key]["extra"]["server_us_per_round"]) == rounds
+        top = results[key]["extra"]["server_top_us_per_round"]  # scripts counted once
+        assert len(top) == rounds
+        summed = results[key]["extra"]["server_us_per_round"]
+        assert all(0 < t <= s for t, s in zip(top, summed, strict=True))
     assert targets["Redis CPU per append vs the minimal script [300B]"]["floor"] is not None
     procs_target = targets["8 processes appending, one shard, vs raw minimal script from 8"]
     assert data["meta"]["settings"]["procs"] == 2

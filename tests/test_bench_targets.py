@@ -199,3 +199,47 @@ def test_cpu_ratio_without_rounds_falls_back_to_totals_without_a_spread() -> Non
     assert t.value == 2.5 and t.met is False
     md = render_markdown(h, [t])
     assert "| 2.50 (" in md and "**missed**" in md
+
+
+commands = st.sampled_from(["evalsha", "exec", "rpush", "zadd", "hmget", "lrange", "incr"])
+stats = st.dictionaries(
+    commands,
+    st.tuples(st.integers(0, 10_000), st.integers(0, 10_000_000)),
+    max_size=7,
+)
+
+
+@given(stats, stats)
+@example({}, {"evalsha": (10, 500), "rpush": (10, 40)})  # the script's usec covers its RPUSH
+@example({}, {"lrange": (10, 50), "hmget": (10, 20)})  # no script: the plain commands
+def test_top_level_usec_counts_a_script_once(
+    before: dict[str, tuple[int, int]], grown: dict[str, tuple[int, int]]
+) -> None:
+    from bench.framework import stats_delta, top_level_usec
+
+    after = {
+        cmd: (before.get(cmd, (0, 0))[0] + c, before.get(cmd, (0, 0))[1] + u)
+        for cmd, (c, u) in grown.items()
+    }
+    after.update({cmd: v for cmd, v in before.items() if cmd not in after})
+    containers = {c: v for c, v in grown.items() if c in ("evalsha", "exec")}
+    total = stats_delta(before, after)[1]
+    got = top_level_usec(before, after)
+    if any(calls for calls, _ in containers.values()):
+        assert got == sum(u for _, u in containers.values())
+    else:
+        assert got == total
+    assert got <= total
+
+
+def test_redis_cpu_target_uses_the_script_usec_not_the_double_count() -> None:
+    h = _harness()
+    base = _row("base.append.300B.redispy", "append", [100.0, 100.0], [40.0, 40.0])
+    base.extra["server_top_us_per_round"] = [28.0, 30.0]
+    mem = _row("memtier.append.300B.sync", "append", [30.0, 30.0], [130.0, 130.0])
+    mem.extra["server_top_us_per_round"] = [56.0, 60.0]
+    h.add(base)
+    h.add(mem)
+    t = _by_name(evaluate_targets(h, None))[CPU]
+    assert t.value == 2.0 and t.low == 2.0 and t.high == 2.0 and t.met is True
+    assert "56.0 vs 28.0 us" not in t.detail and "58.0 vs 29.0 us" in t.detail
