@@ -238,7 +238,9 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
             r,
             lambda v: v < 5.0,
             "longest append during the flush minus longest without, ms"
-            if blocked
+            if blocked is not None and blocked.values
+            else blocked.note
+            if blocked is not None
             else _workers_note(h),
         )
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -243,3 +244,57 @@ def test_redis_cpu_target_uses_the_script_usec_not_the_double_count() -> None:
     t = _by_name(evaluate_targets(h, None))[CPU]
     assert t.value == 2.0 and t.low == 2.0 and t.high == 2.0 and t.met is True
     assert "56.0 vs 28.0 us" not in t.detail and "58.0 vs 29.0 us" in t.detail
+
+
+def test_flush_blocked_without_a_baseline_window_is_not_measured() -> None:
+    """A round whose no-flush window had no append (nan) gives no figure, not 0 ms."""
+    h = _harness()
+    h.add(
+        Result(
+            "workers.flush_blocked",
+            "workers",
+            "appends blocked",
+            "ms",
+            values=[],
+            status="unavailable",
+            note="not measured in round 0: 0 appends without the flush, 40 during it",
+        )
+    )
+    t = _by_name(evaluate_targets(h, None))["appends blocked during the flush (ms)"]
+    assert t.met is None and t.value is None and "0 appends without" in t.detail
+
+
+def test_run_workers_gives_no_blocked_figure_when_a_window_is_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The workers section itself: a nan window (no append finished) is not read as 0 ms."""
+    from types import SimpleNamespace
+
+    from bench import workerbench, workers_threads
+
+    nan = float("nan")
+    monkeypatch.setattr(
+        workerbench, "sequential_write_rate", lambda _dir, _n: {"bytes_per_s": 100.0 * 2**20}
+    )
+    monkeypatch.setattr(
+        workerbench,
+        "bench_flush_blocking",
+        lambda *_a, **_k: {
+            "flush_bytes_per_s": 2.0 * 2**20,
+            "sessions": 300,
+            "during_flush": {"n": 40, "p50_s": 0.001, "p99_s": 0.1, "max_s": 0.15},
+            "baseline": {"n": 0, "p50_s": nan, "p99_s": nan, "max_s": nan},
+            "blocked_extra_max_s": nan,
+            "longest_page_call_s": 0.01,
+        },
+    )
+    monkeypatch.setattr(workerbench, "bench_compaction", lambda *_a, **_k: {"sessions_per_s": 10.0})
+    h = Harness(Settings.named("tiny"), None, lambda _msg: None)
+    workers_threads.run_workers(h, SimpleNamespace(url="redis://unused"))  # type: ignore[arg-type]
+    blocked = h.get("workers.flush_blocked")
+    assert blocked is not None and blocked.values == [] and blocked.status == "unavailable"
+    assert "0 appends without the flush" in blocked.note
+    t = _by_name(evaluate_targets(h, None))["appends blocked during the flush (ms)"]
+    assert t.met is None and t.value is None
+    flush = _by_name(evaluate_targets(h, None))["flush vs disk sequential write rate"]
+    assert flush.value == 0.02 and flush.met is False  # the other figures still count
