@@ -21,6 +21,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,7 +217,7 @@ def draw_targets(data: dict[str, Any], path: Path) -> list[TargetPoint]:
     right = max([2.0, *drawn]) * 8  # room for the labels right of each row
     ax.set_xlim(left, right)
     ax.set_yticks(ys)
-    ax.set_yticklabels([p.name for p in points], fontsize=7)
+    ax.set_yticklabels([textwrap.fill(p.name, 44) for p in points], fontsize=7)
     ax.set_ylim(-0.7, len(points) - 0.3)
     ax.set_xlabel(
         "fraction of the goal (log; the line is the goal, right of it = met)\n"
@@ -226,7 +227,7 @@ def draw_targets(data: dict[str, Any], path: Path) -> list[TargetPoint]:
     ax.set_title("Targets of issue 12: this run against each goal", fontsize=11)
     ax.grid(True, axis="x", which="both", alpha=0.3)
     fig.text(0.01, 0.005, _caption(data), fontsize=7, color="dimgray")
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    fig.tight_layout(rect=(0.015, 0.02, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
