@@ -41,9 +41,9 @@ __all__ = ["SLOT_CACHE_CEILING", "ClusterLean", "lean_cluster"]
 
 log = logging.getLogger("memtier")
 
-# Keys whose slot is remembered per client (a dict of short strings: ~150 B each, so at
-# most ~10 MB).  Past it the cache starts over: a miss costs one CRC16 (~1 us).
-SLOT_CACHE_CEILING = 65_536
+# Keys whose slot is remembered per client (a dict entry ~100 B over the key string, which
+# memtier keeps anyway: at most ~2 MB).  Past it the cache starts over: a miss is one CRC16.
+SLOT_CACHE_CEILING = 16_384
 
 # What redis-py's ``RedisCluster.execute_command`` is when memtier is imported: a client
 # whose class (or instance) replaced it -- a tracing wrapper, a test double -- keeps it.
@@ -57,7 +57,7 @@ class ClusterLean:
 
     def __init__(self, client: Any, named: bool) -> None:
         self.client = client
-        self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests read it)
+        self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests, approximate)
         self._named = named  # the node pools' get_connection wants the command name
         self._slots: dict[Any, int] = {}
 
