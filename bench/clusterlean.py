@@ -15,7 +15,10 @@ wall and this process's CPU microseconds per operation:
 * ``append_generic`` -- the same with ``executor.lean = False``: every script through
   redis-py's ``RedisCluster`` command machinery (what every cluster call did before);
 * ``raw_lrange_orjson`` -- ``RedisCluster.lrange`` of 20 + orjson (the context baseline);
-* ``context_lean`` / ``context_generic`` -- ``store.context(limit=20)`` of 100 turns.
+* ``context_lean`` / ``context_generic`` -- ``store.context(limit=20)`` of 100 turns;
+* ``call_lean`` / ``call_generic`` -- the executor alone: ``executor.execute`` of an
+  ``append_turn`` ScriptCall prepared before the timed loop (fresh turn ids): the call
+  path (guard, retry, routing, packing, send, parse, hooks) without memtier's own work.
 
 The JSON (``bench/results/clusterlean[-quick].json``) has every round, the median
 [min-max] per row and the same-round ratios (baseline / row: x1.0 is the baseline's
@@ -48,6 +51,7 @@ RATIOS = (  # (name, baseline row, memtier row)
     ("context_generic_vs_lrange_orjson", "raw_lrange_orjson", "context_generic"),
     ("append_lean_vs_generic", "append_generic", "append_lean"),
     ("context_lean_vs_generic", "context_generic", "context_lean"),
+    ("call_lean_vs_generic", "call_generic", "call_lean"),
 )
 
 
@@ -118,6 +122,22 @@ class Rig:
 
             return body
 
+        def prepared(n: int) -> list[Any]:
+            core, pool = self.lean.core, self.append_pool
+            return [
+                core.append_call(core.prepare_turn(pool.next(), AvatarMessage(text=text)))
+                for _ in range(n)
+            ]
+
+        def calls(store: ConversationStore) -> Callable[[list[Any]], None]:
+            execute = store.executor.execute
+
+            def body(batch: list[Any]) -> None:
+                for call in batch:
+                    execute(call)
+
+            return body
+
         def raw_evalsha(batch: list[tuple[Any, ...]]) -> None:
             for call in batch:
                 client.evalsha(*call)
@@ -136,6 +156,8 @@ class Rig:
             ),
             "context_lean": timed(keys(self.read_pool), reads(self.lean)),
             "context_generic": timed(keys(self.read_pool), reads(self.generic)),
+            "call_lean": timed(prepared, calls(self.lean)),
+            "call_generic": timed(prepared, calls(self.generic)),
         }
 
 
