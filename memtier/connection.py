@@ -280,11 +280,13 @@ class LeanPool:
 
     __slots__ = ("_named", "pool")
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, *, named: bool | None = None) -> None:
         self.pool = pool
-        # redis-py < 5.3 wants the command name; later versions deprecate passing it.
-        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
-        self._named = parameter is not None and parameter.default is inspect.Parameter.empty
+        if named is None:  # decided once by a caller that makes one per call (cluster)
+            # redis-py < 5.3 wants the command name; later versions deprecate passing it.
+            parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+            named = parameter is not None and parameter.default is inspect.Parameter.empty
+        self._named = named
 
     def execute(self, args: tuple[Any, ...], packed: list[Any]) -> Any:
         """Send ``args`` (packed into ``packed`` on first use, reused after) and read the reply."""

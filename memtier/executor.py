@@ -28,6 +28,7 @@ from memtier.engine import (
     drive_async,
     drive_sync,
 )
+from memtier.leancluster import ClusterLean, lean_cluster
 from memtier.retry import RetryPolicy, retry_async, retry_sync
 from memtier.scripts import LuaScript, ScriptRegistry
 
@@ -62,14 +63,16 @@ class SyncExecutor:
         self.lean = lean  # False: every script call through redis-py's client (tests, bench)
         self.lean_calls = 0  # script attempts sent on the lean path (tests read it)
         self._lean_client: Any = None
-        self._lean_pool: LeanPool | None = None
+        self._lean_pool: LeanPool | ClusterLean | None = None
 
-    def _lean_for(self, client: Any) -> LeanPool | None:
-        """The lean path's pool for ``client`` (decided once per client), or None."""
+    def _lean_for(self, client: Any) -> LeanPool | ClusterLean | None:
+        """The lean path for ``client`` (decided once per client): a standalone client's
+        pool, a cluster client's router, or None (the generic path)."""
         if not self.lean:
             return None
         if self._lean_client is not client:
-            self._lean_pool, self._lean_client = lean_pool(client), client
+            self._lean_pool = lean_pool(client) or lean_cluster(client)
+            self._lean_client = client
         return self._lean_pool
 
     def run(self, plan: Plan[T], operation: str | None = None) -> T:
@@ -108,8 +111,15 @@ class SyncExecutor:
         client, durable = self.client, call.durable
         # A registry entry that is not a LuaScript (a test double wrapping one) is called.
         lean = self._lean_for(client) if durable is None else None
-        if lean is not None and isinstance(script, LuaScript):
+        if isinstance(lean, LeanPool) and isinstance(script, LuaScript):
             return self._lean_script(call, script, lean)
+        if (
+            isinstance(lean, ClusterLean)
+            and isinstance(script, LuaScript)
+            and script.num_keys > 0
+            and len(call.keys) == script.num_keys  # else the generic path raises ScriptError
+        ):
+            return self._lean_cluster_script(call, script, lean)
 
         def attempt() -> Any:
             if call.attempts is not None:
@@ -137,6 +147,32 @@ class SyncExecutor:
 
         def send() -> Any:
             return script.call_lean(lean, client, keys, args, packed)
+
+        def attempt() -> Any:
+            if call.attempts is not None:
+                call.attempts[0] += 1
+            self.lean_calls += 1
+            reply = guard.call(send)
+            for hook in hooks:
+                hook(call.script, args, reply)
+            return reply
+
+        return attempt
+
+    def _lean_cluster_script(
+        self, call: ScriptCall, script: LuaScript, lean: ClusterLean
+    ) -> Callable[[], Any]:
+        """``attempt`` for a cluster client: the slot computed once (from the first key:
+        a script's keys share one hash tag), the EVALSHA packed on the first attempt, and
+        every attempt routed by the slot map as it is then (a retry after a failover goes
+        to the new primary)."""
+        client, keys, args = self.client, call.keys, call.args
+        hooks, guard = self.on_script, self.guard
+        slot = lean.slot(keys[0])
+        packed: list[Any] = []
+
+        def send() -> Any:
+            return script.call_lean_cluster(lean, slot, client, keys, args, packed)
 
         def attempt() -> Any:
             if call.attempts is not None:

@@ -33,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import AskError, MovedError, NoScriptError
 from redis.exceptions import ResponseError as RedisResponseError
 
 from memtier import metrics
@@ -41,6 +41,7 @@ from memtier.errors import OutcomeUnknownError, ScriptError, TransientBackendErr
 
 if TYPE_CHECKING:
     from memtier.connection import LeanPool
+    from memtier.leancluster import ClusterLean
 
 __all__ = [
     "Durable",
@@ -200,15 +201,52 @@ class LuaScript:
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run on a sync redis-py client (standalone or cluster)."""
+        started = time.perf_counter()
+        try:
+            return self._evalsha(client, keys, args)
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
+    def _evalsha(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """``EVALSHA`` through ``client``'s own command machinery, NOSCRIPT reloaded once."""
         text = self.text_for(client)
         call = self._args(text.sha, keys, args)
+        try:
+            return client.evalsha(*call)
+        except NoScriptError:
+            client.script_load(text.source)
+            return client.evalsha(*call)
+
+    def call_lean_cluster(
+        self,
+        lean: ClusterLean,
+        slot: int,
+        client: Any,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        packed: list[Any],
+    ) -> Any:
+        """:meth:`call_lean` on a Redis Cluster client: sent to ``slot``'s primary by
+        ``lean`` (:func:`memtier.leancluster.lean_cluster`).  NOSCRIPT loads the script on
+        every primary and re-sends the same bytes.  A ``MOVED`` / ``ASK`` reply means that
+        node ran nothing: the call goes once through redis-py's generic cluster path,
+        which follows the redirect (``ASKING`` on the importing node) and patches the
+        slot map the next lean call reads."""
+        call = ("EVALSHA", *self._args(self.sha, keys, args)) if not packed else ("EVALSHA",)
         started = time.perf_counter()
         try:
             try:
-                return client.evalsha(*call)
-            except NoScriptError:
-                client.script_load(text.source)
-                return client.evalsha(*call)
+                try:
+                    return lean.execute(slot, call, packed)
+                except NoScriptError:
+                    client.script_load(self.source)
+                    return lean.execute(slot, call, packed)
+            except (MovedError, AskError):
+                lean.redirects += 1
+                return self._evalsha(client, keys, args)
         except RedisResponseError as exc:
             _raise_script_error(self.name, exc)
             raise

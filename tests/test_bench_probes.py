@@ -140,3 +140,24 @@ def test_flushprobe_quick(tmp_path: Path) -> None:
         assert flush["sessions"] == sessions and not flush["skipped"], flush
         assert flush["page_calls"] >= 1 and flush["page_max_us"] > 0, flush
     assert data["summary"]["disk_bytes_per_s"]["median"] > 0
+
+
+@pytest.mark.cluster
+def test_clusterlean_quick(tmp_path: Path) -> None:
+    require_real_redis("redis-server", "redis-cli")
+    data = _run("bench.clusterlean", tmp_path)
+    assert all(not _alive(pid) for pid in data["meta"]["server_pids"]), "a node still runs"
+    assert len(data["meta"]["server_pids"]) == data["meta"]["primaries"] == 3
+    rows = data["rows_us_per_op"]
+    for key in (
+        "raw_evalsha_minimal",
+        "append_lean",
+        "append_generic",
+        "raw_lrange_orjson",
+        "context_lean",
+        "context_generic",
+    ):
+        assert rows[key]["n"] == data["meta"]["rounds"] and rows[key]["median"] > 0, key
+    assert set(data["ratios_same_round"]) >= {"append_lean_vs_raw_evalsha"}
+    # the lean store went the lean way on every script call, the generic one never
+    assert data["meta"]["lean_calls"] > 0 and data["meta"]["generic_lean_calls"] == 0

@@ -4,8 +4,9 @@ A :class:`~memtier.executor.SyncExecutor` on a plain standalone redis-py client 
 EVALSHA packed once on a pooled connection (:class:`memtier.connection.LeanPool`),
 bypassing redis-py's command machinery.  These tests hold it to the generic path:
 
-* it is taken on a real standalone client (counted), never on fakeredis or a cluster
-  client, a subclass or a single-connection client;
+* it is taken on a real standalone client (counted), never on fakeredis, a subclass or
+  a single-connection client (a cluster client has its own lean path:
+  ``tests/test_lean_cluster.py``);
 * a Hypothesis property over script replies and error replies (values, nested arrays,
   status and error replies, ``memtier:`` rejections, WRONGTYPE inside the script, a
   transient error that is retried to exhaustion, NOSCRIPT after ``SCRIPT FLUSH``) gives

@@ -1,0 +1,142 @@
+"""The lean script call on a sync Redis Cluster client (standalone: :class:`LeanPool`).
+
+Every memtier script keeps its keys on one slot (hash tags), so a call's slot is known
+from its first key: :meth:`ClusterLean.slot` computes it once per key (a bounded
+cache).  Each attempt reads the slot's primary from the cluster client's own slot map
+(redis-py's ``NodesManager``: the map it keeps current, under its lock) and sends the
+pre-packed command on that node's connection pool with :class:`LeanPool` (hiredis
+parsing, the same connection hygiene as the standalone lean path).
+
+Faults keep redis-py's meaning, and memtier's retry layer stays the one that retries:
+
+* ``MOVED`` / ``ASK`` -- the node ran nothing; the caller re-sends through redis-py's
+  generic cluster path, which follows the redirect and patches its slot map
+  (:meth:`memtier.scripts.LuaScript.call_lean_cluster`).
+* a connection error or timeout, ``CLUSTERDOWN``, a slot no node covers -- the slot map
+  is re-read (as redis-py does for these) and the error is raised unchanged, so
+  :func:`memtier.retry.classify` decides as on the generic path (a lost reply is
+  ``outcome unknown``: retried because every memtier script is replay-safe).
+* ``TRYAGAIN`` (keys of one slot split across a migration) -- raised to the retry layer
+  (not applied, retried with backoff), as on the standalone lean path; redis-py's
+  generic path would instead re-send it up to 16 times inside one attempt.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    ClusterDownError,
+    SlotNotCoveredError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from memtier.connection import LeanPool
+
+__all__ = ["SLOT_CACHE_CEILING", "ClusterLean", "lean_cluster"]
+
+log = logging.getLogger("memtier")
+
+# Keys whose slot is remembered per client (a dict entry ~100 B over the key string, which
+# memtier keeps anyway: at most ~2 MB).  Past it the cache starts over: a miss is one CRC16.
+SLOT_CACHE_CEILING = 16_384
+
+# What redis-py's ``RedisCluster.execute_command`` is when memtier is imported: a client
+# whose class (or instance) replaced it -- a tracing wrapper, a test double -- keeps it.
+_GENERIC_CLUSTER_EXECUTE = RedisCluster.execute_command
+
+
+class ClusterLean:
+    """Route one packed script call to its slot's primary and send it there."""
+
+    __slots__ = ("_named", "_slots", "client", "redirects")
+
+    def __init__(self, client: Any, named: bool) -> None:
+        self.client = client
+        self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests, approximate)
+        self._named = named  # the node pools' get_connection wants the command name
+        self._slots: dict[Any, int] = {}
+
+    def slot(self, key: Any) -> int:
+        """The hash slot of ``key`` (remembered; at most SLOT_CACHE_CEILING keys)."""
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) >= SLOT_CACHE_CEILING:
+                self._slots.clear()
+            slot = self._slots[key] = int(self.client.keyslot(key))
+        return slot
+
+    def execute(self, slot: int, args: tuple[Any, ...], packed: list[Any]) -> Any:
+        """Send ``args`` (packed into ``packed`` once) to ``slot``'s primary; read the reply."""
+        client = self.client
+        manager = client.nodes_manager
+        try:
+            node = manager.get_node_from_slot(slot)
+        except SlotNotCoveredError:
+            self._refresh(None)  # redis-py re-reads the map for this too
+            raise
+        pool = client.get_redis_connection(node).connection_pool
+        try:
+            return LeanPool(pool, named=self._named).execute(args, packed)
+        except (RedisConnectionError, RedisTimeoutError):
+            # The connection is already dropped (LeanPool); the node may be gone.
+            self._refresh(node.name)
+            raise
+        except ClusterDownError:
+            self._refresh(None)
+            raise
+
+    def _refresh(self, failed_node: str | None) -> None:
+        """Re-read the slot map as redis-py does after the same fault (failed node last)."""
+        manager = self.client.nodes_manager
+        try:
+            if failed_node is not None:
+                manager.move_node_to_end_of_cached_nodes(failed_node)
+                manager.initialize(last_failed_node_name=failed_node)
+            else:
+                manager.initialize()
+        except Exception as exc:  # every node unreachable: the retry's next attempt re-reads
+            # The caller raises the fault that started this; its class decides the retry.
+            log.debug("memtier: cluster slot map refresh failed: %s: %s", type(exc).__name__, exc)
+
+
+def _named_pool(pool: Any) -> bool:
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+def lean_cluster(client: Any) -> ClusterLean | None:
+    """A :class:`ClusterLean` for ``client`` if its script calls may bypass redis-py's
+    command machinery: a plain sync ``redis.cluster.RedisCluster`` (not a subclass, no
+    replaced ``execute_command``, no EVALSHA response callback, no client-side cache on
+    its node pools, redis-py's ``NodesManager`` API present).  None keeps the generic path."""
+    kind: type[Any] = type(client)  # (not ``type(client) is``: mypy would narrow ``client``)
+    if kind is not RedisCluster or "execute_command" in vars(client):
+        return None
+    if RedisCluster.execute_command is not _GENERIC_CLUSTER_EXECUTE:
+        return None
+    if "EVALSHA" in getattr(client, "cluster_response_callbacks", {}):
+        return None
+    manager = getattr(client, "nodes_manager", None)
+    needed = ("get_node_from_slot", "initialize", "move_node_to_end_of_cached_nodes")
+    if manager is None or not all(hasattr(manager, name) for name in needed):
+        return None  # another redis-py's internals: keep its own routing
+    if "last_failed_node_name" not in inspect.signature(manager.initialize).parameters:
+        return None
+    nodes = client.get_nodes()
+    if not nodes:
+        return None
+    named = False
+    for node in nodes:
+        redis_node = client.get_redis_connection(node)
+        if "EVALSHA" in getattr(redis_node, "response_callbacks", {}):
+            return None
+        pool = redis_node.connection_pool
+        if getattr(pool, "cache", None) is not None:  # client-side caching wraps connections
+            return None
+        named = _named_pool(pool)
+    return ClusterLean(client, named)
