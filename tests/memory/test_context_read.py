@@ -261,7 +261,7 @@ def test_transactional_read_matches_the_model_and_the_old_script(backend: Any) -
     _run_machine(backend, examples=15, steps=25)
 
 
-# --- one round trip ------------------------------------------------------------------------------
+# --- one round trip ---------------------------------------------------------------------------
 class Writes:
     """Counts writes to Redis (``send_packed_command``: one per round trip) of every
     sync and asyncio redis-py connection, Cluster nodes included."""
@@ -359,7 +359,7 @@ def test_the_read_is_a_transaction_with_no_lua_copy_of_the_turns(redis_server: A
     admin.close()
 
 
-# --- NOSCRIPT inside MULTI -----------------------------------------------------------------------
+# --- NOSCRIPT inside MULTI --------------------------------------------------------------------
 @pytest.fixture
 def private_server() -> Iterator[RedisServer]:
     """A redis-server of this test only: SCRIPT FLUSH touches nobody else's scripts."""
@@ -440,7 +440,7 @@ def test_a_script_that_will_not_load_fails_after_two_sends(
     client.close()
 
 
-# --- errors ----------------------------------------------------------------------------------------
+# --- errors -----------------------------------------------------------------------------------
 def test_a_malformed_session_check_is_a_script_error(backend: Any) -> None:
     store = ConversationStore(backend.sync_client(), backend.config(), clock=Clock())
     tx = store.core.context_call(key(1))
@@ -467,7 +467,7 @@ def test_a_wrong_typed_turns_list_is_the_same_error_as_before(backend: Any) -> N
     assert "WRONGTYPE" in new.value.message and "WRONGTYPE" in old.value.message
 
 
-# --- the limit --------------------------------------------------------------------------------------
+# --- the limit --------------------------------------------------------------------------------
 @given(st.integers(min_value=-(10**30), max_value=10**30))
 @example(0)
 @example(-1)
