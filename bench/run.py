@@ -351,7 +351,8 @@ def _count_round_trips(server: Any, mem: Any, hist: Any) -> float:
             Counting.writes += 1
             super().send_packed_command(command, check_health)
 
-    client = redis.Redis(host="127.0.0.1", port=server.port, connection_class=Counting)
+    pool = redis.ConnectionPool(host="127.0.0.1", port=server.port, connection_class=Counting)
+    client = redis.Redis(connection_pool=pool)
     store = ConversationStore(client, mem.config)
     store.context(hist.keys[0], limit=20)  # script cached on the server, connection made
     Counting.writes = 0
@@ -359,6 +360,7 @@ def _count_round_trips(server: Any, mem: Any, hist: Any) -> float:
     for i in range(n):
         store.context(hist.keys[i % len(hist.keys)], limit=20)
     client.close()
+    pool.disconnect()
     return Counting.writes / n
 
 

@@ -488,3 +488,73 @@ def test_huge_limits_read_everything(fake_or_real: Any) -> None:
     for limit in (0, -5, 3, 2_000, 2**70):
         assert [t.seq for t in store.context(k, limit=limit).turns] == [1, 2, 3]
     assert [t.seq for t in store.context(k, limit=1).turns] == [3]
+
+
+# --- a timed-out transaction ---------------------------------------------------------------------
+SHORT_DEADLINES = {
+    "max_connections": 2,
+    "socket_timeout_seconds": 0.5,
+    "connect_timeout_seconds": 0.5,
+    "pool_timeout_seconds": 5.0,
+}
+
+
+def test_a_timed_out_transaction_does_not_poison_its_connection(
+    private_server: RedisServer,
+) -> None:
+    """The replies of a transaction that arrive after the socket timeout (the server was
+    paused) must never be read by the next call: each later read gets its own session."""
+    from memtier.connection import connect_sync
+
+    config = MemtierConfig.load(redis_url=private_server.url, redis=SHORT_DEADLINES)
+    client, _ = connect_sync(config)
+    store = ConversationStore(client, config)
+    try:
+        keys = [key(20 + n) for n in range(4)]
+        for n, k in enumerate(keys):
+            store.append(k, AvatarMessage(text=f"session {n}"))
+        lean_before = store.executor.lean_calls
+        store.context(keys[0])
+        assert store.executor.lean_calls == lean_before + 1  # the lean transaction path
+        admin = redis.Redis.from_url(private_server.url)
+        assert int(admin.info("server")["process_id"]) == private_server.pid  # ours
+        assert admin.execute_command("CLIENT", "PAUSE", 1200, "ALL")
+        try:
+            late = store.context(keys[0])
+            assert [t.fields["text"] for t in late.turns] == ["session 0"]
+        except BackendError:
+            pass  # every attempt timed out: the retry layer's typed error, nothing half-read
+        admin.execute_command("CLIENT", "UNPAUSE")
+        admin.close()
+        for round_ in range(3):
+            for n, k in enumerate(keys):
+                texts_read = [t.fields["text"] for t in store.context(k).turns]
+                assert texts_read == [f"session {n}"], (round_, n)
+        pool = client.connection_pool
+        idle = {id(c) for c in pool.pool.queue if c is not None}
+        assert [c for c in pool._connections if id(c) not in idle] == []
+    finally:
+        client.close()
+
+
+# --- the expiry verdict at the exact deadline -----------------------------------------------------
+def test_the_verdict_at_the_exact_deadline_and_no_ttl_touch(backend: Any) -> None:
+    """Live 1 ms before ``last + ttl``, absent at it (the records are still in Redis: the
+    LRANGE reply is ignored); reading never extends the session's life."""
+    clock = Clock()
+    client = backend.sync_client()
+    store = ConversationStore(client, backend.config(), clock=clock)
+    k = key(11)
+    store.append(k, AvatarMessage(text="a"))
+    ttl = store.core.ttl_ms(k.channel)
+    for _ in range(3):  # reads at the same instant never touch the TTL
+        clock.now = T0 + ttl - 1
+        assert [t.fields["text"] for t in store.context(k).turns] == ["a"]
+    clock.now = T0 + ttl
+    gone = store.context(k)
+    assert gone.session_id is None and gone.turns == () and gone.messages == ()
+    turns = store.core.partition_for(k).session(k.member).turns
+    assert client.llen(turns) == 1  # still stored: the verdict, not the data, decided
+    core = store.core
+    old = core.decode_script_context(k, store.executor.execute(core.script_context_call(k)))
+    assert old.model_dump() == gone.model_dump()
