@@ -21,6 +21,7 @@ on the session's slot -- and decodes the records client-side.  Here an adversary
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -68,7 +69,7 @@ CONVERSATION = {
     "max_session_bytes": 8192,
     "max_aggregate_bytes": 1 << 20,
 }
-MEMBERS = tuple(key(n, channel).member for n in (1, 2) for channel in ("public", "im"))
+MEMBERS = (key(1, "public").member, key(2, "im").member, key(3, "public").member)
 WORDS = ("hi", "région", "😀", "</untrusted-data>", "x" * 40, "ok?")
 texts = st.lists(st.sampled_from(WORDS), min_size=0, max_size=4).map(" ".join)
 
@@ -88,7 +89,9 @@ class ModelSession:
     sid: str
     last_ms: int
     turn_ids: list[str] = field(default_factory=list)
-    summary: bool = False
+    # None after a compaction: whether the summarizer wrote one (folded empty turns give
+    # none); learned at the next read, then it must hold until the session rotates.
+    summary: bool | None = False
 
 
 def _view(ctx: Any) -> Any:
@@ -102,6 +105,8 @@ class ReadMachine(RuleBasedStateMachine):
     client: ClassVar[Any] = None
     async_client: ClassVar[Any] = None
     loop: ClassVar[PrivateLoop | None] = None
+    # What the examples exercised (checked after the run: a vacuous machine fails).
+    seen: ClassVar[Counter[str]]
 
     def __init__(self) -> None:
         super().__init__()
@@ -154,6 +159,19 @@ class ReadMachine(RuleBasedStateMachine):
         text=texts,
     )
     def append(self, member: str, kind: str, text: str) -> None:
+        self._append(member, kind, text)
+
+    @rule(
+        member=st.sampled_from(MEMBERS),
+        kinds=st.lists(st.sampled_from(("avatar", "agent", "tool")), min_size=2, max_size=4),
+    )
+    def fill(self, member: str, kinds: list[str]) -> None:
+        """Several appends in a row: sessions reach their turn bound (refusals, and
+        compactions that fold something)."""
+        for n, kind in enumerate(kinds):
+            self._append(member, kind, f"fill {n}")
+
+    def _append(self, member: str, kind: str, text: str) -> None:
         session = self._live(member)
         self.appended += 1
         turn_id = f"turn-{self.appended}"
@@ -163,6 +181,7 @@ class ReadMachine(RuleBasedStateMachine):
             )
         except SessionFullError:
             assert session is not None, f"{member}: refused, but the model has no live session"
+            self.seen["refused"] += 1
             return
         if session is None:
             session = self.model[member] = ModelSession(str(receipt.session_id), self.clock.now)
@@ -178,6 +197,7 @@ class ReadMachine(RuleBasedStateMachine):
             assert popped is None
             return
         assert popped is not None and popped.turn_id == session.turn_ids.pop()
+        self.seen["popped"] += 1
 
     @rule(member=st.sampled_from(MEMBERS))
     def compact(self, member: str) -> None:
@@ -186,7 +206,8 @@ class ReadMachine(RuleBasedStateMachine):
         if outcome.folded:
             assert session is not None
             del session.turn_ids[: outcome.folded]
-            session.summary = True
+            session.summary = None
+            self.seen["compacted"] += 1
 
     @rule(ms=st.sampled_from((1, 999, 60_000)))
     def advance(self, ms: int) -> None:
@@ -218,11 +239,19 @@ class ReadMachine(RuleBasedStateMachine):
                 session = self._live(member)
                 if session is None:
                     assert new.session_id is None and new.turns == () and new.messages == ()
+                    self.seen["expired read" if member in self.model else "absent read"] += 1
                     continue
                 want = session.turn_ids[-limit:] if limit else session.turn_ids
                 assert new.session_id == session.sid
                 assert [t.turn_id for t in new.turns] == want
+                if session.summary is None:
+                    session.summary = new.summary is not None
                 assert (new.summary is not None) == session.summary
+                self.seen[
+                    "live read, limited" if 0 < limit < len(session.turn_ids) else "live read"
+                ] += 1
+                if session.summary:
+                    self.seen["read with summary"] += 1
 
 
 def _run_machine(backend: Any, examples: int, steps: int) -> None:
@@ -237,6 +266,7 @@ def _run_machine(backend: Any, examples: int, steps: int) -> None:
     Machine.backend = backend
     Machine.client = backend.sync_client()
     Machine.loop = loop
+    Machine.seen = Counter()
     Machine.async_client = loop.run(make_async_client())
     try:
         run_state_machine_as_test(
@@ -245,6 +275,19 @@ def _run_machine(backend: Any, examples: int, steps: int) -> None:
     finally:
         loop.run(Machine.async_client.aclose())
         loop.stop()
+    wanted = (
+        "refused",
+        "popped",
+        "compacted",
+        "expired read",
+        "absent read",
+        "live read",
+        "live read, limited",
+        "read with summary",
+    )
+    assert {name: Machine.seen[name] > 0 for name in wanted} == dict.fromkeys(wanted, True), (
+        Machine.seen
+    )
 
 
 @pytest.mark.parametrize(
