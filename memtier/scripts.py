@@ -262,10 +262,14 @@ class LuaScript:
 
     # --- in a transaction: MULTI, this script, plain reads, EXEC (one round trip) --------
     # NOSCRIPT is an element of the EXEC reply (Redis 7 queues an unknown SHA and fails
-    # it when EXEC runs it; the reads after it still run): load the text, re-send the
-    # whole transaction once.  A second NOSCRIPT is raised as __call__ raises it.
-    def _exec_replies(self, replies: list[Any], last: bool) -> list[Any] | None:
+    # it when EXEC runs it; the reads after it still run), or -- on a server that checks
+    # the SHA while queueing -- the refusal that aborted the EXEC: either way load the
+    # text and re-send the whole transaction once.  A second NOSCRIPT is raised as
+    # __call__ raises it.
+    def _exec_replies(self, replies: Any, last: bool) -> list[Any] | None:
         """The EXEC reply, checked: None means "not loaded, load and re-send"."""
+        if not isinstance(replies, list) or not replies:  # None: a WATCH failed (none here)
+            raise ScriptError(f"{self.name}: malformed EXEC reply {type(replies).__name__}")
         first = replies[0]
         if isinstance(first, NoScriptError) and not last:
             return None
@@ -298,7 +302,11 @@ class LuaScript:
                     replies = pipe.execute(raise_on_error=False)
                 except (MovedError, AskError) as exc:  # Cluster: nothing ran; retried
                     raise _slot_moved(exc) from exc
-                checked = self._exec_replies(replies, last=attempt == 1)
+                except NoScriptError:  # refused while queueing (EXECABORT): nothing ran
+                    if attempt == 1:
+                        raise
+                    replies = None
+                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
                 if checked is not None:
                     return checked
                 client.script_load(text.source)
@@ -332,8 +340,13 @@ class LuaScript:
         started = time.perf_counter()
         try:
             for attempt in range(2):
-                replies = lean.transaction(commands, 3 + len(reads), packed)
-                checked = self._exec_replies(replies, last=attempt == 1)
+                try:
+                    replies = lean.transaction(commands, 3 + len(reads), packed)
+                except NoScriptError:  # refused while queueing (EXECABORT): nothing ran
+                    if attempt == 1:
+                        raise
+                    replies = None
+                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
                 if checked is not None:
                     return checked
                 client.script_load(self.source)
@@ -363,7 +376,11 @@ class LuaScript:
                     replies = await pipe.execute(raise_on_error=False)
                 except (MovedError, AskError) as exc:
                     raise _slot_moved(exc) from exc
-                checked = self._exec_replies(replies, last=attempt == 1)
+                except NoScriptError:
+                    if attempt == 1:
+                        raise
+                    replies = None
+                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
                 if checked is not None:
                     return checked
                 await client.script_load(text.source)
