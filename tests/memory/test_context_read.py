@@ -601,3 +601,47 @@ def test_the_verdict_at_the_exact_deadline_and_no_ttl_touch(backend: Any) -> Non
     core = store.core
     old = core.decode_script_context(k, store.executor.execute(core.script_context_call(k)))
     assert old.model_dump() == gone.model_dump()
+
+
+# --- NOSCRIPT refused while queueing (a server that checks the SHA before EXEC) ----------------
+class _QueueTimeRefusal:
+    """A lean pool / pipeline double whose first transaction is refused while queueing
+    (``EXECABORT`` after ``NOSCRIPT``), as a server that checks the SHA early would."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.loaded: list[str] = []
+
+    def transaction(self, commands: Any, count: int, packed: list[Any]) -> list[Any]:
+        return self.execute()
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        self.sent += 1
+        if self.sent == 1:
+            raise redis.exceptions.NoScriptError("No matching script. Please use EVAL.")
+        return [[-1], []]
+
+    def pipeline(self, transaction: bool = False) -> _QueueTimeRefusal:
+        assert transaction
+        return self
+
+    def execute_command(self, *args: Any) -> None:
+        pass
+
+    def script_load(self, source: str) -> None:
+        self.loaded.append(source)
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "generic"])
+def test_noscript_refused_while_queueing_loads_and_resends_once(lean: bool) -> None:
+    from memtier.scripts import load_registry
+
+    script = load_registry("memory")["context_head"]
+    double = _QueueTimeRefusal()
+    keys, args, reads = ("{p}:s:m", "{p}:meta"), (1000, ""), (("LRANGE", "{p}:t:m", 0, -1),)
+    if lean:
+        replies = script.call_transaction_lean(double, double, keys, args, reads, [])  # type: ignore[arg-type]
+    else:
+        replies = script.call_transaction(double, keys, args, reads)
+    assert replies == [[-1], []]
+    assert double.sent == 2 and double.loaded == [script.source]
