@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.probe import git_commit
 from bench.server import BenchRedis
 from bench.workloads import bench_config, chat_text, populate
 from memtier import ConversationKey, ConversationStore
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         data = {
             "meta": {
                 "tool": "bench.readserver",
+                "commit": git_commit(),
+                "server_pid": server.pid(),
                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
                 "reads": reads,
                 "repeats": repeats,
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": measure(server, reads, repeats),
         }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "readtx-server-read.json"
+    path = args.out / ("readserver-quick.json" if args.quick else "readtx-server-read.json")
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     for size, result in data["sizes"].items():
         t, r = result["transaction"]["us_per_read"], result["read_context"]["us_per_read"]
