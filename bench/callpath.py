@@ -17,8 +17,9 @@ rows (computed per round) is the cost of one layer:
   ``client.evalsha``, memtier's ``LuaScript`` wrapper (metrics, NOSCRIPT), then the store's
   shell (guard, retry, event metrics) and finally ``store.append`` (model, prepare,
   redaction, ids, ARGV, decode);
-* the context read: raw ``LRANGE`` 20 + orjson, ``read_context`` lean, ``client.evalsha``
-  and ``store.context(limit=20)``;
+* the context read: raw ``LRANGE`` 20 + orjson, the former ``read_context`` script (turns
+  through Lua) lean and by ``client.evalsha``, memtier's read transaction (``MULTI``,
+  ``context_head``, ``LRANGE``, ``EXEC``) lean pre-packed, and ``store.context(limit=20)``;
 * the client-only stages timed alone (no I/O).
 
 Then a pyinstrument profile of ``store.append`` and ``store.context`` loops (text trees
@@ -77,7 +78,8 @@ class Rig:
             self.store.append(key, AvatarMessage(text=self.text))
         self.script = self.store.scripts["append_turn"]
         self.read_script = self.store.scripts["read_context"]
-        for loaded in (self.script, self.read_script):
+        self.head_script = self.store.scripts["context_head"]
+        for loaded in (self.script, self.read_script, self.head_script):
             self.client.script_load(loaded.source)
         self.min_sha = str(self.client.script_load(MINIMAL_SCRIPT.read_text(encoding="utf-8")))
         self.conn: Any = self.client.connection_pool.get_connection()
@@ -118,8 +120,18 @@ class Rig:
         sha, nk = self.read_script.sha, self.read_script.num_keys
         out = []
         for _ in range(n):
-            c = self.core.context_call(self.read_pool.next(), 20)
+            c = self.core.script_context_call(self.read_pool.next(), 20)
             out.append((sha, nk, *c.keys, *c.args))
+        return out
+
+    def read_transactions(self, n: int) -> list[Any]:
+        """The context read as memtier sends it: MULTI, context_head, LRANGE, EXEC, packed."""
+        sha, nk = self.head_script.sha, self.head_script.num_keys
+        out = []
+        for _ in range(n):
+            tx = self.core.context_call(self.read_pool.next(), 20)
+            head = ("EVALSHA", sha, nk, *tx.script.keys, *tx.script.args)
+            out.append(self.conn.pack_commands([("MULTI",), head, *tx.reads, ("EXEC",)]))
         return out
 
 
@@ -243,6 +255,14 @@ def build_rows(rig: Rig) -> dict[str, tuple[str, Row]]:
             conn.send_packed_command(p)
             conn.read_response()
 
+    def lean_transaction(packed: list[Any]) -> None:
+        for p in packed:
+            conn.send_packed_command(p)
+            for _ in range(3):  # +OK, +QUEUED, +QUEUED
+                conn.read_response()
+            replies = conn.read_response()
+            assert len(replies[1]) == 20
+
     def store_context(n: int) -> tuple[float, float]:
         pool = rig.read_pool
         t0 = _clock()
@@ -256,6 +276,11 @@ def build_rows(rig: Rig) -> dict[str, tuple[str, Row]]:
             "read.lean": (
                 "read_context: lean, pre-packed (no decoding)",
                 _timed(prepacked(rig.read_args), lean_read),
+            ),
+            "read.tx_lean": (
+                "context transaction (MULTI, context_head, LRANGE, EXEC): lean, pre-packed"
+                " (no decoding)",
+                _timed(rig.read_transactions, lean_transaction),
             ),
             "read.evalsha": (
                 "read_context: client.evalsha (no decoding)",
@@ -287,7 +312,13 @@ LAYERS = [
     ("store.append total vs the lean minimal call", "append.store", "min.lean"),
     ("read_context vs LRANGE (server Lua + machinery)", "read.evalsha", "read.lrange"),
     ("redis-py machinery, read_context", "read.evalsha", "read.lean"),
-    ("store.context's own work: decode, models, guard/retry", "read.store", "read.evalsha"),
+    (
+        "read_context (turns through Lua) vs the transaction, both lean",
+        "read.lean",
+        "read.tx_lean",
+    ),
+    ("the lean transaction vs raw LRANGE + orjson", "read.tx_lean", "read.lrange"),
+    ("store.context's own work: decode, models, guard/retry", "read.store", "read.tx_lean"),
     ("store.context total vs raw LRANGE + orjson", "read.store", "read.lrange"),
 ]
 
@@ -303,8 +334,7 @@ def stage_rows(rig: Rig, n: int) -> dict[str, float]:
     prepared = core.prepare_turn(key, turn)
     call = core.append_call(prepared)
     reply = rig.script(rig.client, call.keys, call.args)
-    ctx_call = core.context_call(rig.read_pool.keys[0], 20)
-    ctx_reply = rig.read_script(rig.client, ctx_call.keys, ctx_call.args)
+    ctx_reply = rig.store.executor.execute(core.context_call(rig.read_pool.keys[0], 20))
     args = (rig.script.sha, rig.script.num_keys, *call.keys, *call.args)
     stages: dict[str, Callable[[], Any]] = {
         "AvatarMessage(text=...)": lambda: AvatarMessage(text=text),

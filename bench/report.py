@@ -150,7 +150,7 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
             "== 1 round trip",
             rt,
             lambda v: abs(v - 1.0) < 1e-9,
-            "client calls to Redis per context()",
+            "round trips (connection writes) to Redis per context()",
         )
     )
     fastest = _fastest(h, "peer.", "read20", "300B")

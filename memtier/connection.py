@@ -288,10 +288,22 @@ class LeanPool:
             named = parameter is not None and parameter.default is inspect.Parameter.empty
         self._named = named
 
+    def _get(self, name: str) -> Any:
+        pool = self.pool
+        return pool.get_connection(name) if self._named else pool.get_connection()
+
+    def _release(self, conn: Any) -> None:
+        try:
+            should_reconnect = getattr(conn, "should_reconnect", None)
+            if should_reconnect is not None and should_reconnect():
+                conn.disconnect()  # redis-py's maintenance notifications asked for it
+                conn.connect()
+        finally:
+            self.pool.release(conn)
+
     def execute(self, args: tuple[Any, ...], packed: list[Any]) -> Any:
         """Send ``args`` (packed into ``packed`` on first use, reused after) and read the reply."""
-        pool = self.pool
-        conn = pool.get_connection(args[0]) if self._named else pool.get_connection()
+        conn = self._get(args[0])
         try:
             if not packed:
                 packed.extend(conn.pack_command(*args))
@@ -304,13 +316,47 @@ class LeanPool:
                 conn.disconnect()
                 raise
         finally:
+            self._release(conn)
+
+    def transaction(
+        self, commands: tuple[tuple[Any, ...], ...], count: int, packed: list[Any]
+    ) -> Any:
+        """Send ``MULTI`` ... ``EXEC`` (``commands``, ``count`` of them, packed into
+        ``packed`` on first use) in one write and return ``EXEC``'s reply (a list; errors
+        of single commands are exception instances in it).
+
+        Every reply is read before anything is raised, so the connection stays in step:
+        a command refused while queueing (its error read whole) aborts the ``EXEC``
+        (``EXECABORT``), and that first refusal is raised.
+        """
+        conn = self._get("MULTI")
+        try:
+            if not packed:
+                packed.extend(conn.pack_commands(commands))
             try:
-                should_reconnect = getattr(conn, "should_reconnect", None)
-                if should_reconnect is not None and should_reconnect():
-                    conn.disconnect()  # redis-py's maintenance notifications asked for it
-                    conn.connect()
-            finally:
-                pool.release(conn)
+                conn.send_packed_command(packed)
+                refused: ResponseError | None = None
+                for _ in range(count - 1):  # +OK of MULTI, +QUEUED of each command
+                    try:
+                        conn.read_response()
+                    except ResponseError as exc:
+                        refused = refused or exc
+                try:
+                    replies = conn.read_response()
+                except ResponseError:
+                    if refused is not None:
+                        raise refused from None
+                    raise
+                if refused is not None:  # pragma: no cover - EXEC aborts after a refusal
+                    raise refused
+                return replies
+            except ResponseError:
+                raise  # whole error replies were read: the connection is in step
+            except BaseException:
+                conn.disconnect()
+                raise
+        finally:
+            self._release(conn)
 
 
 def lean_pool(client: Any) -> LeanPool | None:

@@ -33,9 +33,11 @@ __all__ = [
     "Command",
     "Handoff",
     "Plan",
+    "ReadCommand",
     "Request",
     "ScriptCall",
     "Sleep",
+    "Transaction",
     "drive_async",
     "drive_sync",
 ]
@@ -81,6 +83,30 @@ class Batch:
     commands: tuple[Command, ...]
 
 
+# One single-key read command, raw: (name, key, *args), e.g. ("LRANGE", key, -20, -1).
+ReadCommand: TypeAlias = tuple[str | int | bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """``MULTI``, one read-only script, plain read commands, ``EXEC``: one round trip.
+
+    The script decides what must be atomic (an expiry verdict); the reads return data
+    the script never copies (a list of records).  All keys share one slot (one hash
+    tag), so the transaction runs on one node of a Cluster.  The reply is
+    ``[script reply, read reply, ...]``; a re-send after a lost reply is safe (nothing
+    in it writes).
+    """
+
+    script: ScriptCall
+    reads: tuple[ReadCommand, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every key the transaction touches (the script's, then each read's)."""
+        return (*self.script.keys, *(str(read[1]) for read in self.reads))
+
+
 @dataclass(frozen=True, slots=True)
 class Sleep:
     """Wait ``seconds`` (a bounded poll, e.g. while another worker restores)."""
@@ -95,7 +121,7 @@ class Handoff:
     work: Any
 
 
-Request: TypeAlias = ScriptCall | Command | Batch | Sleep | Handoff
+Request: TypeAlias = ScriptCall | Transaction | Command | Batch | Sleep | Handoff
 Plan: TypeAlias = Generator[Request, Any, T]
 # What a driver needs: perform one request that is not a Sleep.
 SyncExecute: TypeAlias = Callable[[Request], Any]

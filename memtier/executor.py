@@ -25,6 +25,7 @@ from memtier.engine import (
     Request,
     ScriptCall,
     SyncExecute,
+    Transaction,
     drive_async,
     drive_sync,
 )
@@ -87,6 +88,10 @@ class SyncExecutor:
         """Perform one request (not a Sleep: the driver waits)."""
         if isinstance(request, ScriptCall):
             return retry_sync(operation or request.script, self._script(request), self.policy)
+        if isinstance(request, Transaction):
+            return retry_sync(
+                operation or request.script.script, self._transaction(request), self.policy
+            )
         if isinstance(request, Command):
             bound = getattr(self.client, request.method)
             return retry_sync(
@@ -185,6 +190,40 @@ class SyncExecutor:
 
         return attempt
 
+    def _transaction(self, tx: Transaction) -> Callable[[], Any]:
+        """``attempt`` for a :class:`Transaction`: on the lean path packed once (every
+        retry and the NOSCRIPT re-send reuse the bytes), else redis-py's transactional
+        pipeline (fakeredis, Cluster, wrappers).  Hooks see the script's own reply."""
+        call = tx.script
+        script = self.scripts[call.script]
+        client, keys, args, reads = self.client, call.keys, call.args, tx.reads
+        hooks, guard = self.on_script, self.guard
+        # A registry entry that is not a LuaScript (a test double) takes the generic path.
+        # On a cluster: the slot's primary (every key of a transaction shares its tag).
+        lean = self._lean_for(client) if isinstance(script, LuaScript) else None
+        slot = lean.slot(keys[0]) if isinstance(lean, ClusterLean) and keys else -1
+        if isinstance(lean, ClusterLean) and slot < 0:
+            lean = None
+        packed: list[Any] = []
+
+        def send() -> list[Any]:
+            if lean is not None:
+                self.lean_calls += 1
+                return script.call_transaction_lean(
+                    lean, client, keys, args, reads, packed, slot
+                )
+            return script.call_transaction(client, keys, args, reads)
+
+        def attempt() -> Any:
+            if call.attempts is not None:
+                call.attempts[0] += 1
+            replies = guard.call(send)
+            for hook in hooks:
+                hook(call.script, args, replies[0])
+            return replies
+
+        return attempt
+
     def _batch(self, batch: Batch) -> Any:
         pipe = self.client.pipeline(transaction=False)
         for command in batch.commands:
@@ -226,6 +265,10 @@ class AsyncExecutor:
             return await retry_async(
                 operation or request.script, self._script(request), self.policy
             )
+        if isinstance(request, Transaction):
+            return await retry_async(
+                operation or request.script.script, self._transaction(request), self.policy
+            )
         if isinstance(request, Command):
             bound = getattr(self.client, request.method)
             return await retry_async(
@@ -263,6 +306,23 @@ class AsyncExecutor:
             for hook in self.on_script:
                 hook(call.script, call.args, reply)
             return reply
+
+        return attempt
+
+    def _transaction(self, tx: Transaction) -> Callable[[], Awaitable[Any]]:
+        call = tx.script
+        script = self.scripts[call.script]
+        client, keys, args, reads = self.client, call.keys, call.args, tx.reads
+
+        async def attempt() -> Any:
+            if call.attempts is not None:
+                call.attempts[0] += 1
+            replies = await self.guard.call(
+                lambda: script.call_transaction_async(client, keys, args, reads)
+            )
+            for hook in self.on_script:
+                hook(call.script, args, replies[0])
+            return replies
 
         return attempt
 

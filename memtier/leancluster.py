@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from redis.cluster import RedisCluster
@@ -72,6 +73,15 @@ class ClusterLean:
 
     def execute(self, slot: int, args: tuple[Any, ...], packed: list[Any]) -> Any:
         """Send ``args`` (packed into ``packed`` once) to ``slot``'s primary; read the reply."""
+        return self._on_primary(slot, lambda lean: lean.execute(args, packed))
+
+    def transaction(
+        self, slot: int, commands: tuple[tuple[Any, ...], ...], count: int, packed: list[Any]
+    ) -> Any:
+        """:meth:`LeanPool.transaction` on ``slot``'s primary (every key on that slot)."""
+        return self._on_primary(slot, lambda lean: lean.transaction(commands, count, packed))
+
+    def _on_primary(self, slot: int, send: Callable[[LeanPool], Any]) -> Any:
         client = self.client
         manager = client.nodes_manager
         try:
@@ -81,7 +91,7 @@ class ClusterLean:
             raise
         pool = client.get_redis_connection(node).connection_pool
         try:
-            return LeanPool(pool, named=self._named).execute(args, packed)
+            return send(LeanPool(pool, named=self._named))
         except (RedisConnectionError, RedisTimeoutError):
             # The connection is already dropped (LeanPool); the node may be gone.
             self._refresh(node.name)

@@ -38,10 +38,11 @@ from redis.exceptions import ResponseError as RedisResponseError
 
 from memtier import metrics
 from memtier.errors import OutcomeUnknownError, ScriptError, TransientBackendError
+from memtier.leancluster import ClusterLean
 
 if TYPE_CHECKING:
     from memtier.connection import LeanPool
-    from memtier.leancluster import ClusterLean
+    from memtier.engine import ReadCommand
 
 __all__ = [
     "Durable",
@@ -291,6 +292,149 @@ class LuaScript:
             except NoScriptError:
                 await client.script_load(text.source)
                 return await client.evalsha(*call)
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
+    # --- in a transaction: MULTI, this script, plain reads, EXEC (one round trip) --------
+    # NOSCRIPT is an element of the EXEC reply (Redis 7 queues an unknown SHA and fails
+    # it when EXEC runs it; the reads after it still run), or -- on a server that checks
+    # the SHA while queueing -- the refusal that aborted the EXEC: either way load the
+    # text and re-send the whole transaction once.  A second NOSCRIPT is raised as
+    # __call__ raises it.
+    def _exec_replies(self, replies: Any, last: bool) -> list[Any] | None:
+        """The EXEC reply, checked: None means "not loaded, load and re-send"."""
+        if not isinstance(replies, list) or not replies:  # None: a WATCH failed (none here)
+            raise ScriptError(f"{self.name}: malformed EXEC reply {type(replies).__name__}")
+        first = replies[0]
+        if isinstance(first, NoScriptError) and not last:
+            return None
+        if isinstance(first, RedisResponseError):
+            _raise_script_error(self.name, first)
+        for reply in replies:
+            if isinstance(reply, MovedError | AskError):
+                raise _slot_moved(reply)
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def call_transaction(
+        self, client: Any, keys: Sequence[str], args: Sequence[Any], reads: Sequence[ReadCommand]
+    ) -> list[Any]:
+        """``MULTI`` + ``EVALSHA`` + ``reads`` + ``EXEC`` on a sync redis-py client
+        (standalone: its transactional pipeline; Cluster: redis-py's ``ClusterPipeline``
+        transaction, every key on one slot).  Returns ``[script reply, *read replies]``."""
+        text = self.text_for(client)
+        call = self._args(text.sha, keys, args)
+        started = time.perf_counter()
+        try:
+            for attempt in range(2):
+                pipe = client.pipeline(transaction=True)
+                # execute_command: redis-py's ClusterPipeline blocks its evalsha() method
+                pipe.execute_command("EVALSHA", *call)
+                for read in reads:
+                    pipe.execute_command(*read)
+                try:
+                    replies = pipe.execute(raise_on_error=False)
+                except (MovedError, AskError) as exc:  # Cluster: nothing ran; retried
+                    raise _slot_moved(exc) from exc
+                except NoScriptError:  # refused while queueing (EXECABORT): nothing ran
+                    if attempt == 1:
+                        raise
+                    replies = None
+                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
+                if checked is not None:
+                    return checked
+                client.script_load(text.source)
+            raise AssertionError("unreachable")  # pragma: no cover
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
+    def call_transaction_lean(
+        self,
+        lean: LeanPool | ClusterLean,
+        client: Any,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        reads: Sequence[ReadCommand],
+        packed: list[Any],
+        slot: int = -1,
+    ) -> list[Any]:
+        """:meth:`call_transaction` on the lean path: the whole transaction packed once
+        into ``packed`` (kept by the caller across its retries and the NOSCRIPT re-send)
+        and sent with ``lean`` -- a standalone client's pool, or on a Redis Cluster the
+        primary of ``slot`` (every key of the transaction is on it).  A ``MOVED`` /
+        ``ASK`` there means nothing ran (the EXEC aborted): the transaction goes once
+        through redis-py's ``ClusterPipeline``, which raises it as a retryable fault."""
+        commands: tuple[tuple[Any, ...], ...] = ()
+        if not packed:
+            commands = (
+                ("MULTI",),
+                ("EVALSHA", *self._args(self.sha, keys, args)),
+                *reads,
+                ("EXEC",),
+            )
+        count = 3 + len(reads)
+        started = time.perf_counter()
+        try:
+            for attempt in range(2):
+                try:
+                    if not isinstance(lean, ClusterLean):
+                        replies = lean.transaction(commands, count, packed)
+                    else:
+                        try:
+                            replies = lean.transaction(slot, commands, count, packed)
+                        except (MovedError, AskError):
+                            lean.redirects += 1
+                            return self.call_transaction(client, keys, args, reads)
+                except NoScriptError:  # refused while queueing (EXECABORT): nothing ran
+                    if attempt == 1:
+                        raise
+                    replies = None
+                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
+                if checked is not None:
+                    return checked
+                client.script_load(self.source)
+            raise AssertionError("unreachable")  # pragma: no cover
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
+    async def call_transaction_async(
+        self, client: Any, keys: Sequence[str], args: Sequence[Any], reads: Sequence[ReadCommand]
+    ) -> list[Any]:
+        """The asyncio twin of :meth:`call_transaction` (redis-py 8's asyncio
+        ``ClusterPipeline`` runs transactions on one slot too)."""
+        text = self.text_for(client)
+        call = self._args(text.sha, keys, args)
+        started = time.perf_counter()
+        try:
+            for attempt in range(2):
+                pipe = client.pipeline(transaction=True)
+                # execute_command: redis-py's ClusterPipeline blocks its evalsha() method
+                pipe.execute_command("EVALSHA", *call)
+                for read in reads:
+                    pipe.execute_command(*read)
+                try:
+                    replies = await pipe.execute(raise_on_error=False)
+                except (MovedError, AskError) as exc:
+                    raise _slot_moved(exc) from exc
+                except NoScriptError:
+                    if attempt == 1:
+                        raise
+                    replies = None
+                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
+                if checked is not None:
+                    return checked
+                await client.script_load(text.source)
+            raise AssertionError("unreachable")  # pragma: no cover
         except RedisResponseError as exc:
             _raise_script_error(self.name, exc)
             raise

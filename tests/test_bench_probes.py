@@ -131,6 +131,21 @@ def test_callpath_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.real
+def test_readserver_quick(tmp_path: Path) -> None:
+    data = _run("bench.readserver", tmp_path)
+    for size in ("300B", "4096B"):
+        result = data["sizes"][size]
+        for way, outer in (("transaction", "exec"), ("read_context", "evalsha")):
+            assert result[way]["outer_command"] == outer
+            assert result[way]["us_per_read"]["median"] > 0, (size, way)
+        # the transaction ran MULTI, the script, LRANGE and EXEC once per read
+        calls = result["transaction"]["calls_per_read"]
+        for command in ("multi", "evalsha", "lrange", "exec"):
+            assert calls[command] == 1.0, (size, command, calls)
+        assert "exec" not in result["read_context"]["calls_per_read"]
+
+
+@pytest.mark.real
 def test_flushprobe_quick(tmp_path: Path) -> None:
     data = _run("bench.flushprobe", tmp_path)
     sessions = data["meta"]["sessions"]

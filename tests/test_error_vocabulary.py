@@ -39,6 +39,7 @@ CANONICAL_CODES = [member.value for member in ErrorCode]  # aliases are not iter
 # Scripts whose refusal statuses are outcomes the Python side handles, not error codes.
 OUTCOME_STATUSES: Mapping[str, str] = {
     "memory/apply_compaction": "compaction outcomes (memtier.memory.compaction): job states",
+    "memory/context_head": "NOT_FOUND is an empty context",
     "memory/read_context": "NOT_FOUND is an empty context",
     "memory/restore_gate": "LOST: the lock is no longer ours (the restorer stops); BUSY: wait",
     "memory/restore_session": "NO_ROOM: that session is skipped and reported; recovery goes on",

@@ -369,7 +369,14 @@ def test_diamond_include_is_inlined_once(tmp_path: Path) -> None:
 # no-writes script is an error), so the suite on real Redis shows none of these writes;
 # tests/faults shows that reads run during CLIENT PAUSE WRITE.
 READ_ONLY_SCRIPTS = {
-    "memory": {"list_metadata", "partition_stats", "read_context", "read_session", "snapshot_page"},
+    "memory": {
+        "context_head",
+        "list_metadata",
+        "partition_stats",
+        "read_context",
+        "read_session",
+        "snapshot_page",
+    },
     "threads": {"read_events"},
     "langgraph": {"checkpoint_read", "thread_dump"},
 }

@@ -19,7 +19,7 @@ import orjson
 
 from memtier import limits, wire
 from memtier.config import MemtierConfig
-from memtier.engine import ScriptCall
+from memtier.engine import ScriptCall, Transaction
 from memtier.errors import (
     CapacityError,
     InvalidCursorError,
@@ -48,6 +48,7 @@ from memtier.memory.models import (
 from memtier.memory.recordcheck import check_fields_for_append, check_turn_id_for_append
 from memtier.memory.scriptspecs import (
     APPEND_TURN,
+    CONTEXT_HEAD,
     DROP_SESSION,
     LIST_METADATA,
     PARTITION_STATS,
@@ -60,11 +61,25 @@ from memtier.redaction import sanitize
 from memtier.scripts import Durable
 from memtier.wire import ms_to_datetime
 
-__all__ = ["AppendStatus", "MemoryCore", "ScriptCall", "new_session_id", "wrap_untrusted"]
+__all__ = [
+    "AppendStatus",
+    "MemoryCore",
+    "ScriptCall",
+    "context_limit",
+    "new_session_id",
+    "wrap_untrusted",
+]
 
 
 # Members whose keys are kept (about 0.5 KB each): the sessions a process is busy with.
 _ROUTE_CACHE_SIZE = 4096
+
+
+def context_limit(limit: int) -> int:
+    """The newest-turns count of a context read: 0 (all) for 0, a negative count, or one
+    above the hard turns ceiling (no session holds more, and LRANGE takes 64-bit ints)."""
+    n = int(limit)
+    return n if 0 < n <= limits.MAX_TURNS_PER_SESSION.ceiling else 0
 
 
 class AppendStatus:
@@ -330,23 +345,51 @@ class MemoryCore:
         raise ScriptError(f"append_turn returned unknown status {status}")
 
     # --- context -------------------------------------------------------------------------------
-    def context_call(self, key: ConversationKey, limit: int = 0) -> ScriptCall:
+    def context_call(self, key: ConversationKey, limit: int = 0) -> Transaction:
+        """The context read in one round trip: ``MULTI``, ``context_head`` (the expiry
+        verdict and the session's fields, atomic with the read), a plain ``LRANGE`` of the
+        newest ``limit`` records (0: all), ``EXEC``.  The records never pass through Lua."""
+        part, sk = self._route(key.member)
+        newest = context_limit(limit)
+        return Transaction(
+            CONTEXT_HEAD.call(
+                {"session": sk.session, "meta": part.meta},
+                ttl_ms=self.ttl_ms(key.channel),
+                clock_override=self.clock_arg(),
+            ),
+            (("LRANGE", sk.turns, -newest if newest else 0, -1),),
+        )
+
+    def script_context_call(self, key: ConversationKey, limit: int = 0) -> ScriptCall:
+        """The former context read, turns through Lua (``read_context``): the reference
+        the transactional read is tested against, and a bench row."""
         part, sk = self._route(key.member)
         return READ_CONTEXT.call(
             {"session": sk.session, "turns": sk.turns, "meta": part.meta},
             ttl_ms=self.ttl_ms(key.channel),
             clock_override=self.clock_arg(),
-            limit=max(0, int(limit)),
+            limit=context_limit(limit),
         )
 
-    def decode_context(self, key: ConversationKey, reply: Sequence[Any]) -> Context:
-        if int(reply[0]) != 0:
+    def decode_context(self, key: ConversationKey, replies: Sequence[Any]) -> Context:
+        """:meth:`context_call`'s reply: ``[context_head reply, LRANGE reply]``.  The
+        head decides: an expired or absent session is empty whatever the list held."""
+        return self._context(key, replies[0], replies[1])
+
+    def decode_script_context(self, key: ConversationKey, reply: Sequence[Any]) -> Context:
+        """:meth:`script_context_call`'s reply (head fields, then the records)."""
+        return self._context(key, reply[:9], reply[9:])
+
+    def _context(
+        self, key: ConversationKey, head: Sequence[Any], raw_records: Sequence[Any]
+    ) -> Context:
+        if int(head[0]) != 0:
             return Context(
                 key_avatar=key.avatar, key_channel=key.channel, session_id=None, messages=()
             )
-        session_id = wire.text(reply[1])
-        summary_raw = wire.text(reply[8])
-        records = tuple(self.decode_record(r) for r in reply[9:])
+        session_id = wire.text(head[1])
+        summary_raw = wire.text(head[8])
+        records = tuple(self.decode_record(r) for r in raw_records)
         summary: dict[str, Any] | None = orjson.loads(summary_raw) if summary_raw else None
         # Unvalidated construction: every part is already typed (key: a validated
         # ConversationKey; records and messages: built and checked below).

@@ -18,6 +18,7 @@ from memtier.scriptspec import ScriptSpec
 __all__ = [
     "APPEND_TURN",
     "APPLY_COMPACTION",
+    "CONTEXT_HEAD",
     "DROP_SESSION",
     "EMIT_EVENT",
     "LIST_METADATA",
@@ -116,6 +117,14 @@ POP_TURN: Final = ScriptSpec(
     keys=(*_SESSION, "index", "meta", "events"),
     argv=("member", "ttl_ms", "max_events", "clock_override"),
 )
+# The session check of a context read (MULTI + this + LRANGE of the turns + EXEC).
+CONTEXT_HEAD: Final = ScriptSpec(
+    "context_head",
+    keys=("session", "meta"),
+    argv=("ttl_ms", "clock_override"),
+)
+# The former context read (the turns through Lua): kept as the reference the
+# transactional read is tested against (tests/memory/test_context_read.py).
 READ_CONTEXT: Final = ScriptSpec(
     "read_context",
     keys=("session", "turns", "meta"),
@@ -176,6 +185,7 @@ MEMORY_SPECS: Final[dict[str, ScriptSpec]] = {
     for spec in (
         APPEND_TURN,
         APPLY_COMPACTION,
+        CONTEXT_HEAD,
         DROP_SESSION,
         EMIT_EVENT,
         LIST_METADATA,
