@@ -156,7 +156,15 @@ class AutoPipeline:
     async def _send(self, batch: _Batch) -> None:
         if self._open is batch:
             self._open = None  # calls from now on go to the next batch
-        calls = [call for call in batch.calls if not call.future.done()]
+        try:
+            await self._write_and_read(batch.calls)
+        finally:
+            # A safety net: however the send task ended, no caller waits forever.
+            for call in batch.calls:
+                _settle(call, error=RedisConnectionError("auto-pipelined batch ended unanswered"))
+
+    async def _write_and_read(self, queued: list[_Call]) -> None:
+        calls = [call for call in queued if not call.future.done()]
         if not calls:
             return
         pool = self.pool
@@ -170,6 +178,10 @@ class AutoPipeline:
             return
         answered = 0
         try:
+            # A caller cancelled while the pool was busy is still not sent.
+            calls = [call for call in calls if not call.future.done()]
+            if not calls:
+                return
             # From here on any failure may come after Redis read (and ran) some calls.
             await conn.send_packed_command([chunk for call in calls for chunk in call.packed])
             self.batches += 1

@@ -545,3 +545,25 @@ async def test_cancelled_waiters_break_neither_the_others_nor_the_connection() -
                 assert [t.turn_id for t in (await store.context(key)).turns] == ["c"]
             await admin.aclose()
             await _healthy(store)
+
+
+@pytest.mark.real
+async def test_a_refused_connect_fails_every_caller_as_not_applied(tmp_path: Path) -> None:
+    """No connection: nothing was sent, so each caller gets backend_unavailable after its
+    own retries (never outcome_unknown), and none waits forever."""
+    with RedisServer() as server:
+        url = server.url
+    config = _config(url)  # the server is gone: its port refuses connections
+    client, _ = connect_async(config)
+    try:
+        executor = _executor(client, _registry(tmp_path), config)
+        assert executor.pipeline_for(client) is not None
+        calls = [_call("str", f"c{i}") for i in range(8)]
+        async with asyncio.timeout(30):
+            outcomes = await asyncio.gather(*(_outcome(executor, c) for c in calls))
+        for outcome, call in zip(outcomes, calls, strict=True):
+            assert outcome[0] == "error" and outcome[2].value == "backend_unavailable", outcome
+            assert call.attempts is not None and call.attempts[0] >= 2  # retried on its own
+        assert _in_use(client) == 0
+    finally:
+        await client.aclose()
