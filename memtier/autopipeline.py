@@ -48,6 +48,16 @@ from memtier.errors import TransientBackendError
 
 __all__ = ["AutoPipeline", "PipelineBounds"]
 
+_hiredis_pack: Any
+try:  # hiredis packs a command in C; redis-py's asyncio connection packs in Python
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
+    _hiredis_pack = None
+
+# Argument types hiredis packs exactly as redis-py's encoder does (str as UTF-8, int by
+# its decimal repr); anything else (float, bool, memoryview...) goes through redis-py.
+_PLAIN_ARGS = frozenset({str, bytes, int})
+
 
 @dataclass(frozen=True, slots=True)
 class PipelineBounds:
@@ -113,7 +123,17 @@ def _lost(written: bool, exc: BaseException) -> Exception:
 class AutoPipeline:
     """Batches the script calls of one event-loop tick onto one connection of ``pool``."""
 
-    __slots__ = ("_named", "_open", "_packer", "_sending", "batches", "bounds", "calls", "pool")
+    __slots__ = (
+        "_fast",
+        "_named",
+        "_open",
+        "_packer",
+        "_sending",
+        "batches",
+        "bounds",
+        "calls",
+        "pool",
+    )
 
     def __init__(self, pool: Any, bounds: PipelineBounds) -> None:
         self.pool = pool
@@ -122,6 +142,11 @@ class AutoPipeline:
         parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
         self._named = parameter is not None and parameter.default is inspect.Parameter.empty
         self._packer: Any = None
+        # hiredis only where it encodes as the pool's connections would: UTF-8, strict.
+        kwargs = getattr(pool, "connection_kwargs", {})
+        utf8 = str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-") in ("utf-8", "utf8")
+        strict = kwargs.get("encoding_errors", "strict") == "strict"
+        self._fast: Any = _hiredis_pack if utf8 and strict else None
         self._open: _Batch | None = None
         self._sending: set[asyncio.Task[None]] = set()  # strong references to send tasks
         self.batches = 0  # batches written (tests and the bench read them)
@@ -129,6 +154,8 @@ class AutoPipeline:
 
     def pack(self, args: Sequence[Any]) -> list[bytes]:
         """``args`` as the bytes the pool's connections would send (their encoder)."""
+        if self._fast and _PLAIN_ARGS.issuperset(map(type, args)):
+            return [self._fast(tuple(args))]
         if self._packer is None:  # never connected: only its encoder and packer are used
             self._packer = self.pool.connection_class(**self.pool.connection_kwargs)
         return list(self._packer.pack_command(*args))

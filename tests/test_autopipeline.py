@@ -567,3 +567,36 @@ async def test_a_refused_connect_fails_every_caller_as_not_applied(tmp_path: Pat
         assert _in_use(client) == 0
     finally:
         await client.aclose()
+
+
+# --- packing -----------------------------------------------------------------------------------
+_ARG = st.one_of(
+    st.text(max_size=40),
+    st.binary(max_size=40),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(args=st.lists(_ARG, max_size=12), encoding=st.sampled_from(["utf-8", "latin-1"]))
+@example(args=["\u00e9", -1, b"\x00", 0.1], encoding="latin-1")
+@example(args=["\u00e9\U0001f600", 2**63 - 1, 1e300], encoding="utf-8")
+@example(args=["\ud800"], encoding="utf-8")  # a lone surrogate: refused by both
+def test_a_call_is_packed_as_the_pools_connections_would_pack_it(
+    args: list[Any], encoding: str
+) -> None:
+    """hiredis (UTF-8 str, ints) or redis-py's packer: the same bytes as the connection's."""
+    pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=1, encoding=encoding)
+    connection = pool.connection_class(**pool.connection_kwargs)
+    command = ("EVALSHA", *args)
+    try:
+        want: Any = b"".join(connection.pack_command(*command))
+    except UnicodeEncodeError:
+        want = UnicodeEncodeError
+    pipeline = AutoPipeline(pool, PipelineBounds())
+    try:
+        got: Any = b"".join(pipeline.pack(command))
+    except UnicodeEncodeError:
+        got = UnicodeEncodeError
+    assert got == want
