@@ -167,17 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with BenchRedis() as server, tempfile.TemporaryDirectory(prefix="aiopipe-") as tmp:
         meta = machine_meta(server.client())
+        meta["server_pid"] = server.pid()
         result = asyncio.run(_run(server.port, Path(tmp), rounds, ops))
-    data = {
-        "probe": "aiopipe",
-        "command": "python -m bench.aiopipe_probe" + (" --quick" if args.quick else ""),
-        "coroutines": CONCURRENCY,
-        "rounds": rounds,
-        "ops_per_round": ops,
-        **meta,
-        **result,
-        "seconds": time.perf_counter() - started,
-    }
+    meta.update(
+        command="python -m bench.aiopipe_probe" + (" --quick" if args.quick else ""),
+        coroutines=CONCURRENCY,
+        rounds=rounds,
+        ops_per_round=ops,
+        seconds=time.perf_counter() - started,
+    )
+    data = {"probe": "aiopipe", "meta": meta, **result}
     name = "aiopipe-probe-quick.json" if args.quick else "aiopipe-probe.json"
     path = write_json(args.out / name, data)
     for key, s in result["rates_op_s"].items():

@@ -140,3 +140,18 @@ def test_flushprobe_quick(tmp_path: Path) -> None:
         assert flush["sessions"] == sessions and not flush["skipped"], flush
         assert flush["page_calls"] >= 1 and flush["page_max_us"] > 0, flush
     assert data["summary"]["disk_bytes_per_s"]["median"] > 0
+
+
+@pytest.mark.real
+def test_aiopipe_probe_quick(tmp_path: Path) -> None:
+    data = _run("bench.aiopipe_probe", tmp_path)
+    rounds = data["meta"]["rounds"]
+    for key in ("raw", "exec.pipelined", "exec.generic", "append.pipelined", "append.generic"):
+        assert data["rates_op_s"][key]["n"] == rounds and data["rates_op_s"][key]["median"] > 0
+    assert set(data["ratio_vs_raw"]) == {
+        "exec.pipelined",
+        "exec.generic",
+        "append.pipelined",
+        "append.generic",
+    }
+    assert data["calls_per_batch_exec_pipelined"] >= 1.0  # the pipelined rows were pipelined
