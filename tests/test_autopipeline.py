@@ -258,6 +258,36 @@ def test_concurrent_coroutines_give_the_results_of_one_call_at_a_time(
     asyncio.run(_model_run(redis_server.url, sessions))
 
 
+async def _same_key_run(url: str, turn_ids: list[int]) -> None:
+    store = AsyncConversationStore.from_config(_config(url, max_connections=50))
+    async with store:
+        key = ConversationKey(uuid.uuid4(), "im")
+        receipts = await asyncio.gather(
+            *(store.append(key, AvatarMessage(text=f"x{t}", turn_id=f"t{t}")) for t in turn_ids)
+        )
+        first: dict[int, int] = {}
+        for t, receipt in zip(turn_ids, receipts, strict=True):
+            assert first.setdefault(t, receipt.seq) == receipt.seq  # a repeat: the first seq
+        # Unique turns got the gapless seqs 1..n; exactly one append of each id stored it.
+        assert sorted(first.values()) == list(range(1, len(first) + 1))
+        assert sum(not r.duplicate for r in receipts) == len(first)
+        stored = {t.turn_id: t.seq for t in (await store.context(key)).turns}
+        assert stored == {f"t{t}": seq for t, seq in first.items()}
+        assert _in_use(store.client) == 0
+
+
+@pytest.mark.real
+@settings(max_examples=20, deadline=None)
+@given(turn_ids=st.lists(st.integers(0, 15), min_size=1, max_size=40))
+@example(turn_ids=[0] * 20)
+@example(turn_ids=list(range(16)) * 2)
+def test_concurrent_appends_to_one_key_are_gapless_and_stored_once(
+    redis_server: Any, turn_ids: list[int]
+) -> None:
+    """Same-key calls in one batch run in batch order: every unique turn id once."""
+    asyncio.run(_same_key_run(redis_server.url, turn_ids))
+
+
 # --- replies and errors in one batch ---------------------------------------------------------
 _TEXT = st.text(string.ascii_letters + string.digits + " _-", min_size=1, max_size=24)
 _CALLS = st.one_of(
