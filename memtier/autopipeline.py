@@ -35,6 +35,7 @@ answered with an unknown-outcome ``ConnectionError`` (written) or a
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,21 +175,24 @@ class AutoPipeline:
             batch = self._open = _Batch(loop)
             task = loop.create_task(self._send(batch))
             self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            task.add_done_callback(functools.partial(self._ended, batch))
         future: asyncio.Future[Any] = loop.create_future()
         batch.calls.append(_Call(packed, future))
         batch.size += size
         return future
 
+    def _ended(self, batch: _Batch, task: asyncio.Task[None]) -> None:
+        # However the send task ended (even cancelled before it ran), no caller waits forever.
+        self._sending.discard(task)
+        if self._open is batch:
+            self._open = None
+        for call in batch.calls:
+            _settle(call, error=RedisConnectionError("auto-pipelined batch ended unanswered"))
+
     async def _send(self, batch: _Batch) -> None:
         if self._open is batch:
             self._open = None  # calls from now on go to the next batch
-        try:
-            await self._write_and_read(batch.calls)
-        finally:
-            # A safety net: however the send task ended, no caller waits forever.
-            for call in batch.calls:
-                _settle(call, error=RedisConnectionError("auto-pipelined batch ended unanswered"))
+        await self._write_and_read(batch.calls)
 
     async def _write_and_read(self, queued: list[_Call]) -> None:
         calls = [call for call in queued if not call.future.done()]

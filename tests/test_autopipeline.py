@@ -630,3 +630,24 @@ def test_a_call_is_packed_as_the_pools_connections_would_pack_it(
     except UnicodeEncodeError:
         got = UnicodeEncodeError
     assert got == want
+
+
+@pytest.mark.real
+async def test_a_send_task_cancelled_before_it_ran_leaves_no_caller_waiting(
+    redis_server: Any,
+) -> None:
+    client, _ = connect_async(_config(redis_server.url))
+    try:
+        pipeline = AutoPipeline(client.connection_pool, PipelineBounds())
+        futures = [pipeline.submit(pipeline.pack(("PING",))) for _ in range(3)]
+        (task,) = pipeline._sending
+        task.cancel()  # e.g. the loop shutting down: the batch is never written
+        async with asyncio.timeout(10):
+            done = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(d, redis.ConnectionError) for d in done), done
+        assert pipeline.batches == 0 and pipeline._sending == set()
+        after = pipeline.submit(pipeline.pack(("PING",)))  # the next tick's batch works
+        assert await after == b"PONG"  # the raw reply: no response callback on this path
+        assert _in_use(client) == 0
+    finally:
+        await client.aclose()
