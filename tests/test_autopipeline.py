@@ -75,12 +75,15 @@ end
 return redis.error_reply("ERR unknown kind")
 """
 LIST_KEY = "{pipe}:list"
+# A generous reply deadline: on this shared machine a 0.5 s stall happens, and a timeout
+# (retried) would change a call's attempt count.  The fault tests use FAULT_TIMEOUT_S.
 SETTINGS: dict[str, Any] = {
     "max_connections": 8,
-    "socket_timeout_seconds": 0.5,
+    "socket_timeout_seconds": 10.0,
     "connect_timeout_seconds": 0.5,
     "pool_timeout_seconds": 5.0,
 }
+FAULT_TIMEOUT_S = 0.5  # below the 1.2 s SIGSTOP of the fault test, above its 0.4 s pause
 
 
 def _registry(root: Path) -> ScriptRegistry:
@@ -488,7 +491,9 @@ async def test_a_fault_mid_batch_loses_no_acknowledged_append_and_stores_none_tw
     fault: str,
 ) -> None:
     with _aof_server() as server:
-        store = AsyncConversationStore.from_config(_config(server.url, max_connections=16))
+        store = AsyncConversationStore.from_config(
+            _config(server.url, max_connections=16, socket_timeout_seconds=FAULT_TIMEOUT_S)
+        )
         async with store:
             admin = await _own(server)
             keys = [ConversationKey(uuid.uuid4(), "im") for _ in range(24)]
@@ -526,7 +531,9 @@ async def test_a_fault_mid_batch_loses_no_acknowledged_append_and_stores_none_tw
 @pytest.mark.real
 async def test_cancelled_waiters_break_neither_the_others_nor_the_connection() -> None:
     with _aof_server() as server:
-        store = AsyncConversationStore.from_config(_config(server.url, max_connections=16))
+        store = AsyncConversationStore.from_config(
+            _config(server.url, max_connections=16, socket_timeout_seconds=FAULT_TIMEOUT_S)
+        )
         async with store:
             admin = await _own(server)
             warm = ConversationKey(uuid.uuid4(), "im")
