@@ -179,6 +179,31 @@ async def test_concurrent_store_calls_share_round_trips(redis_server: Any) -> No
         assert _in_use(store.client) == 0
 
 
+async def test_standalone_pipelines_and_cluster_keeps_the_generic_path(
+    backend_no_fake: Any,
+) -> None:
+    """On the real cluster the asyncio client is a RedisCluster: no auto-pipeline (the
+    generic path routes each call by slot); the same concurrent calls give the same results."""
+    config = _config(backend_no_fake.url, max_connections=50)
+    store = AsyncConversationStore.from_config(config)
+    async with store:
+        keys = [ConversationKey(uuid.uuid4(), "im") for _ in range(32)]
+        receipts = await asyncio.gather(
+            *(
+                store.append(k, AvatarMessage(text=f"c{i}", turn_id=f"c{i}"))
+                for i, k in enumerate(keys)
+            )
+        )
+        contexts = await asyncio.gather(*(store.context(k) for k in keys))
+        assert [r.seq for r in receipts] == [1] * 32
+        assert [[t.turn_id for t in c.turns] for c in contexts] == [[f"c{i}"] for i in range(32)]
+        pipeline = store.executor.pipeline_for(store.client)
+        if backend_no_fake.is_cluster:
+            assert pipeline is None
+        else:
+            assert pipeline is not None and pipeline.batches < pipeline.calls
+
+
 # --- the model property ------------------------------------------------------------------------
 _OP = st.one_of(
     st.tuples(st.just("append"), st.text(string.ascii_letters + " ", min_size=1, max_size=40)),
