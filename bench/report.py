@@ -129,6 +129,16 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
             "both asyncio, same round",
         )
     )
+    r = _ratio(g("memtier.append.300B.asyncio64"), g("base.append.300B.asyncio64"))
+    out.append(
+        _target(
+            "asyncio 64 coroutines append vs raw asyncio client [300B]",
+            ">= 1.0x",
+            r,
+            lambda v: v >= 1.0,
+            "64 coroutines on one loop each; raw: minimal script via redis-py asyncio",
+        )
+    )
     fastest = _fastest(h, "peer.", "append", "300B")
     mine = g("memtier.append.300B.sync")
     if fastest is not None and "openai" in fastest.key:

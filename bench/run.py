@@ -169,7 +169,14 @@ def _run_sections(
 ) -> float | None:
     from bench import checkpoints, multiproc, profiling, scale, workers_threads
     from bench.peers import PeerSet
-    from bench.workloads import PAYLOAD_SIZES, AsyncLoop, Baselines, MemtierBench, chat_text
+    from bench.workloads import (
+        CONCURRENCY,
+        PAYLOAD_SIZES,
+        AsyncLoop,
+        Baselines,
+        MemtierBench,
+        chat_text,
+    )
 
     loop = AsyncLoop()
     texts = {size: chat_text(n) for size, n in PAYLOAD_SIZES.items()}
@@ -238,6 +245,20 @@ def _run_sections(
                 ba, br = f"base.append.{size}.asyncio", f"base.read20.{size}.asyncio"
                 h.group(
                     f"asyncio, one connection [{size}]",
+                    ms,
+                    ratios={
+                        m.key: (ba if ".append." in m.key else br)
+                        for m in ms
+                        if m.key not in (ba, br)
+                    },
+                )
+                ms = [
+                    *base.concurrent_async_measures(size, text),
+                    *mem.concurrent_async(size, text, hist),
+                ]
+                ba, br = (f"base.{op}.{size}.asyncio{CONCURRENCY}" for op in ("append", "read20"))
+                h.group(
+                    f"asyncio, {CONCURRENCY} coroutines on one loop [{size}]",
                     ms,
                     ratios={
                         m.key: (ba if ".append." in m.key else br)

@@ -187,6 +187,24 @@ class AsyncLoop:
         self.runner.close()
 
 
+CONCURRENCY = 64  # coroutines on one event loop in the concurrent asyncio rows
+
+
+async def run_concurrently(
+    n: int, step: Callable[[int], Coroutine[Any, Any, Any]], coroutines: int = CONCURRENCY
+) -> float:
+    """``n`` calls of ``step(i)`` (i = 0..n-1) spread over ``coroutines`` coroutines on the
+    running loop, each awaiting its own calls one after another; elapsed seconds."""
+
+    async def worker(first: int) -> None:
+        for i in range(first, n, coroutines):
+            await step(i)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(min(coroutines, n))))
+    return time.perf_counter() - started
+
+
 def populate(
     store: ConversationStore,
     keys: Sequence[ConversationKey],
@@ -519,6 +537,53 @@ class Baselines:
             lambda n: float(self.loop.run(go(n))),
         )
 
+    def concurrent_async_measures(self, size: str, text: str) -> list[Measure]:
+        """The raw redis-py asyncio client at :data:`CONCURRENCY` coroutines on one loop:
+        the minimal script by EVALSHA, and LRANGE 20 + orjson (each coroutine takes its own
+        pooled connection, as redis-py's client does for concurrent commands)."""
+        tag, rtag = f"bc{size}", f"br{size}"
+        self.make_histories(rtag, text)
+        keys = [self.history_key(rtag, i) for i in range(READ_POOL)]
+        pool = [(*self.append_args(tag, i), text, f"m{i}") for i in range(APPEND_POOL)]
+        sha, loads = self.sha, orjson.loads
+        holder: dict[str, Any] = {}
+
+        async def make() -> None:
+            holder["c"] = redis.asyncio.Redis(host=HOST, port=self.server.port)
+
+        self.loop.run(make())
+        self.loop.closers.append(lambda: holder["c"].aclose())
+        state = {"a": 0, "r": 0}
+
+        async def append(i: int) -> None:
+            await holder["c"].evalsha(sha, 4, *pool[(state["a"] + i) % APPEND_POOL])
+
+        async def read(i: int) -> None:
+            raw = await holder["c"].lrange(keys[(state["r"] + i) % READ_POOL], -READ_LAST, -1)
+            items = [loads(x) for x in raw]
+            assert len(items) == READ_LAST
+
+        def go(op: str, step: Callable[[int], Coroutine[Any, Any, None]]) -> Callable[[int], float]:
+            def run(n: int) -> float:
+                elapsed = float(self.loop.run(run_concurrently(n, step)))
+                state[op] += n
+                return elapsed
+
+            return run
+
+        return [
+            Measure(
+                f"base.append.{size}.asyncio{CONCURRENCY}",
+                f"raw EVALSHA minimal script, redis-py asyncio, {CONCURRENCY} coroutines [{size}]",
+                go("a", append),
+            ),
+            Measure(
+                f"base.read20.{size}.asyncio{CONCURRENCY}",
+                f"LRANGE last 20 + orjson, redis-py asyncio, {CONCURRENCY} coroutines [{size}]",
+                go("r", read),
+            ),
+        ]
+
     # list_metadata baseline -------------------------------------------------------------------
     def metadata_measure(self, store: ConversationStore, sessions: int, page: int) -> Measure:
         """HSCAN of memtier's index hash + one pipelined HMGET per session: no script."""
@@ -748,6 +813,55 @@ class MemtierBench:
             f"memtier context (last 20 of 100), asyncio [{size}]",
             lambda n: float(self.loop.run(go(n))),
         )
+
+    def concurrent_async(self, size: str, text: str, hist: KeyPool) -> list[Measure]:
+        """memtier's asyncio store at :data:`CONCURRENCY` coroutines on one loop: appends
+        and context reads (auto-pipelined where this memtier has it), and the same appends
+        with ``auto_pipelining`` off when this memtier has the setting."""
+        pool, store, hist_keys = self.pool(APPEND_POOL), self.astore, hist.keys
+
+        async def append(i: int) -> None:
+            await store.append(pool.next(), AvatarMessage(text=text))
+
+        async def read(i: int) -> None:
+            ctx = await store.context(hist_keys[i % len(hist_keys)], limit=READ_LAST)
+            assert len(ctx.messages) == READ_LAST
+
+        def go(step: Callable[[int], Coroutine[Any, Any, None]]) -> Callable[[int], float]:
+            return lambda n: float(self.loop.run(run_concurrently(n, step)))
+
+        c = CONCURRENCY
+        out = [
+            Measure(
+                f"memtier.append.{size}.asyncio{c}",
+                f"memtier append, asyncio, {c} coroutines [{size}]",
+                go(append),
+            ),
+            Measure(
+                f"memtier.read20.{size}.asyncio{c}",
+                f"memtier context (last 20 of 100), asyncio, {c} coroutines [{size}]",
+                go(read),
+            ),
+        ]
+        if "auto_pipelining" in type(self.config.redis).model_fields:
+            config = self.config.model_copy(
+                update={"redis": self.config.redis.model_copy(update={"auto_pipelining": False})}
+            )
+            generic = AsyncConversationStore(self.aclient, config)
+            off_pool = self.pool(APPEND_POOL)
+
+            async def append_off(i: int) -> None:
+                await generic.append(off_pool.next(), AvatarMessage(text=text))
+
+            out.append(
+                Measure(
+                    f"memtier.append.{size}.asyncio{c}-nopipe",
+                    f"memtier append, asyncio, {c} coroutines, auto_pipelining off [{size}]",
+                    go(append_off),
+                    note="the generic path: each call through redis-py's client",
+                )
+            )
+        return out
 
     def metadata(self, sessions: int, text: str) -> tuple[ConversationStore, list[Measure]]:
         """A namespace holding exactly ``sessions`` sessions, walked with list_metadata."""

@@ -324,6 +324,12 @@ class RedisConfig(BaseModel):
     socket_timeout_seconds: float = FROM_BOUND
     connect_timeout_seconds: float = FROM_BOUND
     retry_horizon_seconds: float = FROM_BOUND
+    # asyncio store/service on a standalone server: script calls issued in the same event-loop
+    # tick go out in one write on one connection (memtier.autopipeline); False sends each call
+    # on its own through redis-py's client.
+    auto_pipelining: bool = True
+    pipeline_max_calls: int = FROM_BOUND
+    pipeline_max_bytes: int = FROM_BOUND
 
     @field_validator(*BOUNDS.keys())
     @classmethod

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from redis import Redis as _SyncRedis
+from redis.asyncio import Redis as _AsyncRedis
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
@@ -50,6 +51,7 @@ __all__ = [
     "connect_async",
     "connect_sync",
     "embedded_server",
+    "lean_async_pool",
     "lean_pool",
 ]
 
@@ -265,6 +267,7 @@ class AsyncClientGuard:
 # What redis-py's ``Redis.execute_command`` is when memtier is imported: a client whose
 # class (or instance) replaced it -- a tracing wrapper, a test double -- keeps it.
 _GENERIC_EXECUTE = _SyncRedis.execute_command
+_GENERIC_EXECUTE_ASYNC = _AsyncRedis.execute_command
 
 
 class LeanPool:
@@ -378,3 +381,27 @@ def lean_pool(client: Any) -> LeanPool | None:
     if getattr(pool, "cache", None) is not None:  # client-side caching wraps connections
         return None
     return LeanPool(pool)
+
+
+def lean_async_pool(client: Any) -> Any | None:
+    """The connection pool of ``client`` if its script calls may be auto-pipelined
+    (:mod:`memtier.autopipeline`): the asyncio twin of :func:`lean_pool`'s test -- a plain
+    standalone ``redis.asyncio.Redis`` (not a subclass, not a single-connection client, no
+    replaced ``execute_command``, no EVALSHA response callback, no client-side cache) on a
+    real server.  None keeps the generic path (fakeredis, an asyncio cluster client, a
+    wrapper)."""
+    if type(client) is not _AsyncRedis or "execute_command" in vars(client):
+        return None
+    if _AsyncRedis.execute_command is not _GENERIC_EXECUTE_ASYNC:
+        return None
+    if getattr(client, "single_connection_client", False) or getattr(client, "connection", None):
+        return None
+    if "EVALSHA" in getattr(client, "response_callbacks", {}):
+        return None
+    pool = getattr(client, "connection_pool", None)
+    connection_class = getattr(pool, "connection_class", None)
+    if connection_class is None or str(connection_class.__module__).startswith("fakeredis"):
+        return None
+    if getattr(pool, "cache", None) is not None:
+        return None
+    return pool

@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from memtier.connection import AsyncClientGuard, LeanPool, SyncClientGuard, lean_pool
+from memtier.autopipeline import AutoPipeline, PipelineBounds
+from memtier.connection import (
+    AsyncClientGuard,
+    LeanPool,
+    SyncClientGuard,
+    lean_async_pool,
+    lean_pool,
+)
 from memtier.engine import (
     AsyncExecute,
     Batch,
@@ -243,6 +250,7 @@ class AsyncExecutor:
         *,
         on_script: Sequence[ScriptHook] = (),
         handoff: Callable[[Any], Awaitable[Any]] | None = None,
+        pipeline: PipelineBounds | None = PipelineBounds(),
     ) -> None:
         self.client = client
         self.scripts = scripts
@@ -250,6 +258,21 @@ class AsyncExecutor:
         self.policy = policy
         self.on_script: list[ScriptHook] = list(on_script)
         self.handoff = handoff
+        # None: every script call through redis-py's client (config auto_pipelining=false).
+        self.pipeline_bounds = pipeline
+        self._pipeline_client: Any = None
+        self._pipeline: AutoPipeline | None = None
+
+    def pipeline_for(self, client: Any) -> AutoPipeline | None:
+        """The auto-pipeline of ``client`` (decided once per client), or None: the
+        generic path (pipelining off, fakeredis, an asyncio cluster client, a wrapper)."""
+        if self.pipeline_bounds is None:
+            return None
+        if self._pipeline_client is not client:
+            pool = lean_async_pool(client)
+            self._pipeline = None if pool is None else AutoPipeline(pool, self.pipeline_bounds)
+            self._pipeline_client = client
+        return self._pipeline
 
     async def run(self, plan: Plan[T], operation: str | None = None, *, offload: bool = False) -> T:
         """Drive ``plan`` to completion (``offload``: its steps block, run them in a thread)."""
@@ -291,6 +314,9 @@ class AsyncExecutor:
     def _script(self, call: ScriptCall) -> Callable[[], Awaitable[Any]]:
         script = self.scripts[call.script]
         client, durable = self.client, call.durable
+        pipeline = self.pipeline_for(client) if durable is None else None
+        if pipeline is not None and isinstance(script, LuaScript):
+            return self._pipelined_script(call, script, pipeline)
 
         async def attempt() -> Any:
             if call.attempts is not None:
@@ -323,6 +349,29 @@ class AsyncExecutor:
             for hook in self.on_script:
                 hook(call.script, args, replies[0])
             return replies
+
+        return attempt
+
+    def _pipelined_script(
+        self, call: ScriptCall, script: LuaScript, pipeline: AutoPipeline
+    ) -> Callable[[], Awaitable[Any]]:
+        """``attempt`` for a standalone asyncio client: the EVALSHA packed on the first
+        attempt, queued in the loop tick's batch, and re-queued as the same bytes by every
+        retry (same guard, hooks and metrics as the generic path)."""
+        client, keys, args = self.client, call.keys, call.args
+        hooks, guard = self.on_script, self.guard
+        packed: list[bytes] = []
+
+        def send() -> Awaitable[Any]:
+            return script.call_pipelined(pipeline, client, keys, args, packed)
+
+        async def attempt() -> Any:
+            if call.attempts is not None:
+                call.attempts[0] += 1
+            reply = await guard.call(send)
+            for hook in hooks:
+                hook(call.script, args, reply)
+            return reply
 
         return attempt
 

@@ -155,6 +155,17 @@ REDIS_CONNECT_TIMEOUT_SECONDS: Final = Bound(
 RETRY_HORIZON_SECONDS: Final = Bound(20.0, 120.0, 0.0, "s", "redis", "retry_horizon_seconds")
 # ... and never more than this many attempts in all, whatever the horizon.
 RETRY_MAX_ATTEMPTS: Final = 40
+# Auto-pipelining (asyncio, standalone): script calls issued in one event-loop tick share one
+# write and one round trip on one pooled connection.  A batch holds at most this many calls and
+# this many packed bytes (one call larger than the byte bound goes alone); a bigger tick is
+# split into several batches.  Both bound how much one connection failure can put in doubt
+# and how long one batch holds its connection.
+REDIS_PIPELINE_MAX_CALLS: Final = Bound(
+    128, 1_024, 1, "script calls per round trip", "redis", "pipeline_max_calls"
+)
+REDIS_PIPELINE_MAX_BYTES: Final = Bound(
+    1 * MiB, 16 * MiB, 1 * KiB, "bytes", "redis", "pipeline_max_bytes"
+)
 # durability="replicated": an append is acknowledged only once this many replicas confirmed
 # it (WAIT), waiting at most this long; otherwise outcome_unknown.
 WAIT_REPLICAS: Final = Bound(1, 8, 1, "replicas", "redis", "wait_replicas")

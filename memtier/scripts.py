@@ -41,6 +41,7 @@ from memtier.errors import OutcomeUnknownError, ScriptError, TransientBackendErr
 from memtier.leancluster import ClusterLean
 
 if TYPE_CHECKING:
+    from memtier.autopipeline import AutoPipeline
     from memtier.connection import LeanPool
     from memtier.engine import ReadCommand
 
@@ -275,6 +276,34 @@ class LuaScript:
             except NoScriptError:
                 client.script_load(self.source)
                 return lean.execute(call, packed)
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
+    async def call_pipelined(
+        self,
+        pipeline: AutoPipeline,
+        client: Any,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        packed: list[bytes],
+    ) -> Any:
+        """:meth:`call_async` auto-pipelined: the EVALSHA packed once into ``packed`` (kept
+        by the caller across its retries) and queued on ``pipeline`` (a standalone asyncio
+        client's pool, :func:`memtier.connection.lean_async_pool`; never fakeredis, so the
+        text is :attr:`source`).  NOSCRIPT reloads through ``client`` and re-queues the same
+        bytes; errors, the duration metric and ``memtier:`` rejections as :meth:`__call__`."""
+        if not packed:
+            packed.extend(pipeline.pack(("EVALSHA", *self._args(self.sha, keys, args))))
+        started = time.perf_counter()
+        try:
+            try:
+                return await pipeline.submit(packed)
+            except NoScriptError:
+                await client.script_load(self.source)
+                return await pipeline.submit(packed)
         except RedisResponseError as exc:
             _raise_script_error(self.name, exc)
             raise

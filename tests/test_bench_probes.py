@@ -176,3 +176,17 @@ def test_clusterlean_quick(tmp_path: Path) -> None:
     assert set(data["ratios_same_round"]) >= {"append_lean_vs_raw_evalsha"}
     # the lean store went the lean way on every script call, the generic one never
     assert data["meta"]["lean_calls"] > 0 and data["meta"]["generic_lean_calls"] == 0
+
+@pytest.mark.real
+def test_aiopipe_probe_quick(tmp_path: Path) -> None:
+    data = _run("bench.aiopipe_probe", tmp_path)
+    rounds = data["meta"]["rounds"]
+    for key in ("raw", "exec.pipelined", "exec.generic", "append.pipelined", "append.generic"):
+        assert data["rates_op_s"][key]["n"] == rounds and data["rates_op_s"][key]["median"] > 0
+    assert set(data["ratio_vs_raw"]) == {
+        "exec.pipelined",
+        "exec.generic",
+        "append.pipelined",
+        "append.generic",
+    }
+    assert data["calls_per_batch_exec_pipelined"] >= 1.0  # the pipelined rows were pipelined

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from memtier import limits, metrics
+from memtier.autopipeline import PipelineBounds
 from memtier.config import MemtierConfig
 from memtier.connection import AsyncClientGuard, connect_async
 from memtier.engine import drive_async
@@ -96,7 +97,12 @@ class AsyncConversationStore:
         self.guard = AsyncClientGuard(client, self.config.redis)
         self.retry_policy = RetryPolicy.from_config(self.config)
         self.executor = AsyncExecutor(
-            client, self.scripts, self.guard, self.retry_policy, handoff=self._blocking
+            client,
+            self.scripts,
+            self.guard,
+            self.retry_policy,
+            handoff=self._blocking,
+            pipeline=PipelineBounds.from_settings(self.config.redis),
         )
         self.on_script = None
 

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from memtier import limits
+from memtier.autopipeline import PipelineBounds
 from memtier.config import MemtierConfig, ThreadsConfig
 from memtier.connection import AsyncClientGuard, connect_async
 from memtier.engine import Plan
@@ -96,7 +97,12 @@ class AsyncConversationService:
         self.guard = AsyncClientGuard(client, self.config.redis)
         self.retry_policy = RetryPolicy.from_config(self.config)
         self.executor = AsyncExecutor(
-            client, load_registry("threads"), self.guard, self.retry_policy, handoff=self._run_turn
+            client,
+            load_registry("threads"),
+            self.guard,
+            self.retry_policy,
+            handoff=self._run_turn,
+            pipeline=PipelineBounds.from_settings(self.config.redis),
         )
         self.turns = ActiveTurns()  # turns running in this process (cancel_run, aclose)
         self._continues: set[asyncio.Future[Any]] = set()  # continue calls in flight

@@ -1,0 +1,237 @@
+"""Auto-pipelining for asyncio: script calls issued in one event-loop tick share a round trip.
+
+What ioredis's ``enableAutoPipelining`` does, for memtier's script calls on a standalone
+``redis.asyncio.Redis``: :meth:`AutoPipeline.submit` queues one pre-packed ``EVALSHA`` in
+the batch of the current loop tick and returns a future; the batch's send task (started
+by the first call of the tick, run after every coroutine that was ready in that tick)
+takes one connection from the client's own pool, writes every call of the batch in one
+``send_packed_command`` and reads the replies in order (hiredis when installed), handing
+each caller its own reply or error.
+
+What each caller keeps (the executor wraps every call in its own retry, as without
+pipelining; nothing here retries):
+
+* an error reply (NOSCRIPT, BUSY, a ``memtier:`` rejection, OOM) fails only its own
+  call: the connection is in step after a whole error reply;
+* a connection error or a timeout while writing or reading fails the call it hit and
+  every later call of the batch with that error (an unknown outcome: each is retried by
+  its own policy, replay-safe as every memtier script call is); replies read before it
+  were delivered.  The connection is disconnected before it goes back to the pool, so no
+  later batch can read a stale reply;
+* a caller cancelled before the batch is written is never sent; one cancelled after it
+  is written does not stop the read: the send task reads every reply of the batch
+  (the cancelled caller's is dropped), so the others get theirs and the connection goes
+  back to the pool in step;
+* a batch holds at most :attr:`PipelineBounds.max_calls` calls and
+  :attr:`PipelineBounds.max_bytes` packed bytes (hard ceilings in :mod:`memtier.limits`;
+  configuration may only lower them); a bigger tick becomes several batches, each on its
+  own connection.
+
+A send task that is itself cancelled (the loop shutting down) fails the calls it had not
+answered with an unknown-outcome ``ConnectionError`` (written) or a
+:class:`~memtier.errors.TransientBackendError` (not written), and disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from memtier import limits
+from memtier.errors import TransientBackendError
+
+__all__ = ["AutoPipeline", "PipelineBounds"]
+
+_hiredis_pack: Any
+try:  # hiredis packs a command in C; redis-py's asyncio connection packs in Python
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
+    _hiredis_pack = None
+
+# Argument types hiredis packs exactly as redis-py's encoder does (str as UTF-8, int by
+# its decimal repr); anything else (float, bool, memoryview...) goes through redis-py.
+_PLAIN_ARGS = frozenset({str, bytes, int})
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineBounds:
+    """How big one auto-pipelined batch may be: calls and packed bytes."""
+
+    max_calls: int = int(limits.REDIS_PIPELINE_MAX_CALLS.default)
+    max_bytes: int = int(limits.REDIS_PIPELINE_MAX_BYTES.default)
+
+    def __post_init__(self) -> None:
+        # Hard ceilings in code (the config checks them too; this covers direct use).
+        calls, size = limits.REDIS_PIPELINE_MAX_CALLS, limits.REDIS_PIPELINE_MAX_BYTES
+        if not calls.minimum <= self.max_calls <= calls.ceiling:
+            raise ValueError(f"pipeline max_calls {self.max_calls} is outside its bounds")
+        if not size.minimum <= self.max_bytes <= size.ceiling:
+            raise ValueError(f"pipeline max_bytes {self.max_bytes} is outside its bounds")
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> PipelineBounds | None:
+        """The bounds of a :class:`~memtier.config.RedisConfig`; None when its
+        ``auto_pipelining`` is off."""
+        if not settings.auto_pipelining:
+            return None
+        return cls(int(settings.pipeline_max_calls), int(settings.pipeline_max_bytes))
+
+
+class _Call:
+    __slots__ = ("future", "packed")
+
+    def __init__(self, packed: Sequence[bytes], future: asyncio.Future[Any]) -> None:
+        self.packed = packed
+        self.future = future
+
+
+class _Batch:
+    __slots__ = ("calls", "loop", "size")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.calls: list[_Call] = []
+        self.size = 0
+
+
+def _settle(call: _Call, reply: Any = None, error: BaseException | None = None) -> None:
+    if call.future.done():  # its caller was cancelled: the reply is read and dropped
+        return
+    if error is None:
+        call.future.set_result(reply)
+    else:
+        call.future.set_exception(error)
+
+
+def _lost(written: bool, exc: BaseException) -> Exception:
+    """What a call learns when its batch's send task stopped on ``exc``."""
+    if isinstance(exc, Exception):
+        return exc
+    if written:  # the script may have run: an unknown outcome (retried, replay-safe)
+        return RedisConnectionError(f"auto-pipelined batch interrupted ({type(exc).__name__})")
+    return TransientBackendError(
+        f"auto-pipelined batch stopped before it was sent ({type(exc).__name__})"
+    )
+
+
+class AutoPipeline:
+    """Batches the script calls of one event-loop tick onto one connection of ``pool``."""
+
+    __slots__ = (
+        "_fast",
+        "_named",
+        "_open",
+        "_packer",
+        "_sending",
+        "batches",
+        "bounds",
+        "calls",
+        "pool",
+    )
+
+    def __init__(self, pool: Any, bounds: PipelineBounds) -> None:
+        self.pool = pool
+        self.bounds = bounds
+        # redis-py < 5.3 wants the command name; later versions deprecate passing it.
+        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+        self._named = parameter is not None and parameter.default is inspect.Parameter.empty
+        self._packer: Any = None
+        # hiredis only where it encodes as the pool's connections would: UTF-8, strict.
+        kwargs = getattr(pool, "connection_kwargs", {})
+        utf8 = str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-") in ("utf-8", "utf8")
+        strict = kwargs.get("encoding_errors", "strict") == "strict"
+        self._fast: Any = _hiredis_pack if utf8 and strict else None
+        self._open: _Batch | None = None
+        self._sending: set[asyncio.Task[None]] = set()  # strong references to send tasks
+        self.batches = 0  # batches written (tests and the bench read them)
+        self.calls = 0  # calls written
+
+    def pack(self, args: Sequence[Any]) -> list[bytes]:
+        """``args`` as the bytes the pool's connections would send (their encoder)."""
+        if self._fast and _PLAIN_ARGS.issuperset(map(type, args)):
+            return [self._fast(tuple(args))]
+        if self._packer is None:  # never connected: only its encoder and packer are used
+            self._packer = self.pool.connection_class(**self.pool.connection_kwargs)
+        return list(self._packer.pack_command(*args))
+
+    def submit(self, packed: Sequence[bytes]) -> asyncio.Future[Any]:
+        """Queue ``packed`` (one command) in this tick's batch; the future gets its reply."""
+        loop = asyncio.get_running_loop()
+        size = sum(len(chunk) for chunk in packed)
+        batch, bounds = self._open, self.bounds
+        if (
+            batch is None
+            or batch.loop is not loop
+            or len(batch.calls) >= bounds.max_calls
+            or batch.size + size > bounds.max_bytes
+        ):
+            batch = self._open = _Batch(loop)
+            task = loop.create_task(self._send(batch))
+            self._sending.add(task)
+            task.add_done_callback(functools.partial(self._ended, batch))
+        future: asyncio.Future[Any] = loop.create_future()
+        batch.calls.append(_Call(packed, future))
+        batch.size += size
+        return future
+
+    def _ended(self, batch: _Batch, task: asyncio.Task[None]) -> None:
+        # However the send task ended (even cancelled before it ran), no caller waits forever.
+        self._sending.discard(task)
+        if self._open is batch:
+            self._open = None
+        for call in batch.calls:
+            _settle(call, error=RedisConnectionError("auto-pipelined batch ended unanswered"))
+
+    async def _send(self, batch: _Batch) -> None:
+        if self._open is batch:
+            self._open = None  # calls from now on go to the next batch
+        await self._write_and_read(batch.calls)
+
+    async def _write_and_read(self, queued: list[_Call]) -> None:
+        calls = [call for call in queued if not call.future.done()]
+        if not calls:
+            return
+        pool = self.pool
+        try:
+            conn = await (pool.get_connection("EVALSHA") if self._named else pool.get_connection())
+        except BaseException as exc:
+            for call in calls:
+                _settle(call, error=_lost(False, exc))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        answered = 0
+        try:
+            # A caller cancelled while the pool was busy is still not sent.
+            calls = [call for call in calls if not call.future.done()]
+            if not calls:
+                return
+            # From here on any failure may come after Redis read (and ran) some calls.
+            await conn.send_packed_command([chunk for call in calls for chunk in call.packed])
+            self.batches += 1
+            self.calls += len(calls)
+            for call in calls:
+                try:
+                    reply = await conn.read_response()
+                except ResponseError as exc:  # a whole error reply: only this call fails
+                    _settle(call, error=exc)
+                else:
+                    _settle(call, reply)
+                answered += 1
+        except BaseException as exc:
+            # A lost connection or a timeout: replies still unread would answer the next
+            # batch on this connection.  It must not go back to the pool usable.
+            await conn.disconnect(nowait=True)
+            for call in calls[answered:]:
+                _settle(call, error=_lost(True, exc))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            await pool.release(conn)

@@ -1,0 +1,685 @@
+"""Auto-pipelining for asyncio (issue 12): script calls of one loop tick share a round trip.
+
+An :class:`~memtier.executor.AsyncExecutor` on a plain standalone ``redis.asyncio.Redis``
+queues its script calls in :class:`memtier.autopipeline.AutoPipeline`; these tests hold
+it to the generic path and to every promise of a script call:
+
+* it is taken on a real standalone client only (never fakeredis, an asyncio cluster
+  client, a subclass, a single-connection client, or with ``auto_pipelining = false``),
+  and concurrent calls do share batches;
+* Hypothesis: concurrent coroutines running random append / context / pop / retried
+  append sequences give the same results as the same sequences one call at a time on the
+  generic path, and what Redis holds afterwards is exactly the ledger of acknowledged
+  appends (minus pops);
+* Hypothesis: a batch of mixed script replies and error replies (NOSCRIPT, ``memtier:``
+  rejections, transient errors retried to exhaustion, WRONGTYPE) gives each caller the
+  outcome the generic path gives it alone;
+* the batch bounds (calls, bytes) hold, and configuration may only lower them;
+* faults on a private server: SIGSTOP/SIGCONT past the socket timeout, a restart (AOF on,
+  script cache gone), ``CLIENT KILL`` of the pipeline's connections, and callers cancelled
+  before and after their batch was written.  After each: every acknowledged append is
+  stored exactly once at its receipt's seq, nothing is stored twice, no connection is
+  left checked out, and every connection answers with its own reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import string
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from servers import RedisServer
+
+from memtier import (
+    AsyncConversationStore,
+    AvatarMessage,
+    ConfigurationError,
+    ConversationKey,
+    MemtierConfig,
+    MemtierError,
+    OutcomeUnknownError,
+)
+from memtier.autopipeline import AutoPipeline, PipelineBounds
+from memtier.connection import AsyncClientGuard, connect_async, lean_async_pool
+from memtier.engine import ScriptCall
+from memtier.executor import AsyncExecutor
+from memtier.retry import RetryPolicy
+from memtier.scripts import ScriptRegistry, load_registry
+
+PROBE_LUA = """#!lua
+-- KEYS[1] a list key (for WRONGTYPE); ARGV[1] the kind; returns the reply it names.
+local kind = ARGV[1]
+if kind == "int" then return tonumber(ARGV[2])
+elseif kind == "str" then return ARGV[2]
+elseif kind == "nil" then return nil
+elseif kind == "arr" then
+  local out = {}
+  for i = 2, #ARGV do out[#out + 1] = ARGV[i] end
+  return out
+elseif kind == "status" then return redis.status_reply(ARGV[2])
+elseif kind == "err" then return redis.error_reply("ERR " .. ARGV[2])
+elseif kind == "memtier" then return redis.error_reply("memtier: bad " .. ARGV[2])
+elseif kind == "transient" then return redis.error_reply("TRYAGAIN " .. ARGV[2])
+elseif kind == "wrongtype" then return redis.call("INCR", KEYS[1])
+end
+return redis.error_reply("ERR unknown kind")
+"""
+LIST_KEY = "{pipe}:list"
+# A generous reply deadline: on this shared machine a 0.5 s stall happens, and a timeout
+# (retried) would change a call's attempt count.  The fault tests use FAULT_TIMEOUT_S.
+SETTINGS: dict[str, Any] = {
+    "max_connections": 8,
+    "socket_timeout_seconds": 10.0,
+    "connect_timeout_seconds": 0.5,
+    "pool_timeout_seconds": 5.0,
+}
+FAULT_TIMEOUT_S = 0.5  # below the 1.2 s SIGSTOP of the fault test, above its 0.4 s pause
+
+
+def _registry(root: Path) -> ScriptRegistry:
+    folder = root / "probe"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "probe-1.lua").write_text(PROBE_LUA, encoding="utf-8")
+    return load_registry("probe", root)
+
+
+def _config(url: str | None = None, **redis_settings: Any) -> MemtierConfig:
+    return MemtierConfig.load(
+        redis_url=url, namespace="p" + uuid.uuid4().hex[:8], redis={**SETTINGS, **redis_settings}
+    )
+
+
+def _executor(client: Any, scripts: ScriptRegistry, config: MemtierConfig) -> AsyncExecutor:
+    return AsyncExecutor(
+        client,
+        scripts,
+        AsyncClientGuard(client, config.redis),
+        RetryPolicy(),
+        pipeline=PipelineBounds.from_settings(config.redis),
+    )
+
+
+def _in_use(client: Any) -> int:
+    return len(client.connection_pool._in_use_connections)
+
+
+def _call(kind: str, *payload: str) -> ScriptCall:
+    return ScriptCall("probe", (LIST_KEY,), (kind, *payload), attempts=[0])
+
+
+async def _outcome(executor: AsyncExecutor, call: ScriptCall) -> tuple[Any, ...]:
+    try:
+        reply = await executor.execute(call)
+    except MemtierError as exc:
+        return ("error", type(exc), exc.code, call.attempts)
+    return ("reply", reply, call.attempts)
+
+
+# --- which clients take it ---------------------------------------------------------------------
+@pytest.mark.real
+async def test_the_pipeline_is_taken_on_a_plain_standalone_client_only(
+    redis_server: Any, tmp_path: Path
+) -> None:
+    import fakeredis
+
+    scripts = _registry(tmp_path)
+    config = _config(redis_server.url)
+    client, _ = connect_async(config)
+
+    class Traced(redis.asyncio.Redis):  # a subclass may hook execute_command
+        pass
+
+    fake = fakeredis.FakeAsyncRedis()
+    single = redis.asyncio.Redis(
+        connection_pool=client.connection_pool, single_connection_client=True
+    )
+    cluster = redis.asyncio.RedisCluster(host="127.0.0.1", port=1)  # no I/O until used
+    try:
+        assert lean_async_pool(client) is client.connection_pool
+        for other in (fake, single, Traced(connection_pool=client.connection_pool), cluster):
+            assert lean_async_pool(other) is None, other
+        assert _executor(client, scripts, config).pipeline_for(client) is not None
+        off = _config(redis_server.url, auto_pipelining=False)
+        executor = _executor(client, scripts, off)
+        assert executor.pipeline_for(client) is None
+        assert await executor.execute(_call("str", "generic")) == b"generic"
+    finally:
+        await fake.aclose()
+        await client.aclose()
+
+
+@pytest.mark.real
+async def test_concurrent_store_calls_share_round_trips(redis_server: Any) -> None:
+    store = AsyncConversationStore.from_config(_config(redis_server.url, max_connections=50))
+    async with store:
+        keys = [ConversationKey(uuid.uuid4(), "im") for _ in range(64)]
+        receipts = await asyncio.gather(
+            *(
+                store.append(k, AvatarMessage(text=f"t{i}", turn_id=f"a{i}"))
+                for i, k in enumerate(keys)
+            )
+        )
+        contexts = await asyncio.gather(*(store.context(k) for k in keys))
+        pipeline = store.executor.pipeline_for(store.client)
+        assert pipeline is not None
+        assert pipeline.calls >= 128 and pipeline.batches < pipeline.calls // 4
+        assert [r.seq for r in receipts] == [1] * 64
+        for i, context in enumerate(contexts):
+            assert [t.turn_id for t in context.turns] == [f"a{i}"]
+        assert _in_use(store.client) == 0
+
+
+async def test_standalone_pipelines_and_cluster_keeps_the_generic_path(
+    backend_no_fake: Any,
+) -> None:
+    """On the real cluster the asyncio client is a RedisCluster: no auto-pipeline (the
+    generic path routes each call by slot); the same concurrent calls give the same results."""
+    config = _config(backend_no_fake.url, max_connections=50)
+    store = AsyncConversationStore.from_config(config)
+    async with store:
+        keys = [ConversationKey(uuid.uuid4(), "im") for _ in range(32)]
+        receipts = await asyncio.gather(
+            *(
+                store.append(k, AvatarMessage(text=f"c{i}", turn_id=f"c{i}"))
+                for i, k in enumerate(keys)
+            )
+        )
+        contexts = await asyncio.gather(*(store.context(k) for k in keys))
+        assert [r.seq for r in receipts] == [1] * 32
+        assert [[t.turn_id for t in c.turns] for c in contexts] == [[f"c{i}"] for i in range(32)]
+        pipeline = store.executor.pipeline_for(store.client)
+        if backend_no_fake.is_cluster:
+            assert pipeline is None
+        else:
+            assert pipeline is not None and pipeline.batches < pipeline.calls
+
+
+# --- the model property ------------------------------------------------------------------------
+_OP = st.one_of(
+    st.tuples(st.just("append"), st.text(string.ascii_letters + " ", min_size=1, max_size=40)),
+    st.tuples(st.just("retry"), st.integers(0, 7)),  # re-send an earlier append's turn id
+    st.just(("context",)),
+    st.just(("pop",)),
+)
+_SESSIONS = st.lists(st.lists(_OP, min_size=1, max_size=8), min_size=1, max_size=12)
+
+
+def _norm_context(context: Any) -> tuple[Any, ...]:
+    return tuple((t.seq, t.turn_id, t.fields) for t in context.turns) + tuple(
+        m.content for m in context.messages
+    )
+
+
+async def _run_session(
+    store: AsyncConversationStore, key: ConversationKey, ops: Sequence[tuple[Any, ...]]
+) -> list[Any]:
+    """``ops`` in order on one key; each result normalised (no ids, no clocks)."""
+    out: list[Any] = []
+    sent: list[tuple[str, str]] = []  # (turn id, text) of every append sent, in order
+    for op in ops:
+        if op[0] in ("append", "retry"):
+            if op[0] == "retry" and sent:
+                turn_id, text = sent[op[1] % len(sent)]
+            else:
+                turn_id, text = f"t{len(sent)}", op[-1] if op[0] == "append" else "r"
+                sent.append((turn_id, text))
+            r = await store.append(key, AvatarMessage(text=text, turn_id=turn_id))
+            out.append(("append", turn_id, r.seq, r.duplicate, r.turn_count, r.session_bytes))
+        elif op[0] == "context":
+            out.append(("context", _norm_context(await store.context(key))))
+        else:
+            record = await store.pop(key)
+            out.append(("pop", None if record is None else (record.seq, record.turn_id)))
+    return out
+
+
+def _ledger(results: list[Any]) -> list[tuple[int, str]]:
+    """What one session must hold after its results: acknowledged appends minus pops."""
+    held: list[tuple[int, str]] = []
+    for result in results:
+        if result[0] == "append" and not result[3]:
+            held.append((result[2], result[1]))
+        elif result[0] == "pop" and result[1] is not None:
+            assert held and held[-1] == result[1]  # pop took the newest acknowledged turn
+            held.pop()
+    return held
+
+
+async def _model_run(url: str, sessions: list[list[tuple[Any, ...]]]) -> None:
+    piped = AsyncConversationStore.from_config(_config(url, max_connections=50))
+    generic = AsyncConversationStore.from_config(_config(url, auto_pipelining=False))
+    async with piped, generic:
+        keys = [ConversationKey(uuid.uuid4(), "im") for _ in sessions]
+        together = await asyncio.gather(
+            *(_run_session(piped, k, ops) for k, ops in zip(keys, sessions, strict=True))
+        )
+        alone = [await _run_session(generic, k, ops) for k, ops in zip(keys, sessions, strict=True)]
+        assert together == alone
+        for key, results in zip(keys, together, strict=True):  # Redis holds the ledger exactly
+            stored = [(t.seq, t.turn_id) for t in (await piped.context(key)).turns]
+            assert stored == _ledger(results)
+        pipeline = piped.executor.pipeline_for(piped.client)
+        assert pipeline is not None and pipeline.calls >= sum(map(len, sessions))
+        if len(sessions) > 4:
+            assert pipeline.batches < pipeline.calls  # concurrent calls did share round trips
+        assert _in_use(piped.client) == 0
+
+
+@pytest.mark.real
+@settings(max_examples=25, deadline=None)
+@given(sessions=_SESSIONS)
+@example(sessions=[[("append", "a"), ("pop",), ("retry", 0), ("context",)]] * 6)
+@example(sessions=[[("pop",), ("context",)], [("append", "x"), ("retry", 0), ("retry", 0)]])
+def test_concurrent_coroutines_give_the_results_of_one_call_at_a_time(
+    redis_server: Any, sessions: list[list[tuple[Any, ...]]]
+) -> None:
+    asyncio.run(_model_run(redis_server.url, sessions))
+
+
+async def _same_key_run(url: str, turn_ids: list[int]) -> None:
+    store = AsyncConversationStore.from_config(_config(url, max_connections=50))
+    async with store:
+        key = ConversationKey(uuid.uuid4(), "im")
+        receipts = await asyncio.gather(
+            *(store.append(key, AvatarMessage(text=f"x{t}", turn_id=f"t{t}")) for t in turn_ids)
+        )
+        first: dict[int, int] = {}
+        for t, receipt in zip(turn_ids, receipts, strict=True):
+            assert first.setdefault(t, receipt.seq) == receipt.seq  # a repeat: the first seq
+        # Unique turns got the gapless seqs 1..n; exactly one append of each id stored it.
+        assert sorted(first.values()) == list(range(1, len(first) + 1))
+        assert sum(not r.duplicate for r in receipts) == len(first)
+        stored = {t.turn_id: t.seq for t in (await store.context(key)).turns}
+        assert stored == {f"t{t}": seq for t, seq in first.items()}
+        assert _in_use(store.client) == 0
+
+
+@pytest.mark.real
+@settings(max_examples=20, deadline=None)
+@given(turn_ids=st.lists(st.integers(0, 15), min_size=1, max_size=40))
+@example(turn_ids=[0] * 20)
+@example(turn_ids=list(range(16)) * 2)
+def test_concurrent_appends_to_one_key_are_gapless_and_stored_once(
+    redis_server: Any, turn_ids: list[int]
+) -> None:
+    """Same-key calls in one batch run in batch order: every unique turn id once."""
+    asyncio.run(_same_key_run(redis_server.url, turn_ids))
+
+
+# --- replies and errors in one batch ---------------------------------------------------------
+_TEXT = st.text(string.ascii_letters + string.digits + " _-", min_size=1, max_size=24)
+_CALLS = st.one_of(
+    st.tuples(st.just("int"), st.integers(-(2**53), 2**53).map(str)),
+    st.tuples(st.sampled_from(["str", "status", "err", "memtier", "transient"]), _TEXT),
+    st.tuples(st.just("nil")),
+    st.lists(_TEXT, max_size=6).map(lambda items: ("arr", *items)),
+    st.tuples(st.just("wrongtype")),
+)
+
+
+async def _batch_run(url: str, root: Path, calls: list[tuple[str, ...]], flush: bool) -> None:
+    scripts = _registry(root)
+    config = _config(url)
+    client, _ = connect_async(config)
+    try:
+        await client.delete(LIST_KEY)
+        await client.rpush(LIST_KEY, "x")
+        generic = _executor(client, scripts, _config(url, auto_pipelining=False))
+        alone = [await _outcome(generic, _call(*c)) for c in calls]
+        piped = _executor(client, scripts, config)
+        if flush:  # every call of the batch gets NOSCRIPT first: each reloads and re-sends
+            await client.script_flush()
+        together = await asyncio.gather(*(_outcome(piped, _call(*c)) for c in calls))
+        assert list(together) == alone
+        pipeline = piped.pipeline_for(client)
+        assert pipeline is not None and pipeline.calls >= len(calls)
+        assert _in_use(client) == 0
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.real
+@settings(max_examples=30, deadline=None)
+@given(calls=st.lists(_CALLS, min_size=1, max_size=20), flush=st.booleans())
+@example(calls=[("str", "a"), ("err", "b"), ("str", "c"), ("transient", "d"), ("nil",)], flush=True)
+@example(calls=[("memtier", "x"), ("wrongtype",), ("int", "7")], flush=False)
+def test_each_caller_of_a_batch_gets_its_own_reply_or_error(
+    redis_server: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    calls: list[tuple[str, ...]],
+    flush: bool,
+) -> None:
+    root = tmp_path_factory.mktemp("pipe")
+    asyncio.run(_batch_run(redis_server.url, root, calls, flush))
+
+
+# --- bounds ------------------------------------------------------------------------------------
+def test_the_bounds_have_hard_ceilings() -> None:
+    with pytest.raises(ValueError):
+        PipelineBounds(max_calls=1_025)
+    with pytest.raises(ValueError):
+        PipelineBounds(max_bytes=16 * 1024 * 1024 + 1)
+    with pytest.raises(ValueError):
+        PipelineBounds(max_calls=0)
+    with pytest.raises(ConfigurationError):
+        MemtierConfig.load(redis={"pipeline_max_calls": 2_000})
+    with pytest.raises(ConfigurationError):
+        MemtierConfig.load(redis={"pipeline_max_bytes": 17 * 1024 * 1024})
+    assert (
+        PipelineBounds.from_settings(MemtierConfig.load(redis={"auto_pipelining": False}).redis)
+        is None
+    )
+
+
+@pytest.mark.real
+@settings(max_examples=15, deadline=None)
+@given(
+    max_calls=st.integers(1, 6),
+    max_bytes=st.integers(1024, 4096),
+    sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=24),
+)
+@example(max_calls=1, max_bytes=1024, sizes=[3000, 1, 3000])
+def test_no_batch_passes_its_bounds(
+    redis_server: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    max_calls: int,
+    max_bytes: int,
+    sizes: list[int],
+) -> None:
+    root = tmp_path_factory.mktemp("bounds")
+
+    async def run() -> None:
+        config = _config(
+            redis_server.url, pipeline_max_calls=max_calls, pipeline_max_bytes=max_bytes
+        )
+        client, _ = connect_async(config)
+        executor = _executor(client, _registry(root), config)
+        seen: list[tuple[int, int]] = []
+
+        class Watched(AutoPipeline):
+            async def _send(self, batch: Any) -> None:
+                seen.append((len(batch.calls), batch.size))
+                await super()._send(batch)
+
+        bounds = PipelineBounds.from_settings(config.redis)
+        assert bounds is not None
+        executor._pipeline = Watched(client.connection_pool, bounds)
+        executor._pipeline_client = client
+        try:
+            payloads = ["x" * n for n in sizes]
+            replies = await asyncio.gather(*(executor.execute(_call("str", p)) for p in payloads))
+            assert replies == [p.encode() for p in payloads]
+            assert sum(n for n, _ in seen) == len(sizes)
+            for calls, size in seen:
+                assert 1 <= calls <= max_calls
+                assert calls == 1 or size <= max_bytes  # one call over the bound goes alone
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+# --- faults on a private server --------------------------------------------------------------
+class _Ledger:
+    """Appends of a fault run: what was acknowledged, and what ended in doubt."""
+
+    def __init__(self) -> None:
+        self.acked: dict[tuple[int, str], int] = {}  # (session, turn id) -> receipt seq
+        self.unknown: set[tuple[int, str]] = set()
+        self.failed: list[str] = []
+        self.duplicates = 0  # acknowledged by a retry after a lost reply
+
+    async def writer(
+        self, store: AsyncConversationStore, keys: list[Any], n: int, turns: int
+    ) -> None:
+        for i in range(turns):  # bounded
+            turn_id = f"w{n}-{i}"
+            try:
+                receipt = await store.append(keys[n], AvatarMessage(text=f"x{i}", turn_id=turn_id))
+            except OutcomeUnknownError:
+                self.unknown.add((n, turn_id))
+                continue
+            except MemtierError as exc:  # not applied (backend unavailable, busy)
+                self.failed.append(exc.code.value)
+                continue
+            # duplicate: an earlier attempt of this call ran (its reply was lost); the
+            # retry got its receipt back -- acknowledged all the same.
+            self.duplicates += receipt.duplicate
+            self.acked[(n, turn_id)] = receipt.seq
+
+    async def check(self, store: AsyncConversationStore, keys: list[Any]) -> None:
+        for n, key in enumerate(keys):
+            turns = (await store.context(key)).turns
+            ids = [t.turn_id for t in turns]
+            assert len(ids) == len(set(ids)), f"a turn stored twice: {ids}"
+            assert [t.seq for t in turns] == sorted(t.seq for t in turns)
+            stored = {t.turn_id: t.seq for t in turns}
+            for (m, turn_id), seq in self.acked.items():
+                if m == n:
+                    assert stored.get(turn_id) == seq, (turn_id, seq, stored)
+            for turn_id in stored:
+                assert (n, turn_id) in self.acked or (n, turn_id) in self.unknown, turn_id
+
+
+def _retries() -> float:
+    """Attempts retried so far in this process (every operation, every error type)."""
+    from memtier import metrics
+
+    return sum(
+        sample.value
+        for family in metrics.RETRIES.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+
+
+async def _healthy(store: AsyncConversationStore) -> None:
+    """Every pooled connection answers with its own reply; none is left checked out."""
+    assert _in_use(store.client) == 0
+    keys = [ConversationKey(uuid.uuid4(), "im") for _ in range(32)]
+    receipts = await asyncio.gather(
+        *(
+            store.append(k, AvatarMessage(text=f"after {i}", turn_id=f"h{i}"))
+            for i, k in enumerate(keys)
+        )
+    )
+    contexts = await asyncio.gather(*(store.context(k) for k in keys))
+    for i, (receipt, context) in enumerate(zip(receipts, contexts, strict=True)):
+        assert receipt.seq == 1 and [t.turn_id for t in context.turns] == [f"h{i}"]
+    assert _in_use(store.client) == 0
+
+
+def _aof_server() -> RedisServer:
+    # AOF fsynced on every write: a restart keeps every acknowledged append.
+    return RedisServer(extra_config={"appendonly": "yes", "appendfsync": "always"})
+
+
+async def _own(server: RedisServer) -> redis.asyncio.Redis:
+    admin = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+    assert (await admin.info("server"))["process_id"] == server.pid  # our own server
+    return admin
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("fault", ["stop-cont", "restart", "client-kill"])
+async def test_a_fault_mid_batch_loses_no_acknowledged_append_and_stores_none_twice(
+    fault: str,
+) -> None:
+    with _aof_server() as server:
+        store = AsyncConversationStore.from_config(
+            _config(server.url, max_connections=16, socket_timeout_seconds=FAULT_TIMEOUT_S)
+        )
+        async with store:
+            admin = await _own(server)
+            keys = [ConversationKey(uuid.uuid4(), "im") for _ in range(24)]
+            ledger, retried = _Ledger(), _retries()
+            writers = [
+                asyncio.create_task(ledger.writer(store, keys, n, 150)) for n in range(len(keys))
+            ]
+            await asyncio.sleep(0.05)
+            assert not any(w.done() for w in writers)  # the fault comes mid-run
+            if fault == "stop-cont":
+                assert server.pid is not None
+                os.kill(server.pid, signal.SIGSTOP)  # past the 0.5 s socket timeout
+                await asyncio.sleep(1.2)
+                os.kill(server.pid, signal.SIGCONT)
+            elif fault == "restart":
+                await asyncio.to_thread(server.restart)  # script cache gone: NOSCRIPT per call
+                await admin.aclose()
+                admin = await _own(server)
+            else:
+                for _ in range(10):  # bounded: kill every connection but our own, repeatedly
+                    await admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+                    await asyncio.sleep(0.02)
+            async with asyncio.timeout(60):
+                await asyncio.gather(*writers)
+            await admin.aclose()
+            assert ledger.acked, "no append was acknowledged at all"
+            # The fault hit calls in flight: some were retried (a lost reply, a refused
+            # connect, NOSCRIPT does not count), or ended unknown or failed unapplied.
+            hit = _retries() - retried + len(ledger.unknown) + len(ledger.failed)
+            assert hit > 0, (fault, ledger.duplicates)
+            await ledger.check(store, keys)
+            await _healthy(store)
+
+
+@pytest.mark.real
+async def test_cancelled_waiters_break_neither_the_others_nor_the_connection() -> None:
+    with _aof_server() as server:
+        store = AsyncConversationStore.from_config(
+            _config(server.url, max_connections=16, socket_timeout_seconds=FAULT_TIMEOUT_S)
+        )
+        async with store:
+            admin = await _own(server)
+            warm = ConversationKey(uuid.uuid4(), "im")
+            await store.append(warm, AvatarMessage(text="warm"))  # the guard is open
+            pipeline = store.executor.pipeline_for(store.client)
+            assert pipeline is not None
+            keys = [ConversationKey(uuid.uuid4(), "im") for _ in range(16)]
+
+            def start() -> list[asyncio.Task[Any]]:
+                return [
+                    asyncio.create_task(store.append(k, AvatarMessage(text="c", turn_id="c")))
+                    for k in keys
+                ]
+
+            # 1. Cancelled after queueing, before the batch is written: never sent.
+            tasks = start()
+            await asyncio.sleep(0)  # every task queued its call; the send task has not run
+            for task in tasks[::2]:
+                task.cancel()
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            for i, (key, result) in enumerate(zip(keys, done, strict=True)):
+                turns = (await store.context(key)).turns
+                if i % 2 == 0:
+                    assert isinstance(result, asyncio.CancelledError)
+                    assert turns == ()  # the cancelled append was never sent
+                else:
+                    assert not isinstance(result, BaseException) and result.seq == 1
+                    assert [t.turn_id for t in turns] == ["c"]
+            # 2. Cancelled after the batch was written, while its replies are unread.
+            keys = [ConversationKey(uuid.uuid4(), "im") for _ in range(16)]
+            await admin.execute_command("CLIENT", "PAUSE", 400, "ALL")
+            tasks = start()
+            await asyncio.sleep(0.1)  # written; Redis holds the replies back
+            for task in tasks[::2]:
+                task.cancel()
+            async with asyncio.timeout(30):
+                done = await asyncio.gather(*tasks, return_exceptions=True)
+            for i, (key, result) in enumerate(zip(keys, done, strict=True)):
+                if i % 2:
+                    assert not isinstance(result, BaseException) and result.seq == 1
+                else:
+                    assert isinstance(result, asyncio.CancelledError)
+                # Applied or not, at most once; a retry with the same id stores it once.
+                again = await store.append(key, AvatarMessage(text="c", turn_id="c"))
+                assert again.seq == 1
+                assert [t.turn_id for t in (await store.context(key)).turns] == ["c"]
+            await admin.aclose()
+            await _healthy(store)
+
+
+@pytest.mark.real
+async def test_a_refused_connect_fails_every_caller_as_not_applied(tmp_path: Path) -> None:
+    """No connection: nothing was sent, so each caller gets backend_unavailable after its
+    own retries (never outcome_unknown), and none waits forever."""
+    with RedisServer() as server:
+        url = server.url
+    config = _config(url)  # the server is gone: its port refuses connections
+    client, _ = connect_async(config)
+    try:
+        executor = _executor(client, _registry(tmp_path), config)
+        assert executor.pipeline_for(client) is not None
+        calls = [_call("str", f"c{i}") for i in range(8)]
+        async with asyncio.timeout(30):
+            outcomes = await asyncio.gather(*(_outcome(executor, c) for c in calls))
+        for outcome, call in zip(outcomes, calls, strict=True):
+            assert outcome[0] == "error" and outcome[2].value == "backend_unavailable", outcome
+            assert call.attempts is not None and call.attempts[0] >= 2  # retried on its own
+        assert _in_use(client) == 0
+    finally:
+        await client.aclose()
+
+
+# --- packing -----------------------------------------------------------------------------------
+_ARG = st.one_of(
+    st.text(max_size=40),
+    st.binary(max_size=40),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(args=st.lists(_ARG, max_size=12), encoding=st.sampled_from(["utf-8", "latin-1"]))
+@example(args=["\u00e9", -1, b"\x00", 0.1], encoding="latin-1")
+@example(args=["\u00e9\U0001f600", 2**63 - 1, 1e300], encoding="utf-8")
+@example(args=["\ud800"], encoding="utf-8")  # a lone surrogate: refused by both
+def test_a_call_is_packed_as_the_pools_connections_would_pack_it(
+    args: list[Any], encoding: str
+) -> None:
+    """hiredis (UTF-8 str, ints) or redis-py's packer: the same bytes as the connection's."""
+    pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=1, encoding=encoding)
+    connection = pool.connection_class(**pool.connection_kwargs)
+    command = ("EVALSHA", *args)
+    try:
+        want: Any = b"".join(connection.pack_command(*command))
+    except UnicodeEncodeError:
+        want = UnicodeEncodeError
+    pipeline = AutoPipeline(pool, PipelineBounds())
+    try:
+        got: Any = b"".join(pipeline.pack(command))
+    except UnicodeEncodeError:
+        got = UnicodeEncodeError
+    assert got == want
+
+
+@pytest.mark.real
+async def test_a_send_task_cancelled_before_it_ran_leaves_no_caller_waiting(
+    redis_server: Any,
+) -> None:
+    client, _ = connect_async(_config(redis_server.url))
+    try:
+        pipeline = AutoPipeline(client.connection_pool, PipelineBounds())
+        futures = [pipeline.submit(pipeline.pack(("PING",))) for _ in range(3)]
+        (task,) = pipeline._sending
+        task.cancel()  # e.g. the loop shutting down: the batch is never written
+        async with asyncio.timeout(10):
+            done = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(d, redis.ConnectionError) for d in done), done
+        assert pipeline.batches == 0 and pipeline._sending == set()
+        after = pipeline.submit(pipeline.pack(("PING",)))  # the next tick's batch works
+        assert await after == b"PONG"  # the raw reply: no response callback on this path
+        assert _in_use(client) == 0
+    finally:
+        await client.aclose()
