@@ -57,14 +57,21 @@ __all__ = [
     "Rejection",
     "ValidatedSession",
     "VerifiedGeneration",
+    "check_no_secrets",
+    "check_session_line",
     "fit_session",
     "iter_generation",
+    "iter_generation_sized",
     "validate_session",
     "verify_generation",
     "verify_steps",
 ]
 
 _MAX_TURN: Final = int(limits.MAX_TURN_BYTES.ceiling)
+_MAX_TURNS: Final = int(limits.MAX_TURNS_PER_SESSION.ceiling)
+_MAX_SESSION: Final = int(limits.MAX_SESSION_BYTES.ceiling)
+_MAX_TOOLS: Final = int(limits.MAX_TOOL_RESULTS.ceiling)
+_MAX_SUMMARY: Final = int(limits.MAX_SUMMARY_BYTES.ceiling)
 _SESSION_ID_RE: Final = re.compile(r"^ses_[A-Za-z0-9_\-]{16,64}$")
 _TURN_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _RECEIPT_RE: Final = re.compile(
@@ -110,22 +117,39 @@ class ValidatedSession:
 # does match, every text is checked on its own and only a real hit rejects.
 SEPARATOR: Final = "\n\n"
 
+# A text to scan for secrets and what it is: a label, or (record seq, field name) --
+# formatted only when the check fails (every record of every flush passes through here).
+SecretText = tuple[str | tuple[int, str], str]
 
-def _no_secrets(texts: list[tuple[str, str]]) -> None:
-    """Raise if any ``(what, text)`` carries a secret pattern (one regex pass per session)."""
-    if not texts or not contains_secret(SEPARATOR.join(t for _, t in texts)):
+
+def _what(label: str | tuple[int, str]) -> str:
+    if isinstance(label, tuple):
+        return f"record {label[0]} {label[1]}"
+    return label
+
+
+def check_no_secrets(texts: list[SecretText]) -> None:
+    """The secret re-check: raise if any text carries a secret pattern.
+
+    The one place a snapshot line's texts (record turn ids and content fields, summary
+    texts, receipt turn ids) are scanned for secrets (one regex pass per session, see
+    :data:`SEPARATOR`).  Records the current redactor wrote could skip it; which texts
+    are collected is decided per record in :func:`_check_record_line`.
+    """
+    if not texts or not contains_secret(SEPARATOR.join([t for _, t in texts])):
         return
     for what, text in texts:
         if contains_secret(text):
-            raise fail("secret", f"{what} carries a secret pattern")
+            raise fail("secret", f"{_what(what)} carries a secret pattern")
 
 
-def _validate_record(
+def _check_record_line(
     rec: Any,
     created_ms: int,
     last_ms: int,
-    texts: list[tuple[str, str]],
-) -> StoredTurn:
+    texts: list[SecretText],
+) -> tuple[int, int, bool]:
+    """Check one record of a session line; returns its (seq, bytes, is_tool)."""
     if not isinstance(rec, dict) or rec.keys() != RECORD_KEYS:
         raise fail("invalid_record", "record fields")
     seq, clock, wall, nbytes = rec["seq"], rec["clock_ms"], rec["wall_ms"], rec["bytes"]
@@ -148,7 +172,8 @@ def _validate_record(
     kind, role, turn_id, fields, tool = rec["kind"], rec["role"], rec["id"], rec["f"], rec["tool"]
     if not isinstance(kind, str) or kind not in KIND_FIELDS or role != KIND_ROLES[kind]:
         raise fail("invalid_record", f"record {seq}: unknown kind or wrong role")
-    if type(tool) is not int or tool != (1 if kind == "tool" else 0):
+    is_tool = kind == "tool"
+    if type(tool) is not int or tool != (1 if is_tool else 0):
         raise fail("invalid_record", f"record {seq}: tool flag")
     if not isinstance(turn_id, str) or not _TURN_ID_RE.match(turn_id):
         raise fail("invalid_record", f"record {seq}: turn id")
@@ -159,29 +184,59 @@ def _validate_record(
         sizes = check_record(kind, fields, turn_id)
     except RecordInvalid as exc:
         raise fail(exc.reason, f"record {seq}: {exc.detail}") from None
-    if nbytes != sum(sizes.values()):
+    total = 0
+    for size in sizes.values():
+        total += size
+    if nbytes != total:
         raise fail("invalid_record", f"record {seq}: byte count does not match its content")
-    texts.append((f"record {seq} turn id", turn_id))
+    texts.append(((seq, "turn id"), turn_id))
     for name, value in fields.items():
-        texts.append((f"record {seq} {name}", value))
-    return StoredTurn(seq, clock, wall, nbytes, kind == "tool", kind, turn_id, dict(fields))
+        texts.append(((seq, name), value))
+    return seq, nbytes, is_tool
 
 
-def validate_session(
-    obj: Any,
-    conv: ConversationConfig | None = None,
-    *,
-    flush_walls: tuple[int, int] | None = None,
-) -> ValidatedSession:
-    """Check one session line; raise :class:`SnapshotValidationError` on the first problem.
+def _session_times(obj: dict[str, Any]) -> tuple[int, int, int]:
+    """Check the session's times and age; returns (created_ms, last_ms, read_wall_ms)."""
+    created_ms, last_ms = obj["created_ms"], obj["last_ms"]
+    created_wall, last_wall = obj["created_wall_ms"], obj["last_wall_ms"]
+    age_ms, read_wall = obj["age_ms"], obj["read_wall_ms"]
+    # The common case in one expression; on a miss the field checks name the first bad one
+    # (in the order they were always checked).
+    if not (
+        type(created_ms) is int
+        and MIN_TIME_MS <= created_ms <= MAX_TIME_MS
+        and type(last_ms) is int
+        and MIN_TIME_MS <= last_ms <= MAX_TIME_MS
+        and type(created_wall) is int
+        and MIN_TIME_MS <= created_wall <= MAX_TIME_MS
+        and type(last_wall) is int
+        and MIN_TIME_MS <= last_wall <= MAX_TIME_MS
+        and created_ms <= last_ms
+        and type(age_ms) is int
+        and 0 <= age_ms <= MAX_INT
+        and type(read_wall) is int
+        and MIN_TIME_MS <= read_wall <= MAX_TIME_MS
+    ):
+        created_ms, last_ms = time_field(obj, "created_ms"), time_field(obj, "last_ms")
+        time_field(obj, "created_wall_ms")
+        time_field(obj, "last_wall_ms")
+        if created_ms > last_ms:
+            raise fail("invalid_session", "created after last activity")
+        int_field(obj, "age_ms")
+        read_wall = time_field(obj, "read_wall_ms")
+    return created_ms, last_ms, read_wall
 
-    Integrity only: every bound is checked against its hard ceiling, never against the
-    current configuration (``conv`` is accepted for compatibility and not used).  Today's
-    bounds are applied per session by :func:`fit_session` when restoring, so lowering a
-    limit never makes a whole generation unreadable.
+
+def check_session_line(obj: Any, *, flush_walls: tuple[int, int] | None = None) -> None:
+    """Every check of one session line (see the module docstring); raise
+    :class:`SnapshotValidationError` on the first problem, build nothing.
+
+    The flush runs this on every live session before writing it; recovery runs it (via
+    :func:`validate_session`) on every line it reads.  Integrity only: every bound is
+    checked against its hard ceiling, never against the current configuration.
     ``flush_walls`` = (earliest, latest) server wall time of the flush, from the header.
     """
-    if not isinstance(obj, dict) or set(obj) != SESSION_KEYS:
+    if not isinstance(obj, dict) or obj.keys() != SESSION_KEYS:
         raise fail("invalid_session", "session fields")
     member = obj["member"]
     if not isinstance(member, str) or member.count(":") != 1:
@@ -192,37 +247,33 @@ def validate_session(
             raise ValueError(avatar)
     except ValueError:
         raise fail("invalid_session", "avatar is not a canonical UUID") from None
-    if channel not in ("public", "im"):
+    if channel != "public" and channel != "im":
         raise fail("invalid_session", "channel")
     sid = obj["id"]
     if not isinstance(sid, str) or not _SESSION_ID_RE.match(sid):
         raise fail("invalid_session", "session id")
-    created_ms, last_ms = time_field(obj, "created_ms"), time_field(obj, "last_ms")
-    created_wall, last_wall = time_field(obj, "created_wall_ms"), time_field(obj, "last_wall_ms")
-    if created_ms > last_ms:
-        raise fail("invalid_session", "created after last activity")
-    age_ms = int_field(obj, "age_ms")
-    read_wall = time_field(obj, "read_wall_ms")
+    created_ms, last_ms, read_wall = _session_times(obj)
     if flush_walls is not None and not flush_walls[0] <= read_wall <= flush_walls[1]:
         raise fail("invalid_session", "read time outside the flush")
     seq = int_field(obj, "seq", 0)
-    turns = int_field(obj, "turns", 0, int(limits.MAX_TURNS_PER_SESSION.ceiling))
-    nbytes = int_field(obj, "bytes", 0, int(limits.MAX_SESSION_BYTES.ceiling))
-    tools = int_field(obj, "tools", 0, int(limits.MAX_TOOL_RESULTS.ceiling))
-    summary_bytes = int_field(obj, "summary_bytes", 0, int(limits.MAX_SUMMARY_BYTES.ceiling))
+    turns = int_field(obj, "turns", 0, _MAX_TURNS)
+    nbytes = int_field(obj, "bytes", 0, _MAX_SESSION)
+    tools = int_field(obj, "tools", 0, _MAX_TOOLS)
+    summary_bytes = int_field(obj, "summary_bytes", 0, _MAX_SUMMARY)
     summary_version = int_field(obj, "summary_version", 0)
     records_raw = obj["records"]
     if not isinstance(records_raw, list) or len(records_raw) != turns:
         raise fail("invalid_session", "turn count does not match the records")
-    texts: list[tuple[str, str]] = []
-    records = tuple([_validate_record(r, created_ms, last_ms, texts) for r in records_raw])
+    texts: list[SecretText] = []
+    # Every record first, then their order (a bad record is named before a bad order).
+    checked = [_check_record_line(rec, created_ms, last_ms, texts) for rec in records_raw]
     previous = records_bytes = records_tools = 0
-    for record in records:
-        if record.seq <= previous:
-            raise fail("duplicate_sequence", f"sequence {record.seq} not strictly increasing")
-        previous = record.seq
-        records_bytes += record.nbytes
-        records_tools += record.is_tool
+    for rec_seq, rec_bytes, rec_tool in checked:
+        if rec_seq <= previous:
+            raise fail("duplicate_sequence", f"sequence {rec_seq} not strictly increasing")
+        previous = rec_seq
+        records_bytes += rec_bytes
+        records_tools += rec_tool
     if previous > seq or seq < turns:
         raise fail("invalid_session", "sequence counter behind its records")
     if records_tools != tools:
@@ -249,7 +300,6 @@ def validate_session(
     receipts_raw = obj["receipts"]
     if not isinstance(receipts_raw, list) or len(receipts_raw) > limits.IDEMPOTENCY_WINDOW:
         raise fail("invalid_session", "receipts")
-    receipts: list[tuple[str, str]] = []
     seen_ids: set[str] = set()
     for item in receipts_raw:
         if not (
@@ -272,23 +322,52 @@ def validate_session(
             raise fail("invalid_session", "receipt")
         texts.append(("receipt turn id", turn_id))
         seen_ids.add(turn_id)
-        receipts.append((turn_id, receipt))
-    _no_secrets(texts)
+    check_no_secrets(texts)
+
+
+def validate_session(
+    obj: Any,
+    conv: ConversationConfig | None = None,
+    *,
+    flush_walls: tuple[int, int] | None = None,
+) -> ValidatedSession:
+    """:func:`check_session_line`, then the session as a :class:`ValidatedSession`.
+
+    ``conv`` is accepted for compatibility and not used (integrity only; today's bounds
+    are applied per session by :func:`fit_session` when restoring, so lowering a limit
+    never makes a whole generation unreadable).
+    """
+    check_session_line(obj, flush_walls=flush_walls)
+    records = tuple(
+        [
+            StoredTurn(
+                r["seq"],
+                r["clock_ms"],
+                r["wall_ms"],
+                r["bytes"],
+                r["kind"] == "tool",
+                r["kind"],
+                r["id"],
+                dict(r["f"]),
+            )
+            for r in obj["records"]
+        ]
+    )
     return ValidatedSession(
-        member=member,
-        session_id=sid,
-        created_ms=created_ms,
-        created_wall_ms=created_wall,
-        last_ms=last_ms,
-        last_wall_ms=last_wall,
-        age_ms=age_ms,
-        read_wall_ms=read_wall,
-        seq=seq,
-        summary=summary,
-        summary_version=summary_version,
-        nbytes=nbytes,
+        member=obj["member"],
+        session_id=obj["id"],
+        created_ms=obj["created_ms"],
+        created_wall_ms=obj["created_wall_ms"],
+        last_ms=obj["last_ms"],
+        last_wall_ms=obj["last_wall_ms"],
+        age_ms=obj["age_ms"],
+        read_wall_ms=obj["read_wall_ms"],
+        seq=obj["seq"],
+        summary=obj["summary"],
+        summary_version=obj["summary_version"],
+        nbytes=obj["bytes"],
         records=records,
-        receipts=tuple(receipts),
+        receipts=tuple([(tid, receipt) for tid, receipt in obj["receipts"]]),
     )
 
 
@@ -435,6 +514,12 @@ def iter_generation(
 
     Raises :class:`SnapshotValidationError` if the file changed since pass 1.
     """
+    for session, _ in iter_generation_sized(verified):
+        yield session
+
+
+def iter_generation_sized(verified: VerifiedGeneration) -> Iterator[tuple[ValidatedSession, int]]:
+    """:func:`iter_generation` with each session's line size in bytes (restore progress)."""
     header = verified.header
     sha = hashlib.sha256()
     try:
@@ -452,7 +537,7 @@ def iter_generation(
                     obj = orjson.loads(line)
                 except orjson.JSONDecodeError:
                     raise fail("changed", "the payload changed since it was verified") from None
-                yield validate_session(obj, flush_walls=verified.flush_walls)
+                yield validate_session(obj, flush_walls=verified.flush_walls), len(line)
     except OSError as exc:
         raise fail("unreadable", exc.strerror or str(exc)) from None
     if sha.hexdigest() != header["payload_sha256"]:
