@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from servers import RedisServer
 from workhelpers import Clock, assert_exact_accounting, key, persistent_store, snaps, turn_for
 
-from memtier import ConversationStore
+from memtier import ConversationKey, ConversationStore
 from memtier.config import MemtierConfig
 from memtier.engine import Command, Overlap, ScriptBatch, ScriptCall
 from memtier.errors import BackendError, MemtierError, ScriptError
@@ -65,11 +65,18 @@ _SESSION = st.tuples(st.integers(1, 8), st.sampled_from(["public", "im"]))
     page_bytes=st.sampled_from([1, 200, 4096, 32 * 1024]),
     batch_sessions=st.integers(1, 5),
     batch_bytes=st.sampled_from([1, 300, 48 * 1024]),
+    batch_records=st.sampled_from([1, 7, 4096]),
 )
-@example(sessions=[], page_sessions=1, page_bytes=1, batch_sessions=1, batch_bytes=1)
 @example(
-    sessions=[(7, "public")] * 20, page_sessions=6, page_bytes=32 * 1024, batch_sessions=5,
+    sessions=[], page_sessions=1, page_bytes=1, batch_sessions=1, batch_bytes=1, batch_records=1
+)
+@example(
+    sessions=[(7, "public")] * 20,
+    page_sessions=6,
+    page_bytes=32 * 1024,
+    batch_sessions=5,
     batch_bytes=48 * 1024,
+    batch_records=4096,
 )
 def test_flush_then_restore_gives_the_same_sessions(
     backend: Any,
@@ -79,6 +86,7 @@ def test_flush_then_restore_gives_the_same_sessions(
     page_bytes: int,
     batch_sessions: int,
     batch_bytes: int,
+    batch_records: int,
 ) -> None:
     run = tmp_path / os.urandom(4).hex()
     store = persistent_store(backend, run, Clock(), max_turns_per_session=6)
@@ -96,11 +104,24 @@ def test_flush_then_restore_gives_the_same_sessions(
         assert result.sessions == len(contexts) and result.skipped == {}
         _wipe(backend, store)
         seen: list[RestoreProgress] = []
+        batches: list[int] = []
+        execute = store.executor.execute
+
+        def counting(request: Any, operation: str | None = None) -> Any:
+            if isinstance(request, ScriptBatch):
+                batches.append(len(request.calls))
+            return execute(request, operation)
+
         with (
             mock.patch.object(persistence.recovery, "RESTORE_BATCH_SESSIONS", batch_sessions),
             mock.patch.object(persistence.recovery, "RESTORE_BATCH_BYTES", batch_bytes),
+            mock.patch.object(persistence.recovery, "RESTORE_BATCH_RECORDS", batch_records),
+            mock.patch.object(store.executor, "execute", counting),
         ):
             report = store.recover(force=True, progress=seen.append)
+        assert sum(batches) == len(contexts) and all(1 <= n <= batch_sessions for n in batches)
+        if batch_bytes == 1 or batch_records == 1:
+            assert set(batches) <= {1}  # every session passes the bound alone
         assert report.outcome == "restored", report.message
         assert report.restored == len(contexts)
         for k, ctx in contexts.items():
@@ -399,3 +420,83 @@ def test_page_last_member_agrees_with_page_lines(reply: list[Any]) -> None:
 
 def test_backend_error_is_a_memtier_error() -> None:
     assert issubclass(BackendError, MemtierError)  # what the killed-server test catches
+
+
+# ----------------------------------------------------------------------------- between passes
+
+
+@pytest.mark.parametrize("mutated_line", [1, 5, 11])
+def test_a_line_changed_between_the_passes_is_never_restored(
+    backend: Any, tmp_path: Path, mutated_line: int
+) -> None:
+    """Pass 2 restores a chunk only if its bytes are the ones pass 1 validated: a line
+    changed after pass 1 (still valid JSON, still a valid session: a letter of its id)
+    stops the restore before any session of its chunk, keeps what earlier chunks
+    restored, and quarantines the file."""
+    from memtier.memory.snapshot import HEADER_BLOCK, validation
+
+    store = persistent_store(backend, tmp_path, Clock())
+    try:
+        for n in range(12):
+            store.append(key(n + 1, "im" if n % 2 else "public"), turn_for(2 * n))
+        flushed = store.flush()
+        _wipe(backend, store)
+        path = Path(flushed.path)
+        lines = path.read_bytes()[HEADER_BLOCK:].split(b"\n")[:-1]
+        members = [orjson.loads(line)["member"] for line in lines]
+        real = persistence.recovery.iter_generation_sized
+
+        def change_after_pass_1(verified: Any) -> Any:
+            raw = bytearray(path.read_bytes())
+            start = HEADER_BLOCK + sum(len(x) + 1 for x in lines[:mutated_line])
+            at = raw.index(b'"id":"ses_', start) + len(b'"id":"ses_')  # the session id
+            assert at < start + len(lines[mutated_line])
+            raw[at] = ord("b") if raw[at] != ord("b") else ord("c")  # same length, valid
+            path.write_bytes(bytes(raw))
+            return real(verified)
+
+        with (
+            mock.patch.object(validation, "CHUNK_LINES", 4),
+            mock.patch.object(persistence.recovery, "iter_generation_sized", change_after_pass_1),
+        ):
+            report = store.recover(force=True)
+        assert report.outcome == "error" and "changed" in report.message
+        chunk = mutated_line // 4
+        assert report.restored == 4 * chunk
+        assert [name for name, _ in report.quarantined] == [path.name]
+        for i, member in enumerate(members):
+            restored = store.context(ConversationKey.from_member(member)).session_id is not None
+            assert restored == (i < 4 * chunk), (i, member)
+    finally:
+        _wipe(backend, store)
+        store.close()
+
+
+
+def test_pass_1_steps_at_every_chunk_so_few_large_sessions_keep_the_lock(
+    backend: Any, tmp_path: Path
+) -> None:
+    """verify_steps yields per chunk of bytes too: the restorer extends its lock while a
+    file of a few large sessions is read (it yielded only every 256 lines before)."""
+    from memtier.memory.snapshot import validation
+
+    store = persistent_store(backend, tmp_path, Clock())
+    try:
+        for n in range(5):
+            store.append(key(n + 1), turn_for(2 * n))
+        flushed = store.flush()
+        gen = snaps(store).generations()[0]
+        with mock.patch.object(validation, "CHUNK_BYTES", 1):  # every line ends a chunk
+            steps = validation.verify_steps(gen, snaps(store).namespace, store.core.conv, 1 << 40)
+            counts: list[int] = []
+            while True:
+                try:
+                    counts.append(next(steps))
+                except StopIteration as stop:
+                    verdict = stop.value
+                    break
+        assert counts == [1, 2, 3, 4, 5] and flushed.sessions == 5
+        assert isinstance(verdict, VerifiedGeneration) and len(verdict.chunks) == 5
+    finally:
+        _wipe(backend, store)
+        store.close()

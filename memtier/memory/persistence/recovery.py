@@ -59,6 +59,7 @@ __all__ = [
     "POLL_S",
     "PROGRESS_INTERVAL_S",
     "RESTORE_BATCH_BYTES",
+    "RESTORE_BATCH_RECORDS",
     "RESTORE_BATCH_SESSIONS",
     "WAIT_S",
     "RecoveryReport",
@@ -80,6 +81,9 @@ POLL_S: Final = 0.2
 # per session was most of the restore's time (bench.workerbench.bench_flush_restore).
 RESTORE_BATCH_SESSIONS: Final = 16
 RESTORE_BATCH_BYTES: Final = 48 * 1024
+# ...and no more once their records pass this (per-record work dominates for small
+# turns; snapshot_page's own bound): a session at the turn ceiling goes alone.
+RESTORE_BATCH_RECORDS: Final = 4096
 # The progress callback is called at most this often (and once at the end).
 PROGRESS_INTERVAL_S: Final = 1.0
 
@@ -470,8 +474,9 @@ def _restore_generation_plan(
 ) -> Plan[str]:
     """Pass 2: restore every session; returns ``restored``, ``next`` or ``stop``.
 
-    Sessions go in batches (:data:`RESTORE_BATCH_SESSIONS`, :data:`RESTORE_BATCH_BYTES`):
-    one round trip of independent create-only ``restore_session`` calls.
+    Sessions go in batches (:data:`RESTORE_BATCH_SESSIONS`, :data:`RESTORE_BATCH_BYTES`,
+    :data:`RESTORE_BATCH_RECORDS`): one round trip of independent create-only
+    ``restore_session`` calls.
     """
     token = gate.token
     detail = f"generation={gen.generation}"
@@ -480,16 +485,16 @@ def _restore_generation_plan(
     done = 0
     last_extend = time.monotonic()
     batch: list[tuple[ScriptCall, int, int]] = []  # (call, dropped turns, line bytes)
-    batch_bytes = 0
+    batch_bytes = batch_records = 0
 
     def send_batch() -> Plan[bool]:
         """The pending batch; False if the gate was lost."""
-        nonlocal done, last_extend, batch_bytes
+        nonlocal done, last_extend, batch_bytes, batch_records
         if not batch:
             return True
         sent = list(batch)
         batch.clear()
-        batch_bytes = 0
+        batch_bytes = batch_records = 0
         replies = yield ScriptBatch(tuple(call for call, _, _ in sent))
         for (_, dropped, _), out in zip(sent, replies, strict=True):
             status = int(out[0])
@@ -537,13 +542,15 @@ def _restore_generation_plan(
             if fitted.dropped:
                 note += f" trimmed={fitted.dropped}"
             call = restore_session_call(core, fitted.session, note, session_id=new_session_id())
-            nbytes = fitted.session.nbytes
+            nbytes, nrecords = fitted.session.nbytes, len(fitted.session.records)
             full = len(batch) >= RESTORE_BATCH_SESSIONS
             full = full or batch_bytes + nbytes > RESTORE_BATCH_BYTES
+            full = full or batch_records + nrecords > RESTORE_BATCH_RECORDS
             if batch and full and not (yield from send_batch()):
                 return "stop"
             batch.append((_with_flush_wall(call, flush_wall), fitted.dropped, line_bytes))
             batch_bytes += nbytes
+            batch_records += nrecords
         if not (yield from send_batch()):
             return "stop"
     except SnapshotValidationError as exc:

@@ -51,6 +51,8 @@ from memtier.memory.state import KIND_FIELDS, KIND_ROLES, StoredTurn
 from memtier.redaction import contains_secret
 
 __all__ = [
+    "CHUNK_BYTES",
+    "CHUNK_LINES",
     "SEPARATOR",
     "VERIFY_STEP_LINES",
     "FittedSession",
@@ -59,6 +61,7 @@ __all__ = [
     "VerifiedGeneration",
     "check_no_secrets",
     "check_session_line",
+    "chunk_ends",
     "fit_session",
     "iter_generation",
     "iter_generation_sized",
@@ -338,6 +341,11 @@ def validate_session(
     never makes a whole generation unreadable).
     """
     check_session_line(obj, flush_walls=flush_walls)
+    return _session_of(obj)
+
+
+def _session_of(obj: dict[str, Any]) -> ValidatedSession:
+    """A :class:`ValidatedSession` of a line that passed :func:`check_session_line`."""
     records = tuple(
         [
             StoredTurn(
@@ -422,18 +430,35 @@ def fit_session(session: ValidatedSession, conv: ConversationConfig) -> FittedSe
 
 @dataclass(frozen=True)
 class VerifiedGeneration:
-    """A generation that passed every check; ``header`` is its parsed header."""
+    """A generation that passed every check; ``header`` is its parsed header.
+
+    ``chunks``: the SHA-256 of each chunk of payload lines pass 1 validated (see
+    :func:`chunk_ends`): pass 2 restores a chunk without validating its lines again only
+    when its bytes hash the same.  Empty: pass 2 validates every line again.
+    """
 
     file: GenerationFile
     header: Mapping[str, Any]
+    chunks: tuple[bytes, ...] = ()
 
     @property
     def flush_walls(self) -> tuple[int, int]:
         return int(self.header["flush_started_wall_ms"]), int(self.header["flush_wall_ms"])
 
 
-# verify_steps yields after this many session lines (the restorer extends its lock).
+# verify_steps yields after at most this many session lines (the restorer extends its
+# lock), and after every CHUNK_BYTES of them.
 VERIFY_STEP_LINES: Final = 256
+# Pass 1 hashes the payload in chunks of at most this many lines, ending a chunk early
+# once its bytes pass CHUNK_BYTES (one longer line is a chunk alone); pass 2 buffers one
+# chunk (bounded memory), compares its hash and only then restores its sessions.
+CHUNK_LINES: Final = VERIFY_STEP_LINES
+CHUNK_BYTES: Final = 1024 * 1024
+
+
+def chunk_ends(count: int, chunk_bytes: int) -> bool:
+    """True when a chunk of ``count`` lines and ``chunk_bytes`` bytes is complete."""
+    return count >= CHUNK_LINES or chunk_bytes >= CHUNK_BYTES
 
 
 def verify_generation(
@@ -451,8 +476,9 @@ def verify_generation(
 def verify_steps(
     gen: GenerationFile, namespace: str, conv: ConversationConfig, max_bytes: int
 ) -> Generator[int, None, VerifiedGeneration | Rejection]:
-    """:func:`verify_generation` as a generator: yields the lines read so far every
-    :data:`VERIFY_STEP_LINES` lines, returns the verdict."""
+    """:func:`verify_generation` as a generator: yields the lines read so far at the end
+    of every chunk (:data:`VERIFY_STEP_LINES` lines, or :data:`CHUNK_BYTES`), returns
+    the verdict."""
     try:
         size = gen.path.stat().st_size
         # Integrity is per file against the hard ceiling: a generation written before
@@ -475,9 +501,20 @@ def verify_steps(
             ids: set[str] = set()
             count = 0
             problem: SnapshotValidationError | None = None
+            chunks: list[bytes] = []
+            chunk = hashlib.sha256()
+            chunk_lines = chunk_size = 0
             for line in read_lines(fh, header["payload_bytes"], sha):
                 count += 1
-                if count % VERIFY_STEP_LINES == 0:
+                chunk.update(line)
+                chunk_lines += 1
+                chunk_size += len(line)
+                if chunk_ends(chunk_lines, chunk_size):
+                    chunks.append(chunk.digest())
+                    chunk = hashlib.sha256()
+                    chunk_lines = chunk_size = 0
+                    # A step per chunk (lines or bytes): a file of few large sessions
+                    # also lets the restorer extend its lock while it is read.
                     yield count
                 if problem is not None:
                     continue  # keep hashing: a checksum mismatch names corruption best
@@ -498,7 +535,9 @@ def verify_steps(
                 return Rejection(problem.reason, problem.detail)
             if count != header["sessions"]:
                 return Rejection("corrupt", "session count does not match the header")
-            return VerifiedGeneration(gen, header)
+            if chunk_lines:
+                chunks.append(chunk.digest())
+            return VerifiedGeneration(gen, header, tuple(chunks))
     except SnapshotValidationError as exc:
         return Rejection(exc.reason, exc.detail)
     except FileNotFoundError:
@@ -519,7 +558,14 @@ def iter_generation(
 
 
 def iter_generation_sized(verified: VerifiedGeneration) -> Iterator[tuple[ValidatedSession, int]]:
-    """:func:`iter_generation` with each session's line size in bytes (restore progress)."""
+    """:func:`iter_generation` with each session's line size in bytes (restore progress).
+
+    With pass 1's chunk hashes (``verified.chunks``), each chunk of lines is read whole
+    (bounded: :data:`CHUNK_LINES` lines or :data:`CHUNK_BYTES`, or one longer line) and
+    hashed before any of its sessions is yielded: the same bytes as pass 1 validated are
+    not validated again; different bytes raise ``changed`` before anything of the chunk
+    is restored.  Without them every line is validated again as it is read.
+    """
     header = verified.header
     sha = hashlib.sha256()
     try:
@@ -528,17 +574,49 @@ def iter_generation_sized(verified: VerifiedGeneration) -> Iterator[tuple[Valida
         raise fail("vanished", "the file disappeared after it was verified") from None
     except OSError as exc:
         raise fail("unreadable", exc.strerror or str(exc)) from None
+    chunks = verified.chunks
     try:
         with fh:
             if read_header(fh, header["namespace"]) != header:
                 raise fail("changed", "the header changed since it was verified")
+            buffered: list[bytes] = []
+            chunk = hashlib.sha256()
+            chunk_size = index = 0
             for line in read_lines(fh, header["payload_bytes"], sha):
-                try:
-                    obj = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    raise fail("changed", "the payload changed since it was verified") from None
-                yield validate_session(obj, flush_walls=verified.flush_walls), len(line)
+                if not chunks:
+                    yield _parse_and_validate(line, verified.flush_walls), len(line)
+                    continue
+                buffered.append(line)
+                chunk.update(line)
+                chunk_size += len(line)
+                if chunk_ends(len(buffered), chunk_size):
+                    yield from _verified_chunk(buffered, chunk.digest(), chunks, index)
+                    index += 1
+                    buffered, chunk, chunk_size = [], hashlib.sha256(), 0
+            if buffered:
+                yield from _verified_chunk(buffered, chunk.digest(), chunks, index)
+                index += 1
+            if chunks and index != len(chunks):
+                raise fail("changed", "the payload changed since it was verified")
     except OSError as exc:
         raise fail("unreadable", exc.strerror or str(exc)) from None
     if sha.hexdigest() != header["payload_sha256"]:
         raise fail("changed", "the payload changed since it was verified")
+
+
+def _parse_and_validate(line: bytes, flush_walls: tuple[int, int]) -> ValidatedSession:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise fail("changed", "the payload changed since it was verified") from None
+    return validate_session(obj, flush_walls=flush_walls)
+
+
+def _verified_chunk(
+    lines: list[bytes], digest: bytes, chunks: tuple[bytes, ...], index: int
+) -> Iterator[tuple[ValidatedSession, int]]:
+    """The sessions of one chunk whose bytes pass 1 validated (else ``changed``)."""
+    if index >= len(chunks) or chunks[index] != digest:
+        raise fail("changed", "the payload changed since it was verified")
+    for line in lines:
+        yield _session_of(orjson.loads(line)), len(line)
