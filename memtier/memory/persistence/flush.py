@@ -105,7 +105,11 @@ class _PageWriter:
                 check_session_line(line)
             except SnapshotValidationError as exc:
                 # Left out, never written: it would reject the whole generation.
-                # Reported three ways: FlushResult.skipped, an event, a metric.
+                # Reported three ways: FlushResult.skipped, an event, a metric (and a
+                # log line now; the event goes after the request in flight).
+                log.warning(
+                    "snapshot: session left out of the flush (%s: %s)", exc.reason, exc.detail
+                )
                 writer.skip(exc.reason)
                 metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("flush", exc.reason).inc()
                 self.skipped.append((exc, line["member"], line["id"]))
@@ -145,7 +149,6 @@ def flush_plan(
         reply = yield Overlap(request, lambda: pages_out.write(page))
         while pages_out.skipped:
             exc, member, session_id = pages_out.skipped.pop(0)
-            log.warning("snapshot: session left out of the flush (%s: %s)", exc.reason, exc.detail)
             yield emit_event_call(
                 core,
                 ReasonCode.SNAPSHOT_SKIPPED,
