@@ -39,6 +39,8 @@ TARGET_PAGE_US = 2000  # issue 12: no snapshot_page call may hold a shard longer
 
 STAGES = [
     "flush_plan",
+    "_PageWriter.write",  # the page work, run inside the executor's Overlap
+    "page_lines",
     "LuaScript.__call__",
     "Redis.hscan",
     "iter_sessions",
