@@ -39,13 +39,16 @@ TARGET_PAGE_US = 2000  # issue 12: no snapshot_page call may hold a shard longer
 
 STAGES = [
     "flush_plan",
+    "_PageWriter.write",  # the page work, run inside the executor's Overlap
+    "page_lines",
     "LuaScript.__call__",
     "Redis.hscan",
     "iter_sessions",
     "session_to_json",
     "validate_session",
-    "_validate_record",
-    "_no_secrets",
+    "check_session_line",
+    "_check_record_line",
+    "check_no_secrets",
     "contains_secret",
     "validate_record",
     "GenerationWriter.add",

@@ -8,6 +8,9 @@ Bench code, not part of the package: nothing under ``memtier/`` imports it.
   single ``snapshot_page`` call (the longest the flush holds the shard).
 * :func:`bench_compaction` -- sessions compacted per second by one worker.
 * :func:`bench_recovery_validation` -- records validated per second (pass 1 of recovery).
+* :func:`bench_flush_restore` -- one flush of N sessions, then the full restore of that
+  generation into the emptied namespace (both passes and every ``restore_session``
+  call): sessions/s and bytes/s of each, same run, same server.
 * :func:`sequential_write_rate` -- the disk's own sequential write + fsync rate, the
   baseline for the flush figure.
 
@@ -30,6 +33,7 @@ from typing import Any
 __all__ = [
     "bench_compaction",
     "bench_flush_blocking",
+    "bench_flush_restore",
     "bench_recovery_validation",
     "populate_sessions",
     "sequential_write_rate",
@@ -279,6 +283,60 @@ def _delete_namespace(store: Any, namespace: str) -> None:
             batch.clear()
     if batch:
         client.delete(*batch)
+
+
+def bench_flush_restore(
+    redis_url: str,
+    *,
+    sessions: int = 10_000,
+    turns: int = 2,
+    text_bytes: int = 300,
+    storage_path: str | Path | None = None,
+    namespace: str | None = None,
+) -> dict[str, Any]:
+    """Flush ``sessions`` sessions, empty the namespace, restore the generation: rates.
+
+    Returns ``flush_s``, ``restore_s``, the generation's ``bytes``, ``sessions`` and
+    ``restored``, their per-second rates, and ``progress_calls`` (how often the restore
+    reported progress).  The namespace's keys are deleted at the end.
+    """
+    from memtier.memory.store import ConversationStore
+
+    namespace = namespace or "benchrestore" + os.urandom(3).hex()
+    owned_dir = None
+    if storage_path is None:
+        owned_dir = tempfile.TemporaryDirectory(prefix="memtier-bench-restore-")
+        storage_path = owned_dir.name
+    store = ConversationStore.from_config(
+        _config(redis_url, namespace, Path(storage_path)), recover=False
+    )
+    try:
+        populate_sessions(store, sessions, turns=turns, text_bytes=text_bytes)
+        t0 = time.perf_counter()
+        flushed = store.flush()
+        flush_s = time.perf_counter() - t0
+        _delete_namespace(store, namespace)
+        t0 = time.perf_counter()
+        report = store.recover(force=True)
+        restore_s = time.perf_counter() - t0
+        if report.outcome != "restored":
+            raise RuntimeError(f"restore did not complete: {report.message}")
+        return {
+            "sessions": flushed.sessions,
+            "bytes": flushed.bytes,
+            "flush_s": flush_s,
+            "restore_s": restore_s,
+            "restored": report.restored,
+            "flush_bytes_per_s": flushed.bytes / flush_s,
+            "restore_bytes_per_s": flushed.bytes / restore_s,
+            "flush_sessions_per_s": flushed.sessions / flush_s,
+            "restore_sessions_per_s": report.restored / restore_s,
+        }
+    finally:
+        _delete_namespace(store, namespace)
+        store.close()
+        if owned_dir is not None:
+            owned_dir.cleanup()
 
 
 def bench_compaction(

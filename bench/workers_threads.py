@@ -2,7 +2,8 @@
 
 * :func:`run_workers` -- compaction throughput, a flush against the disk's own sequential
   write rate, the longest append blocked while a flush runs, the recovery validation
-  rate (each with its baseline from the same run).
+  rate, a full restore against a flush of the same sessions (each with its baseline from
+  the same run).
 * :func:`run_threads` -- the threads service: create, continue (echo runner), replay
   pages, export, next to the raw minimal-script append.
 """
@@ -183,6 +184,35 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
                 extra=recovery,
             )
         )
+    restore = bs.bench_flush_restore(server.url, sessions=sessions, turns=2, namespace="brestore")
+    h.log(
+        f"  flush then restore of {restore['sessions']:,} sessions:"
+        f" flush {restore['flush_sessions_per_s']:,.0f} sessions/s,"
+        f" restore {restore['restore_sessions_per_s']:,.0f} sessions/s"
+    )
+    h.add(
+        Result(
+            "workers.flush_for_restore",
+            sec,
+            f"flush of {sessions:,} sessions (no other load; the restore's baseline)",
+            "MiB/s",
+            values=[restore["flush_bytes_per_s"] / mib],
+            note=f"{restore['flush_sessions_per_s']:,.0f} sessions/s",
+        )
+    )
+    h.add(
+        Result(
+            "workers.restore",
+            sec,
+            "full restore of that generation into the emptied namespace (both passes)",
+            "MiB/s",
+            values=[restore["restore_bytes_per_s"] / mib],
+            baseline="workers.flush_for_restore",
+            ratios=[restore["restore_bytes_per_s"] / restore["flush_bytes_per_s"]],
+            note=f"{restore['restore_sessions_per_s']:,.0f} sessions/s",
+            extra=restore,
+        )
+    )
     comp = bs.bench_compaction(server.url, sessions=compact_n, namespace="bcompact")
     h.add(
         Result(

@@ -32,9 +32,11 @@ __all__ = [
     "Batch",
     "Command",
     "Handoff",
+    "Overlap",
     "Plan",
     "ReadCommand",
     "Request",
+    "ScriptBatch",
     "ScriptCall",
     "Sleep",
     "Transaction",
@@ -108,6 +110,40 @@ class Transaction:
 
 
 @dataclass(frozen=True, slots=True)
+class ScriptBatch:
+    """Several independent :class:`ScriptCall` s in one round trip; the reply is the list
+    of their replies, in order.
+
+    Each script still runs alone and atomically (its keys on one slot; the calls may be
+    on different slots), but the batch is not a transaction: other clients' commands
+    may run between its calls.  Only for calls that do not depend on each other and are
+    safe to re-send (create-only restores, reads): a lost reply re-sends the whole batch,
+    and a call the server did not have loaded is re-sent alone.  On clients without a
+    pipeline path (cluster, fakeredis, asyncio) the executor runs the calls one by one:
+    the same replies, more round trips.  The plan bounds the batch (its calls and bytes)
+    so the server runs it in about as long as one bounded script.
+    """
+
+    calls: tuple[ScriptCall, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """Perform ``request`` while ``work()`` runs: the reply is the request's.
+
+    ``work`` is the plan's own CPU and file work that does not need this reply and
+    touches no Redis (the flush writes the previous page while the next one is read),
+    so the server's time and the client's overlap.  The executor runs the two
+    concurrently (the request in a helper thread or task) and returns only when both
+    are done: nothing is left in flight.  If ``work`` raises, its error is thrown into
+    the plan (after the request finished); otherwise the request's error, if any.
+    """
+
+    request: ScriptCall | Command
+    work: Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
 class Sleep:
     """Wait ``seconds`` (a bounded poll, e.g. while another worker restores)."""
 
@@ -121,7 +157,9 @@ class Handoff:
     work: Any
 
 
-Request: TypeAlias = ScriptCall | Transaction | Command | Batch | Sleep | Handoff
+Request: TypeAlias = (
+    ScriptCall | Transaction | ScriptBatch | Overlap | Command | Batch | Sleep | Handoff
+)
 Plan: TypeAlias = Generator[Request, Any, T]
 # What a driver needs: perform one request that is not a Sleep.
 SyncExecute: TypeAlias = Callable[[Request], Any]

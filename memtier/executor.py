@@ -12,7 +12,10 @@ each script reply is handed to the ``on_script`` hooks (metrics, progress).  A
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from memtier.autopipeline import AutoPipeline, PipelineBounds
@@ -28,8 +31,10 @@ from memtier.engine import (
     Batch,
     Command,
     Handoff,
+    Overlap,
     Plan,
     Request,
+    ScriptBatch,
     ScriptCall,
     SyncExecute,
     Transaction,
@@ -38,7 +43,7 @@ from memtier.engine import (
 )
 from memtier.leancluster import ClusterLean, lean_cluster
 from memtier.retry import RetryPolicy, retry_async, retry_sync
-from memtier.scripts import LuaScript, ScriptRegistry
+from memtier.scripts import LuaScript, ScriptRegistry, run_script_batch
 
 __all__ = ["AsyncExecutor", "ScriptHook", "SyncExecutor"]
 
@@ -46,6 +51,21 @@ T = TypeVar("T")
 
 # Called with (script name, ARGV, reply) after every script reply (each attempt).
 ScriptHook = Callable[[str, Sequence[Any], Any], None]
+
+# Threads that perform the request of an Overlap while the plan's work runs (shared by
+# every SyncExecutor of the process; idle threads cost nothing).  Bounded: more
+# concurrent overlapped requests than this wait for a thread, never fail.
+OVERLAP_THREADS = 4
+_overlap_pool: ThreadPoolExecutor | None = None
+_overlap_lock = threading.Lock()
+
+
+def _overlap_threads() -> ThreadPoolExecutor:
+    global _overlap_pool
+    with _overlap_lock:
+        if _overlap_pool is None:
+            _overlap_pool = ThreadPoolExecutor(OVERLAP_THREADS, thread_name_prefix="memtier-io")
+        return _overlap_pool
 
 
 class SyncExecutor:
@@ -99,6 +119,11 @@ class SyncExecutor:
             return retry_sync(
                 operation or request.script.script, self._transaction(request), self.policy
             )
+
+        if isinstance(request, ScriptBatch):
+            return self._script_batch(request, operation)
+        if isinstance(request, Overlap):
+            return self._overlap(request, operation)
         if isinstance(request, Command):
             bound = getattr(self.client, request.method)
             return retry_sync(
@@ -237,6 +262,45 @@ class SyncExecutor:
             getattr(pipe, command.method)(*command.args, **command.kwargs)
         return pipe.execute()
 
+    def _overlap(self, overlap: Overlap, operation: str | None) -> Any:
+        """The request in a helper thread (its socket waits release the GIL) while the
+        plan's work runs here; both finish before this returns."""
+        future: Future[Any] = _overlap_threads().submit(
+            self.execute, overlap.request, operation
+        )
+        try:
+            overlap.work()
+        except BaseException:
+            future.exception()  # wait for the request: nothing stays in flight
+            raise
+        return future.result()
+
+    def _script_batch(self, batch: ScriptBatch, operation: str | None) -> list[Any]:
+        """One pipeline on a plain standalone client (where the lean path applies), else
+        the calls one by one; the hooks see every call's reply either way."""
+        calls = batch.calls
+        client = self.client
+        if (
+            len(calls) < 2
+            or not isinstance(self._lean_for(client), LeanPool)  # standalone only
+            or any(c.durable is not None for c in calls)
+            or not all(isinstance(self.scripts[c.script], LuaScript) for c in calls)
+        ):
+            return [self.execute(call, operation) for call in calls]
+        items = [(self.scripts[c.script], c.keys, c.args) for c in calls]
+
+        def attempt() -> list[Any]:
+            for call in calls:
+                if call.attempts is not None:
+                    call.attempts[0] += 1
+            replies = self.guard.call(lambda: run_script_batch(client, items))
+            for call, reply in zip(calls, replies, strict=True):
+                for hook in self.on_script:
+                    hook(call.script, call.args, reply)
+            return replies
+
+        return retry_sync(operation or calls[0].script, attempt, self.policy)
+
 
 class AsyncExecutor:
     """Perform requests on an asyncio redis-py client (standalone or cluster)."""
@@ -292,6 +356,11 @@ class AsyncExecutor:
             return await retry_async(
                 operation or request.script.script, self._transaction(request), self.policy
             )
+
+        if isinstance(request, ScriptBatch):  # one by one (see ScriptBatch)
+            return [await self.execute(call, operation) for call in request.calls]
+        if isinstance(request, Overlap):
+            return await self._overlap(request, operation)
         if isinstance(request, Command):
             bound = getattr(self.client, request.method)
             return await retry_async(
@@ -374,6 +443,19 @@ class AsyncExecutor:
             return reply
 
         return attempt
+
+    async def _overlap(self, overlap: Overlap, operation: str | None) -> Any:
+        """The request as a task on this loop while the work runs in a worker thread
+        (the plans that overlap are the offloaded ones: their work blocks)."""
+        task = asyncio.ensure_future(self.execute(overlap.request, operation))
+        try:
+            await asyncio.to_thread(overlap.work)
+        except BaseException:
+            await asyncio.wait([task])  # nothing stays in flight
+            if not task.cancelled():
+                task.exception()  # retrieved: the work's error is the one raised
+            raise
+        return await task
 
     async def _batch(self, batch: Batch) -> Any:
         pipe = self.client.pipeline(transaction=False)

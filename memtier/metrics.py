@@ -53,6 +53,8 @@ __all__ = [
     "RETRIES",
     "SCRIPT_DURATION",
     "SNAPSHOT_FLUSHES",
+    "SNAPSHOT_RESTORE_BYTES",
+    "SNAPSHOT_RESTORE_SESSIONS",
     "SNAPSHOT_SESSIONS_SKIPPED",
     "STORED_BYTES",
     "STORE_GAUGES",
@@ -184,6 +186,15 @@ COMPACTIONS = Counter(
 )
 SNAPSHOT_FLUSHES = Counter(
     "memtier_snapshot_flushes_total", "Snapshot generation flushes, by outcome.", ["outcome"]
+)
+# Restore progress: what recovery has handled of the generation it restores, as it goes.
+SNAPSHOT_RESTORE_SESSIONS = Counter(
+    "memtier_snapshot_restore_sessions_total",
+    "Snapshot sessions recovery has handled (restored, live already, expired, no room, skipped).",
+)
+SNAPSHOT_RESTORE_BYTES = Counter(
+    "memtier_snapshot_restore_bytes_total",
+    "Snapshot payload bytes of the sessions recovery has handled.",
 )
 SNAPSHOT_SESSIONS_SKIPPED = Counter(
     "memtier_snapshot_sessions_skipped_total",

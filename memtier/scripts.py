@@ -53,6 +53,7 @@ __all__ = [
     "is_embedded_client",
     "load_registry",
     "lua_root",
+    "run_script_batch",
 ]
 
 _NAME_RE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)\.lua$")
@@ -631,3 +632,35 @@ def _parse_folder(root: Path, folder: str) -> ScriptRegistry:
     if not scripts:
         raise ScriptError(f"no Lua scripts under {root / folder}")
     return ScriptRegistry(scripts)
+
+
+def run_script_batch(
+    client: Any, items: Sequence[tuple[LuaScript, Sequence[str], Sequence[Any]]]
+) -> list[Any]:
+    """Run several scripts in one non-transactional pipeline on a standalone sync client
+    (:class:`~memtier.engine.ScriptBatch`): their replies, in order.
+
+    A call the server answers NOSCRIPT is re-sent alone through :meth:`LuaScript.__call__`
+    (which loads it): the batch's calls are independent, so only its order changes.
+    Errors as :meth:`LuaScript.__call__` (the first failed call raises); each script's
+    duration metric gets its share of the round trip.
+    """
+    pipe = client.pipeline(transaction=False)
+    for script, keys, args in items:
+        pipe.evalsha(*script._args(script.text_for(client).sha, keys, args))
+    started = time.perf_counter()
+    replies = pipe.execute(raise_on_error=False)
+    share = (time.perf_counter() - started) / max(1, len(items))
+    out: list[Any] = []
+    for (script, keys, args), reply in zip(items, replies, strict=True):
+        if isinstance(reply, NoScriptError):
+            reply = script(client, keys, args)
+        else:
+            script._duration.observe(share)
+            if isinstance(reply, RedisResponseError):
+                _raise_script_error(script.name, reply)
+                raise reply
+            if isinstance(reply, Exception):
+                raise reply
+        out.append(reply)
+    return out

@@ -33,7 +33,13 @@ from memtier.memory.models import (
     TurnRecord,
 )
 from memtier.memory.operations import BlockingPlan, KeyLike, StoreStats
-from memtier.memory.persistence import FlushResult, LossWatch, RecoveryReport, snapshot_dir_for
+from memtier.memory.persistence import (
+    FlushResult,
+    LossWatch,
+    RecoveryReport,
+    RestoreProgress,
+    snapshot_dir_for,
+)
 from memtier.memory.snapshot import SnapshotDir
 from memtier.memory.summary import Summarizer
 from memtier.retry import RetryPolicy, retry_async
@@ -287,15 +293,22 @@ class AsyncConversationStore:
         """
         return await self.executor.run(ops.flush(self), offload=True)
 
-    async def recover(self, *, force: bool = False, wait_s: float | None = None) -> RecoveryReport:
+    async def recover(
+        self,
+        *,
+        force: bool = False,
+        wait_s: float | None = None,
+        progress: Callable[[RestoreProgress], Any] | None = None,
+    ) -> RecoveryReport:
         """Restore the newest valid generation if the namespace is empty in Redis.
 
         Safe to call from many workers at once: exactly one restores, the others wait
         for it (at most ``wait_s``).  Never raises for bad files (they are quarantined)
         and never overwrites a live key.  ``force``: restore even into a non-empty or
-        already initialised namespace (create-only all the same).
+        already initialised namespace (create-only all the same).  ``progress``: as
+        :meth:`ConversationStore.recover` (called from the worker thread driving the plan).
         """
-        return await self.executor.run(ops.recover(self, force, wait_s), offload=True)
+        return await self.executor.run(ops.recover(self, force, wait_s, progress), offload=True)
 
     async def check_data_loss(self, *, force: bool = False) -> RecoveryReport | None:
         """The twin of :meth:`ConversationStore.check_data_loss` (never raises)."""

@@ -17,7 +17,7 @@ event loop without ever blocking it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,6 +41,7 @@ from memtier.memory.persistence import (
     FlushResult,
     LossWatch,
     RecoveryReport,
+    RestoreProgress,
     flush_plan,
     loss_check_plan,
     recover_plan,
@@ -300,9 +301,14 @@ def flush(host: MemoryHost) -> Plan[FlushResult]:
     return result
 
 
-def recover(host: MemoryHost, force: bool, wait_s: float | None) -> Plan[RecoveryReport]:
+def recover(
+    host: MemoryHost,
+    force: bool,
+    wait_s: float | None,
+    progress: Callable[[RestoreProgress], Any] | None = None,
+) -> Plan[RecoveryReport]:
     """Restore the newest valid generation if the namespace is empty (``offload``)."""
-    options: dict[str, Any] = {"force": force}
+    options: dict[str, Any] = {"force": force, "progress": progress}
     if wait_s is not None:
         options["wait_s"] = wait_s
     report = yield from recover_plan(host.core, _snapshots(host), **options)

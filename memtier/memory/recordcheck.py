@@ -7,8 +7,9 @@ live path could have stored: the turn model (and any name grammar it enforces), 
 exact field set of the kind, no control characters (the sanitiser removes them), names
 of 1..:data:`~memtier.limits.MAX_NAME_BYTES` bytes, a body within the hard ceilings.
 
-Secrets are checked by the caller in one batched pass (see ``snapshot._no_secrets``):
-the sanitiser guarantees their absence on the live path.
+Secrets are checked by the caller in one batched pass (see
+``snapshot.validation.check_no_secrets``): the sanitiser guarantees their absence on the
+live path.
 
 Summaries: :func:`check_summary` accepts exactly the documents compaction writes, and
 refuses ``untrusted: false`` whenever the summary's own facts count a turn that came from

@@ -30,7 +30,13 @@ from memtier.memory.models import (
     TurnRecord,
 )
 from memtier.memory.operations import BlockingPlan, KeyLike, StoreStats
-from memtier.memory.persistence import FlushResult, LossWatch, RecoveryReport, snapshot_dir_for
+from memtier.memory.persistence import (
+    FlushResult,
+    LossWatch,
+    RecoveryReport,
+    RestoreProgress,
+    snapshot_dir_for,
+)
 from memtier.memory.snapshot import SnapshotDir
 from memtier.memory.summary import Summarizer
 from memtier.retry import RetryPolicy
@@ -258,16 +264,25 @@ class ConversationStore:
         """
         return self.executor.run(ops.flush(self))
 
-    def recover(self, *, force: bool = False, wait_s: float | None = None) -> RecoveryReport:
+    def recover(
+        self,
+        *,
+        force: bool = False,
+        wait_s: float | None = None,
+        progress: Callable[[RestoreProgress], Any] | None = None,
+    ) -> RecoveryReport:
         """Restore the newest valid generation if the namespace is empty in Redis.
 
         Safe to call from many workers at once: exactly one restores, the others wait
         for it (at most ``wait_s``).  Never raises for bad files (they are quarantined)
         and never overwrites a live key.  ``force``: restore even into a non-empty or
         already initialised namespace (create-only all the same).  The report is also
-        kept in :attr:`last_recovery`.
+        kept in :attr:`last_recovery`.  ``progress``: called with a
+        :class:`~memtier.memory.persistence.RestoreProgress` (sessions and bytes of the
+        generation handled so far, of its totals) at most once a second while a
+        generation is restored, and once when it is complete.
         """
-        return self.executor.run(ops.recover(self, force, wait_s))
+        return self.executor.run(ops.recover(self, force, wait_s, progress))
 
     def check_data_loss(self, *, force: bool = False) -> RecoveryReport | None:
         """If a check is due (or ``force``): did Redis lose its data under this process?

@@ -28,6 +28,7 @@ from memtier.memory.persistence.losswatch import (
 )
 from memtier.memory.persistence.recovery import (
     RecoveryReport,
+    RestoreProgress,
     recover_plan,
     restore_session_call,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "FlushResult",
     "LossWatch",
     "RecoveryReport",
+    "RestoreProgress",
     "emit_event_call",
     "flush_plan",
     "loss_check_plan",

@@ -6,7 +6,9 @@ Flush
     :data:`PAGE_SESSIONS` sessions and about :data:`PAGE_BYTES` of content), so each
     session is a consistent point-in-time copy and no call blocks appends for long.
     Sessions stream into a new generation file (:mod:`memtier.memory.snapshot`); each is
-    checked with the recovery validator first, so one bad live session cannot poison
+    checked with the recovery validator first (every check of
+    :func:`~memtier.memory.snapshot.validation.check_session_line`, the secret re-check
+    included), so one bad live session cannot poison
     every future generation (it is left out and reported: ``skipped``, a
     ``snapshot_skipped`` event, a metric).  ``append`` runs the same record validator,
     so what the live path stores is always flushable.
@@ -16,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from memtier import limits, metrics
-from memtier.engine import Command, Plan, ScriptCall
+from memtier.engine import Command, Overlap, Plan, ScriptCall
 from memtier.errors import SnapshotError
 from memtier.keys import PartitionKeys
 from memtier.memory.core import MemoryCore
@@ -29,8 +31,13 @@ from memtier.memory.models import ReasonCode
 from memtier.memory.persistence.shared import emit_event_call
 from memtier.memory.scriptspecs import SNAPSHOT_PAGE
 from memtier.memory.snapshot.directory import SnapshotDir
-from memtier.memory.snapshot.fileformat import SnapshotValidationError, page_lines
-from memtier.memory.snapshot.validation import validate_session
+from memtier.memory.snapshot.fileformat import (
+    SnapshotValidationError,
+    page_last_member,
+    page_lines,
+)
+from memtier.memory.snapshot.validation import check_session_line
+from memtier.memory.snapshot.writer import GenerationWriter
 from memtier.wire import text as _b
 
 __all__ = ["PAGE_BYTES", "PAGE_SESSIONS", "FlushResult", "flush_plan", "snapshot_page_call"]
@@ -83,6 +90,33 @@ class FlushResult:
     warnings: tuple[str, ...] = ()
 
 
+class _PageWriter:
+    """Decodes, checks and writes held pages (the work an :class:`Overlap` runs while the
+    next request is in flight); the sessions it had to leave out wait in ``skipped``."""
+
+    def __init__(self, writer: GenerationWriter) -> None:
+        self.writer = writer
+        self.skipped: list[tuple[SnapshotValidationError, str, str]] = []
+
+    def write(self, reply: Sequence[Any]) -> None:
+        writer = self.writer
+        for line in page_lines(reply):
+            try:
+                check_session_line(line)
+            except SnapshotValidationError as exc:
+                # Left out, never written: it would reject the whole generation.
+                # Reported three ways: FlushResult.skipped, an event, a metric (and a
+                # log line now; the event goes after the request in flight).
+                log.warning(
+                    "snapshot: session left out of the flush (%s: %s)", exc.reason, exc.detail
+                )
+                writer.skip(exc.reason)
+                metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("flush", exc.reason).inc()
+                self.skipped.append((exc, line["member"], line["id"]))
+                continue
+            writer.add(line)
+
+
 def flush_plan(
     core: MemoryCore,
     directory: SnapshotDir,
@@ -90,7 +124,11 @@ def flush_plan(
     page_sessions: int = PAGE_SESSIONS,
     page_bytes: int = PAGE_BYTES,
 ) -> Plan[FlushResult]:
-    """Write every live session of the namespace into a new generation; apply retention."""
+    """Write every live session of the namespace into a new generation; apply retention.
+
+    Pipelined with bounded memory: each page reply is held (at most one) and written
+    while the next request (page or ``HSCAN``) is in flight (:class:`Overlap`).
+    """
     started = time.monotonic()
     page_sessions = max(1, min(page_sessions, 256))
     verified = directory.ensure()
@@ -100,6 +138,26 @@ def flush_plan(
     walls: list[int] = []
     clocks: list[int] = []
     writer = directory.begin()
+    pages_out = _PageWriter(writer)
+    held: list[Sequence[Any]] = []  # the page reply read last, not yet written
+
+    def send(request: ScriptCall | Command) -> Plan[Any]:
+        """``request``; the held page is written while it is in flight."""
+        if not held:
+            return (yield request)
+        page = held.pop()
+        reply = yield Overlap(request, lambda: pages_out.write(page))
+        while pages_out.skipped:
+            exc, member, session_id = pages_out.skipped.pop(0)
+            yield emit_event_call(
+                core,
+                ReasonCode.SNAPSHOT_SKIPPED,
+                f"{exc.reason}: {exc.detail}",
+                member=member,
+                session_id=session_id,
+            )
+        return reply
+
     try:
         first = yield snapshot_page_call(core, core.keyspace.partition(0), ())
         clocks.append(int(first[0]))
@@ -108,8 +166,8 @@ def flush_plan(
             seen: set[str] = set()
             cursor: Any = 0
             for _ in range(MAX_SCAN_ROUNDS):
-                cursor, entries = yield Command(
-                    "hscan", (part.index,), {"cursor": cursor, "count": page_sessions}
+                cursor, entries = yield from send(
+                    Command("hscan", (part.index,), {"cursor": cursor, "count": page_sessions})
                 )
                 batch: list[str] = []
                 batch_bytes = 0
@@ -129,44 +187,23 @@ def flush_plan(
                     pages.append(batch)
                 while pages:  # bounded: every call with a session consumes one member
                     members = pages.pop(0)
-                    reply = yield snapshot_page_call(core, part, members)
+                    reply = yield from send(snapshot_page_call(core, part, members))
                     clocks.append(int(reply[0]))
                     walls.append(int(reply[1]))
-                    lines = page_lines(reply)
-                    if lines:
+                    last_member = page_last_member(reply)
+                    if last_member is not None:
                         # The script stops after the session that passes its work bound:
                         # the members after the last one returned go again (the ones
                         # before it that it skipped were read and are not live).
-                        rest = members[members.index(lines[-1]["member"]) + 1 :]
+                        rest = members[members.index(last_member) + 1 :]
                         if rest:
                             pages.insert(0, rest)
-                    for line in lines:
-                        try:
-                            validate_session(line)
-                        except SnapshotValidationError as exc:
-                            # Left out, never written: it would reject the whole generation.
-                            # Reported three ways: FlushResult.skipped, an event, a metric.
-                            log.warning(
-                                "snapshot: session left out of the flush (%s: %s)",
-                                exc.reason,
-                                exc.detail,
-                            )
-                            writer.skip(exc.reason)
-                            metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("flush", exc.reason).inc()
-                            yield emit_event_call(
-                                core,
-                                ReasonCode.SNAPSHOT_SKIPPED,
-                                f"{exc.reason}: {exc.detail}",
-                                member=line["member"],
-                                session_id=line["id"],
-                            )
-                            continue
-                        writer.add(line)
+                        held.append(reply)
                 if int(cursor) == 0:
                     break
             else:
                 raise SnapshotError(f"scanning partition {part.partition} did not finish")
-        last = yield snapshot_page_call(core, core.keyspace.partition(0), ())
+        last = yield from send(snapshot_page_call(core, core.keyspace.partition(0), ()))
         clocks.append(int(last[0]))
         walls.append(int(last[1]))
         published = writer.commit(

@@ -30,11 +30,12 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from memtier import limits, metrics
-from memtier.engine import Plan, ScriptCall, Sleep
+from memtier.engine import Plan, ScriptBatch, ScriptCall, Sleep
 from memtier.errors import BackendError, MemtierError, SnapshotError
 from memtier.memory.core import MemoryCore, new_session_id
 from memtier.memory.models import Channel, ConversationKey, ReasonCode
@@ -49,15 +50,20 @@ from memtier.memory.snapshot.validation import (
     ValidatedSession,
     VerifiedGeneration,
     fit_session,
-    iter_generation,
+    iter_generation_sized,
     verify_steps,
 )
 from memtier.wire import text as _b
 
 __all__ = [
     "POLL_S",
+    "PROGRESS_INTERVAL_S",
+    "RESTORE_BATCH_BYTES",
+    "RESTORE_BATCH_RECORDS",
+    "RESTORE_BATCH_SESSIONS",
     "WAIT_S",
     "RecoveryReport",
+    "RestoreProgress",
     "RestoreStatus",
     "recover_plan",
     "restore_session_call",
@@ -68,6 +74,44 @@ log = logging.getLogger("memtier.persistence")
 EXTEND_EVERY: Final = 200
 WAIT_S: Final = 120.0  # how long a non-restorer waits for the restorer
 POLL_S: Final = 0.2
+# restore_session calls sent in one round trip (a ScriptBatch): at most this many
+# sessions, and no more once their record bytes pass RESTORE_BATCH_BYTES (one larger
+# session goes alone).  The server runs a batch's calls back to back, so the batch is
+# bounded like one snapshot page (~32 KiB): about 1-2 ms of Redis time; one round trip
+# per session was most of the restore's time (bench.workerbench.bench_flush_restore).
+RESTORE_BATCH_SESSIONS: Final = 16
+RESTORE_BATCH_BYTES: Final = 48 * 1024
+# ...and no more once their records pass this (per-record work dominates for small
+# turns; snapshot_page's own bound): a session at the turn ceiling goes alone.
+RESTORE_BATCH_RECORDS: Final = 4096
+# The progress callback is called at most this often (and once at the end).
+PROGRESS_INTERVAL_S: Final = 1.0
+
+
+@dataclass(frozen=True)
+class RestoreProgress:
+    """How far the restore of one generation is (``recover(progress=...)``).
+
+    ``sessions_done`` counts the generation's sessions handled so far (restored, live
+    already, expired, without room, or skipped for today's bounds) and ``bytes_done``
+    their payload bytes in the file; both only grow and end at ``sessions_total`` /
+    ``bytes_total`` (the header's) when the generation is restored completely.
+    """
+
+    generation: int
+    sessions_done: int
+    sessions_total: int
+    bytes_done: int
+    bytes_total: int
+    restored: int
+    elapsed_s: float
+
+    @property
+    def finished(self) -> bool:
+        return self.sessions_done == self.sessions_total and self.bytes_done == self.bytes_total
+
+
+ProgressCallback = Callable[[RestoreProgress], Any]
 
 
 def restore_session_call(
@@ -178,6 +222,8 @@ def recover_plan(
     token: str | None = None,
     after_loss: bool = False,
     unhandled: str = "",
+    progress: ProgressCallback | None = None,
+    progress_interval_s: float = PROGRESS_INTERVAL_S,
 ) -> Plan[RecoveryReport]:
     """Restore the newest valid generation into an empty namespace (see module docstring).
 
@@ -186,7 +232,10 @@ def recover_plan(
     its data under a running process (:func:`loss_check_plan`): restore into the
     namespace even though appends made after the loss are in it (create-only), and
     with ``unhandled`` (the epoch of a ``live`` outcome that hid the loss) take a
-    finished gate again.
+    finished gate again.  ``progress``: called with a :class:`RestoreProgress` while a
+    generation is restored, at most every ``progress_interval_s`` and once when it is
+    complete (from the thread driving the plan; an exception it raises is logged and
+    ignored: progress never stops a recovery).
     """
     report = RecoveryReport(after_loss=after_loss)
     token = token or secrets.token_hex(16)
@@ -222,7 +271,13 @@ def recover_plan(
     try:
         return (
             yield from _recover_as_restorer(
-                core, directory, report, _Gate(token, epoch), force or after_loss, resuming
+                core,
+                directory,
+                report,
+                _Gate(token, epoch),
+                force or after_loss,
+                resuming,
+                _Progress(progress, progress_interval_s),
             )
         )
     except (BackendError, SnapshotError, OSError) as exc:
@@ -238,6 +293,54 @@ def recover_plan(
 class _Gate:
     token: str
     epoch: str  # recorded if this restorer creates the gate state
+
+
+class _Progress:
+    """Counts a generation's restore (the metrics, always) and feeds the caller's
+    progress callback (at most every ``interval_s``, and at the end)."""
+
+    def __init__(self, callback: ProgressCallback | None, interval_s: float) -> None:
+        self.callback = callback
+        self.interval_s = max(0.0, interval_s)
+        self.started = time.monotonic()
+        self.last = float("-inf")
+        self.generation = 0
+        self.header: Any = {}
+        self.sessions = 0
+        self.bytes = 0
+
+    def begin(self, generation: int, header: Any) -> None:
+        self.generation, self.header = generation, header
+        self.sessions = self.bytes = 0
+        self.report(0, final=False)
+
+    def advance(self, sessions: int, nbytes: int, restored: int) -> None:
+        self.sessions += sessions
+        self.bytes += nbytes
+        metrics.SNAPSHOT_RESTORE_SESSIONS.inc(sessions)
+        metrics.SNAPSHOT_RESTORE_BYTES.inc(nbytes)
+        self.report(restored, final=False)
+
+    def report(self, restored: int, *, final: bool) -> None:
+        if self.callback is None:
+            return
+        now = time.monotonic()
+        if not final and now - self.last < self.interval_s:
+            return
+        self.last = now
+        state = RestoreProgress(
+            generation=self.generation,
+            sessions_done=self.sessions,
+            sessions_total=int(self.header["sessions"]),
+            bytes_done=self.bytes,
+            bytes_total=int(self.header["payload_bytes"]),
+            restored=restored,
+            elapsed_s=now - self.started,
+        )
+        try:
+            self.callback(state)
+        except Exception:
+            log.exception("snapshot recovery: the progress callback failed (ignored)")
 
 
 def _finish_plan(
@@ -257,6 +360,7 @@ def _recover_as_restorer(
     gate: _Gate,
     into_live: bool,
     resuming: bool,
+    progress: _Progress,
 ) -> Plan[RecoveryReport]:
     token = gate.token
     # 2. Only into an empty namespace (or to finish a restore that died midway, or an
@@ -289,7 +393,9 @@ def _recover_as_restorer(
             report.outcome = "lost_lock"
             return report
         report.generation = gen.generation
-        outcome = yield from _restore_generation_plan(core, directory, gen, result, gate, report)
+        outcome = yield from _restore_generation_plan(
+            core, directory, gen, result, gate, report, progress
+        )
         if outcome == "next":
             continue  # vanished or unreadable midway: the next older generation fills in
         if outcome != "restored":
@@ -364,15 +470,59 @@ def _restore_generation_plan(
     verified: VerifiedGeneration,
     gate: _Gate,
     report: RecoveryReport,
+    progress: _Progress,
 ) -> Plan[str]:
-    """Pass 2: restore every session; returns ``restored``, ``next`` or ``stop``."""
+    """Pass 2: restore every session; returns ``restored``, ``next`` or ``stop``.
+
+    Sessions go in batches (:data:`RESTORE_BATCH_SESSIONS`, :data:`RESTORE_BATCH_BYTES`,
+    :data:`RESTORE_BATCH_RECORDS`): one round trip of independent create-only
+    ``restore_session`` calls.
+    """
     token = gate.token
     detail = f"generation={gen.generation}"
-    flush_wall = int(verified.header["flush_wall_ms"])
+    header = verified.header
+    flush_wall = int(header["flush_wall_ms"])
     done = 0
     last_extend = time.monotonic()
+    batch: list[tuple[ScriptCall, int, int]] = []  # (call, dropped turns, line bytes)
+    batch_bytes = batch_records = 0
+
+    def send_batch() -> Plan[bool]:
+        """The pending batch; False if the gate was lost."""
+        nonlocal done, last_extend, batch_bytes, batch_records
+        if not batch:
+            return True
+        sent = list(batch)
+        batch.clear()
+        batch_bytes = batch_records = 0
+        replies = yield ScriptBatch(tuple(call for call, _, _ in sent))
+        for (_, dropped, _), out in zip(sent, replies, strict=True):
+            status = int(out[0])
+            if status == RestoreStatus.RESTORED:
+                report.restored += 1
+                if dropped:
+                    report.trimmed += 1
+            elif status == RestoreStatus.EXISTS:
+                report.existing += 1
+            elif status == RestoreStatus.EXPIRED:
+                report.expired += 1
+            else:  # RestoreStatus.NO_ROOM
+                report.no_room += 1
+        before = done
+        done += len(sent)
+        progress.advance(len(sent), sum(b for _, _, b in sent), report.restored)
+        if done // EXTEND_EVERY != before // EXTEND_EVERY or time.monotonic() - last_extend > 1.0:
+            last_extend = time.monotonic()
+            ext = yield restore_gate_call(core, "extend", token)
+            if int(ext[0]) != GateStatus.OK:
+                report.outcome = "lost_lock"
+                report.message = "the restore lock expired; another worker continues"
+                return False
+        return True
+
+    progress.begin(gen.generation, header)
     try:
-        for session in iter_generation(verified, core.conv):
+        for session, line_bytes in iter_generation_sized(verified):
             fitted = fit_session(session, core.conv)
             if fitted.session is None:
                 report.skipped += 1
@@ -384,6 +534,7 @@ def _restore_generation_plan(
                     member=session.member,
                     session_id=session.session_id,
                 )
+                progress.advance(1, line_bytes, report.restored)
                 continue
             # A new session id (D7): turns acknowledged after this flush and lost with
             # Redis had (old id, seq) pairs this session would otherwise hand out again.
@@ -391,27 +542,22 @@ def _restore_generation_plan(
             if fitted.dropped:
                 note += f" trimmed={fitted.dropped}"
             call = restore_session_call(core, fitted.session, note, session_id=new_session_id())
-            out = yield _with_flush_wall(call, flush_wall)
-            status = int(out[0])
-            if status == RestoreStatus.RESTORED:
-                report.restored += 1
-                if fitted.dropped:
-                    report.trimmed += 1
-            elif status == RestoreStatus.EXISTS:
-                report.existing += 1
-            elif status == RestoreStatus.EXPIRED:
-                report.expired += 1
-            else:  # RestoreStatus.NO_ROOM
-                report.no_room += 1
-            done += 1
-            if done % EXTEND_EVERY == 0 or time.monotonic() - last_extend > 1.0:
-                last_extend = time.monotonic()
-                ext = yield restore_gate_call(core, "extend", token)
-                if int(ext[0]) != GateStatus.OK:
-                    report.outcome = "lost_lock"
-                    report.message = "the restore lock expired; another worker continues"
-                    return "stop"
+            nbytes, nrecords = fitted.session.nbytes, len(fitted.session.records)
+            full = len(batch) >= RESTORE_BATCH_SESSIONS
+            full = full or batch_bytes + nbytes > RESTORE_BATCH_BYTES
+            full = full or batch_records + nrecords > RESTORE_BATCH_RECORDS
+            if batch and full and not (yield from send_batch()):
+                return "stop"
+            batch.append((_with_flush_wall(call, flush_wall), fitted.dropped, line_bytes))
+            batch_bytes += nbytes
+            batch_records += nrecords
+        if not (yield from send_batch()):
+            return "stop"
     except SnapshotValidationError as exc:
+        # The sessions read before the problem passed every check: restore them as the
+        # one-by-one restore did (create-only), then handle the file.
+        if not (yield from send_batch()):
+            return "stop"
         if exc.reason in ("vanished", "unreadable"):
             # Removed or unreadable between the passes (retention elsewhere, an
             # operator): what is restored stays (create-only), the next one fills in.
@@ -425,6 +571,7 @@ def _restore_generation_plan(
         report.message = f"generation {gen.generation} changed while restoring"
         yield from _finish_plan(core, gate, report, "partial", str(gen.generation))
         return "stop"
+    progress.report(report.restored, final=True)
     return "restored"
 
 

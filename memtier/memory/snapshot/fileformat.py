@@ -27,7 +27,7 @@ import orjson
 
 from memtier import limits
 from memtier.errors import ScriptError, SnapshotError
-from memtier.memory.state import KIND_ROLES, SessionState, StoredTurn
+from memtier.memory.state import KIND_ROLES, SessionState
 from memtier.wire import text
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "encode_header",
     "fail",
     "int_field",
+    "page_last_member",
     "page_lines",
     "read_header",
     "read_lines",
@@ -184,17 +185,48 @@ def session_to_json(state: SessionState) -> dict[str, Any]:
     }
 
 
-def _record_line(r: StoredTurn) -> dict[str, Any]:
+def _str(value: Any) -> str:
+    """:func:`memtier.wire.text` inlined for the page decoder (once per reply element)."""
+    return value.decode("utf-8") if type(value) is bytes else text(value)
+
+
+def _strict_int(digits: str) -> int:
+    # StoredTurn.parse's integer rule: optional minus, ASCII digits only.
+    if digits.isdigit() or (digits[:1] == "-" and digits[1:].isdigit()):
+        return int(digits)
+    raise ValueError(f"not an integer: {digits[:24]!r}")
+
+
+def _record_line(raw: Any) -> dict[str, Any]:
+    """One stored record straight into its payload-line dict.
+
+    Exactly ``StoredTurn.parse`` followed by the record part of :func:`session_to_json`
+    (the same checks, the same :class:`ValueError` on a malformed record), without the
+    intermediate :class:`StoredTurn`: the flush decodes every record of every session.
+    """
+    seq, clock, wall, nbytes, tool, payload = _str(raw).split("|", 5)
+    if tool != "0" and tool != "1":
+        raise ValueError("tool flag must be 0 or 1")
+    body: Any = orjson.loads(payload)
+    if type(body) is not dict:
+        raise ValueError("record payload must be an object")
+    kind, turn_id, fields = body.get("k"), body.get("id"), body.get("f")
+    # orjson builds exact str/dict objects, so these identity tests equal isinstance.
+    if type(kind) is not str or type(turn_id) is not str or type(fields) is not dict:
+        raise ValueError("record payload lacks k/id/f")
+    for value in fields.values():  # JSON object keys are always strings
+        if type(value) is not str:
+            raise ValueError("record fields must be strings")
     return {
-        "seq": r.seq,
-        "clock_ms": r.clock_ms,
-        "wall_ms": r.wall_ms,
-        "bytes": r.nbytes,
-        "tool": 1 if r.is_tool else 0,
-        "kind": r.kind,
-        "role": KIND_ROLES.get(r.kind, "?"),
-        "id": r.turn_id,
-        "f": dict(r.fields),
+        "seq": _strict_int(seq),
+        "clock_ms": _strict_int(clock),
+        "wall_ms": _strict_int(wall),
+        "bytes": _strict_int(nbytes),
+        "tool": 1 if tool == "1" else 0,
+        "kind": kind,
+        "role": KIND_ROLES.get(kind, "?"),
+        "id": turn_id,
+        "f": fields,
     }
 
 
@@ -204,13 +236,13 @@ def _line_of(
     h: dict[str, str] = {}
     receipts: dict[str, str] = {}
     for i in range(0, len(flat) - 1, 2):
-        name, value = text(flat[i]), text(flat[i + 1])
-        if name.startswith("r:"):
+        name, value = _str(flat[i]), _str(flat[i + 1])
+        if name[:2] == "r:":
             receipts[name[2:]] = value
         else:
             h[name] = value
     try:
-        records = [_record_line(StoredTurn.parse(r)) for r in recs]
+        records = [_record_line(r) for r in recs]
         last_ms = int(h.get("last", h["created"]))
         return {
             "member": member,
@@ -245,7 +277,7 @@ def page_lines(reply: Sequence[Any]) -> list[dict[str, Any]]:
     pos = 3
     lines = []
     for _ in range(count):
-        member = text(reply[pos])
+        member = _str(reply[pos])
         nfields = int(reply[pos + 1])
         flat = reply[pos + 2 : pos + 2 + nfields]
         pos += 2 + nfields
@@ -256,6 +288,25 @@ def page_lines(reply: Sequence[Any]) -> list[dict[str, Any]]:
     if pos != len(reply):
         raise ScriptError("session page reply has trailing data")
     return lines
+
+
+def page_last_member(reply: Sequence[Any]) -> str | None:
+    """The member of the last session of a ``snapshot_page`` reply (None: no session),
+    found by walking the reply's counts only: the flush knows where to resume before it
+    decodes the page (:func:`page_lines`, later, checks the rest)."""
+    try:
+        count = int(reply[2])
+        pos = 3
+        member = None
+        for _ in range(count):
+            member = reply[pos]
+            pos += 2 + int(reply[pos + 1])
+            pos += 1 + int(reply[pos])
+        if pos != len(reply):
+            raise ScriptError("session page reply has trailing data")
+    except (IndexError, TypeError, ValueError) as exc:
+        raise ScriptError(f"malformed session page reply: {exc}") from exc
+    return None if member is None else _str(member)
 
 
 def read_header(fh: BinaryIO, namespace: str) -> dict[str, Any]:

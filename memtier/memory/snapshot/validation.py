@@ -51,20 +51,30 @@ from memtier.memory.state import KIND_FIELDS, KIND_ROLES, StoredTurn
 from memtier.redaction import contains_secret
 
 __all__ = [
+    "CHUNK_BYTES",
+    "CHUNK_LINES",
     "SEPARATOR",
     "VERIFY_STEP_LINES",
     "FittedSession",
     "Rejection",
     "ValidatedSession",
     "VerifiedGeneration",
+    "check_no_secrets",
+    "check_session_line",
+    "chunk_ends",
     "fit_session",
     "iter_generation",
+    "iter_generation_sized",
     "validate_session",
     "verify_generation",
     "verify_steps",
 ]
 
 _MAX_TURN: Final = int(limits.MAX_TURN_BYTES.ceiling)
+_MAX_TURNS: Final = int(limits.MAX_TURNS_PER_SESSION.ceiling)
+_MAX_SESSION: Final = int(limits.MAX_SESSION_BYTES.ceiling)
+_MAX_TOOLS: Final = int(limits.MAX_TOOL_RESULTS.ceiling)
+_MAX_SUMMARY: Final = int(limits.MAX_SUMMARY_BYTES.ceiling)
 _SESSION_ID_RE: Final = re.compile(r"^ses_[A-Za-z0-9_\-]{16,64}$")
 _TURN_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _RECEIPT_RE: Final = re.compile(
@@ -110,22 +120,39 @@ class ValidatedSession:
 # does match, every text is checked on its own and only a real hit rejects.
 SEPARATOR: Final = "\n\n"
 
+# A text to scan for secrets and what it is: a label, or (record seq, field name) --
+# formatted only when the check fails (every record of every flush passes through here).
+SecretText = tuple[str | tuple[int, str], str]
 
-def _no_secrets(texts: list[tuple[str, str]]) -> None:
-    """Raise if any ``(what, text)`` carries a secret pattern (one regex pass per session)."""
-    if not texts or not contains_secret(SEPARATOR.join(t for _, t in texts)):
+
+def _what(label: str | tuple[int, str]) -> str:
+    if isinstance(label, tuple):
+        return f"record {label[0]} {label[1]}"
+    return label
+
+
+def check_no_secrets(texts: list[SecretText]) -> None:
+    """The secret re-check: raise if any text carries a secret pattern.
+
+    The one place a snapshot line's texts (record turn ids and content fields, summary
+    texts, receipt turn ids) are scanned for secrets (one regex pass per session, see
+    :data:`SEPARATOR`).  Records the current redactor wrote could skip it; which texts
+    are collected is decided per record in :func:`_check_record_line`.
+    """
+    if not texts or not contains_secret(SEPARATOR.join([t for _, t in texts])):
         return
     for what, text in texts:
         if contains_secret(text):
-            raise fail("secret", f"{what} carries a secret pattern")
+            raise fail("secret", f"{_what(what)} carries a secret pattern")
 
 
-def _validate_record(
+def _check_record_line(
     rec: Any,
     created_ms: int,
     last_ms: int,
-    texts: list[tuple[str, str]],
-) -> StoredTurn:
+    texts: list[SecretText],
+) -> tuple[int, int, bool]:
+    """Check one record of a session line; returns its (seq, bytes, is_tool)."""
     if not isinstance(rec, dict) or rec.keys() != RECORD_KEYS:
         raise fail("invalid_record", "record fields")
     seq, clock, wall, nbytes = rec["seq"], rec["clock_ms"], rec["wall_ms"], rec["bytes"]
@@ -148,7 +175,8 @@ def _validate_record(
     kind, role, turn_id, fields, tool = rec["kind"], rec["role"], rec["id"], rec["f"], rec["tool"]
     if not isinstance(kind, str) or kind not in KIND_FIELDS or role != KIND_ROLES[kind]:
         raise fail("invalid_record", f"record {seq}: unknown kind or wrong role")
-    if type(tool) is not int or tool != (1 if kind == "tool" else 0):
+    is_tool = kind == "tool"
+    if type(tool) is not int or tool != (1 if is_tool else 0):
         raise fail("invalid_record", f"record {seq}: tool flag")
     if not isinstance(turn_id, str) or not _TURN_ID_RE.match(turn_id):
         raise fail("invalid_record", f"record {seq}: turn id")
@@ -159,29 +187,59 @@ def _validate_record(
         sizes = check_record(kind, fields, turn_id)
     except RecordInvalid as exc:
         raise fail(exc.reason, f"record {seq}: {exc.detail}") from None
-    if nbytes != sum(sizes.values()):
+    total = 0
+    for size in sizes.values():
+        total += size
+    if nbytes != total:
         raise fail("invalid_record", f"record {seq}: byte count does not match its content")
-    texts.append((f"record {seq} turn id", turn_id))
+    texts.append(((seq, "turn id"), turn_id))
     for name, value in fields.items():
-        texts.append((f"record {seq} {name}", value))
-    return StoredTurn(seq, clock, wall, nbytes, kind == "tool", kind, turn_id, dict(fields))
+        texts.append(((seq, name), value))
+    return seq, nbytes, is_tool
 
 
-def validate_session(
-    obj: Any,
-    conv: ConversationConfig | None = None,
-    *,
-    flush_walls: tuple[int, int] | None = None,
-) -> ValidatedSession:
-    """Check one session line; raise :class:`SnapshotValidationError` on the first problem.
+def _session_times(obj: dict[str, Any]) -> tuple[int, int, int]:
+    """Check the session's times and age; returns (created_ms, last_ms, read_wall_ms)."""
+    created_ms, last_ms = obj["created_ms"], obj["last_ms"]
+    created_wall, last_wall = obj["created_wall_ms"], obj["last_wall_ms"]
+    age_ms, read_wall = obj["age_ms"], obj["read_wall_ms"]
+    # The common case in one expression; on a miss the field checks name the first bad one
+    # (in the order they were always checked).
+    if not (
+        type(created_ms) is int
+        and MIN_TIME_MS <= created_ms <= MAX_TIME_MS
+        and type(last_ms) is int
+        and MIN_TIME_MS <= last_ms <= MAX_TIME_MS
+        and type(created_wall) is int
+        and MIN_TIME_MS <= created_wall <= MAX_TIME_MS
+        and type(last_wall) is int
+        and MIN_TIME_MS <= last_wall <= MAX_TIME_MS
+        and created_ms <= last_ms
+        and type(age_ms) is int
+        and 0 <= age_ms <= MAX_INT
+        and type(read_wall) is int
+        and MIN_TIME_MS <= read_wall <= MAX_TIME_MS
+    ):
+        created_ms, last_ms = time_field(obj, "created_ms"), time_field(obj, "last_ms")
+        time_field(obj, "created_wall_ms")
+        time_field(obj, "last_wall_ms")
+        if created_ms > last_ms:
+            raise fail("invalid_session", "created after last activity")
+        int_field(obj, "age_ms")
+        read_wall = time_field(obj, "read_wall_ms")
+    return created_ms, last_ms, read_wall
 
-    Integrity only: every bound is checked against its hard ceiling, never against the
-    current configuration (``conv`` is accepted for compatibility and not used).  Today's
-    bounds are applied per session by :func:`fit_session` when restoring, so lowering a
-    limit never makes a whole generation unreadable.
+
+def check_session_line(obj: Any, *, flush_walls: tuple[int, int] | None = None) -> None:
+    """Every check of one session line (see the module docstring); raise
+    :class:`SnapshotValidationError` on the first problem, build nothing.
+
+    The flush runs this on every live session before writing it; recovery runs it (via
+    :func:`validate_session`) on every line it reads.  Integrity only: every bound is
+    checked against its hard ceiling, never against the current configuration.
     ``flush_walls`` = (earliest, latest) server wall time of the flush, from the header.
     """
-    if not isinstance(obj, dict) or set(obj) != SESSION_KEYS:
+    if not isinstance(obj, dict) or obj.keys() != SESSION_KEYS:
         raise fail("invalid_session", "session fields")
     member = obj["member"]
     if not isinstance(member, str) or member.count(":") != 1:
@@ -192,37 +250,33 @@ def validate_session(
             raise ValueError(avatar)
     except ValueError:
         raise fail("invalid_session", "avatar is not a canonical UUID") from None
-    if channel not in ("public", "im"):
+    if channel != "public" and channel != "im":
         raise fail("invalid_session", "channel")
     sid = obj["id"]
     if not isinstance(sid, str) or not _SESSION_ID_RE.match(sid):
         raise fail("invalid_session", "session id")
-    created_ms, last_ms = time_field(obj, "created_ms"), time_field(obj, "last_ms")
-    created_wall, last_wall = time_field(obj, "created_wall_ms"), time_field(obj, "last_wall_ms")
-    if created_ms > last_ms:
-        raise fail("invalid_session", "created after last activity")
-    age_ms = int_field(obj, "age_ms")
-    read_wall = time_field(obj, "read_wall_ms")
+    created_ms, last_ms, read_wall = _session_times(obj)
     if flush_walls is not None and not flush_walls[0] <= read_wall <= flush_walls[1]:
         raise fail("invalid_session", "read time outside the flush")
     seq = int_field(obj, "seq", 0)
-    turns = int_field(obj, "turns", 0, int(limits.MAX_TURNS_PER_SESSION.ceiling))
-    nbytes = int_field(obj, "bytes", 0, int(limits.MAX_SESSION_BYTES.ceiling))
-    tools = int_field(obj, "tools", 0, int(limits.MAX_TOOL_RESULTS.ceiling))
-    summary_bytes = int_field(obj, "summary_bytes", 0, int(limits.MAX_SUMMARY_BYTES.ceiling))
+    turns = int_field(obj, "turns", 0, _MAX_TURNS)
+    nbytes = int_field(obj, "bytes", 0, _MAX_SESSION)
+    tools = int_field(obj, "tools", 0, _MAX_TOOLS)
+    summary_bytes = int_field(obj, "summary_bytes", 0, _MAX_SUMMARY)
     summary_version = int_field(obj, "summary_version", 0)
     records_raw = obj["records"]
     if not isinstance(records_raw, list) or len(records_raw) != turns:
         raise fail("invalid_session", "turn count does not match the records")
-    texts: list[tuple[str, str]] = []
-    records = tuple([_validate_record(r, created_ms, last_ms, texts) for r in records_raw])
+    texts: list[SecretText] = []
+    # Every record first, then their order (a bad record is named before a bad order).
+    checked = [_check_record_line(rec, created_ms, last_ms, texts) for rec in records_raw]
     previous = records_bytes = records_tools = 0
-    for record in records:
-        if record.seq <= previous:
-            raise fail("duplicate_sequence", f"sequence {record.seq} not strictly increasing")
-        previous = record.seq
-        records_bytes += record.nbytes
-        records_tools += record.is_tool
+    for rec_seq, rec_bytes, rec_tool in checked:
+        if rec_seq <= previous:
+            raise fail("duplicate_sequence", f"sequence {rec_seq} not strictly increasing")
+        previous = rec_seq
+        records_bytes += rec_bytes
+        records_tools += rec_tool
     if previous > seq or seq < turns:
         raise fail("invalid_session", "sequence counter behind its records")
     if records_tools != tools:
@@ -249,7 +303,6 @@ def validate_session(
     receipts_raw = obj["receipts"]
     if not isinstance(receipts_raw, list) or len(receipts_raw) > limits.IDEMPOTENCY_WINDOW:
         raise fail("invalid_session", "receipts")
-    receipts: list[tuple[str, str]] = []
     seen_ids: set[str] = set()
     for item in receipts_raw:
         if not (
@@ -272,23 +325,57 @@ def validate_session(
             raise fail("invalid_session", "receipt")
         texts.append(("receipt turn id", turn_id))
         seen_ids.add(turn_id)
-        receipts.append((turn_id, receipt))
-    _no_secrets(texts)
+    check_no_secrets(texts)
+
+
+def validate_session(
+    obj: Any,
+    conv: ConversationConfig | None = None,
+    *,
+    flush_walls: tuple[int, int] | None = None,
+) -> ValidatedSession:
+    """:func:`check_session_line`, then the session as a :class:`ValidatedSession`.
+
+    ``conv`` is accepted for compatibility and not used (integrity only; today's bounds
+    are applied per session by :func:`fit_session` when restoring, so lowering a limit
+    never makes a whole generation unreadable).
+    """
+    check_session_line(obj, flush_walls=flush_walls)
+    return _session_of(obj)
+
+
+def _session_of(obj: dict[str, Any]) -> ValidatedSession:
+    """A :class:`ValidatedSession` of a line that passed :func:`check_session_line`."""
+    records = tuple(
+        [
+            StoredTurn(
+                r["seq"],
+                r["clock_ms"],
+                r["wall_ms"],
+                r["bytes"],
+                r["kind"] == "tool",
+                r["kind"],
+                r["id"],
+                dict(r["f"]),
+            )
+            for r in obj["records"]
+        ]
+    )
     return ValidatedSession(
-        member=member,
-        session_id=sid,
-        created_ms=created_ms,
-        created_wall_ms=created_wall,
-        last_ms=last_ms,
-        last_wall_ms=last_wall,
-        age_ms=age_ms,
-        read_wall_ms=read_wall,
-        seq=seq,
-        summary=summary,
-        summary_version=summary_version,
-        nbytes=nbytes,
+        member=obj["member"],
+        session_id=obj["id"],
+        created_ms=obj["created_ms"],
+        created_wall_ms=obj["created_wall_ms"],
+        last_ms=obj["last_ms"],
+        last_wall_ms=obj["last_wall_ms"],
+        age_ms=obj["age_ms"],
+        read_wall_ms=obj["read_wall_ms"],
+        seq=obj["seq"],
+        summary=obj["summary"],
+        summary_version=obj["summary_version"],
+        nbytes=obj["bytes"],
         records=records,
-        receipts=tuple(receipts),
+        receipts=tuple([(tid, receipt) for tid, receipt in obj["receipts"]]),
     )
 
 
@@ -343,18 +430,35 @@ def fit_session(session: ValidatedSession, conv: ConversationConfig) -> FittedSe
 
 @dataclass(frozen=True)
 class VerifiedGeneration:
-    """A generation that passed every check; ``header`` is its parsed header."""
+    """A generation that passed every check; ``header`` is its parsed header.
+
+    ``chunks``: the SHA-256 of each chunk of payload lines pass 1 validated (see
+    :func:`chunk_ends`): pass 2 restores a chunk without validating its lines again only
+    when its bytes hash the same.  Empty: pass 2 validates every line again.
+    """
 
     file: GenerationFile
     header: Mapping[str, Any]
+    chunks: tuple[bytes, ...] = ()
 
     @property
     def flush_walls(self) -> tuple[int, int]:
         return int(self.header["flush_started_wall_ms"]), int(self.header["flush_wall_ms"])
 
 
-# verify_steps yields after this many session lines (the restorer extends its lock).
+# verify_steps yields after at most this many session lines (the restorer extends its
+# lock), and after every CHUNK_BYTES of them.
 VERIFY_STEP_LINES: Final = 256
+# Pass 1 hashes the payload in chunks of at most this many lines, ending a chunk early
+# once its bytes pass CHUNK_BYTES (one longer line is a chunk alone); pass 2 buffers one
+# chunk (bounded memory), compares its hash and only then restores its sessions.
+CHUNK_LINES: Final = VERIFY_STEP_LINES
+CHUNK_BYTES: Final = 1024 * 1024
+
+
+def chunk_ends(count: int, chunk_bytes: int) -> bool:
+    """True when a chunk of ``count`` lines and ``chunk_bytes`` bytes is complete."""
+    return count >= CHUNK_LINES or chunk_bytes >= CHUNK_BYTES
 
 
 def verify_generation(
@@ -372,8 +476,9 @@ def verify_generation(
 def verify_steps(
     gen: GenerationFile, namespace: str, conv: ConversationConfig, max_bytes: int
 ) -> Generator[int, None, VerifiedGeneration | Rejection]:
-    """:func:`verify_generation` as a generator: yields the lines read so far every
-    :data:`VERIFY_STEP_LINES` lines, returns the verdict."""
+    """:func:`verify_generation` as a generator: yields the lines read so far at the end
+    of every chunk (:data:`VERIFY_STEP_LINES` lines, or :data:`CHUNK_BYTES`), returns
+    the verdict."""
     try:
         size = gen.path.stat().st_size
         # Integrity is per file against the hard ceiling: a generation written before
@@ -396,9 +501,20 @@ def verify_steps(
             ids: set[str] = set()
             count = 0
             problem: SnapshotValidationError | None = None
+            chunks: list[bytes] = []
+            chunk = hashlib.sha256()
+            chunk_lines = chunk_size = 0
             for line in read_lines(fh, header["payload_bytes"], sha):
                 count += 1
-                if count % VERIFY_STEP_LINES == 0:
+                chunk.update(line)
+                chunk_lines += 1
+                chunk_size += len(line)
+                if chunk_ends(chunk_lines, chunk_size):
+                    chunks.append(chunk.digest())
+                    chunk = hashlib.sha256()
+                    chunk_lines = chunk_size = 0
+                    # A step per chunk (lines or bytes): a file of few large sessions
+                    # also lets the restorer extend its lock while it is read.
                     yield count
                 if problem is not None:
                     continue  # keep hashing: a checksum mismatch names corruption best
@@ -419,7 +535,9 @@ def verify_steps(
                 return Rejection(problem.reason, problem.detail)
             if count != header["sessions"]:
                 return Rejection("corrupt", "session count does not match the header")
-            return VerifiedGeneration(gen, header)
+            if chunk_lines:
+                chunks.append(chunk.digest())
+            return VerifiedGeneration(gen, header, tuple(chunks))
     except SnapshotValidationError as exc:
         return Rejection(exc.reason, exc.detail)
     except FileNotFoundError:
@@ -435,6 +553,19 @@ def iter_generation(
 
     Raises :class:`SnapshotValidationError` if the file changed since pass 1.
     """
+    for session, _ in iter_generation_sized(verified):
+        yield session
+
+
+def iter_generation_sized(verified: VerifiedGeneration) -> Iterator[tuple[ValidatedSession, int]]:
+    """:func:`iter_generation` with each session's line size in bytes (restore progress).
+
+    With pass 1's chunk hashes (``verified.chunks``), each chunk of lines is read whole
+    (bounded: :data:`CHUNK_LINES` lines or :data:`CHUNK_BYTES`, or one longer line) and
+    hashed before any of its sessions is yielded: the same bytes as pass 1 validated are
+    not validated again; different bytes raise ``changed`` before anything of the chunk
+    is restored.  Without them every line is validated again as it is read.
+    """
     header = verified.header
     sha = hashlib.sha256()
     try:
@@ -443,17 +574,49 @@ def iter_generation(
         raise fail("vanished", "the file disappeared after it was verified") from None
     except OSError as exc:
         raise fail("unreadable", exc.strerror or str(exc)) from None
+    chunks = verified.chunks
     try:
         with fh:
             if read_header(fh, header["namespace"]) != header:
                 raise fail("changed", "the header changed since it was verified")
+            buffered: list[bytes] = []
+            chunk = hashlib.sha256()
+            chunk_size = index = 0
             for line in read_lines(fh, header["payload_bytes"], sha):
-                try:
-                    obj = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    raise fail("changed", "the payload changed since it was verified") from None
-                yield validate_session(obj, flush_walls=verified.flush_walls)
+                if not chunks:
+                    yield _parse_and_validate(line, verified.flush_walls), len(line)
+                    continue
+                buffered.append(line)
+                chunk.update(line)
+                chunk_size += len(line)
+                if chunk_ends(len(buffered), chunk_size):
+                    yield from _verified_chunk(buffered, chunk.digest(), chunks, index)
+                    index += 1
+                    buffered, chunk, chunk_size = [], hashlib.sha256(), 0
+            if buffered:
+                yield from _verified_chunk(buffered, chunk.digest(), chunks, index)
+                index += 1
+            if chunks and index != len(chunks):
+                raise fail("changed", "the payload changed since it was verified")
     except OSError as exc:
         raise fail("unreadable", exc.strerror or str(exc)) from None
     if sha.hexdigest() != header["payload_sha256"]:
         raise fail("changed", "the payload changed since it was verified")
+
+
+def _parse_and_validate(line: bytes, flush_walls: tuple[int, int]) -> ValidatedSession:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise fail("changed", "the payload changed since it was verified") from None
+    return validate_session(obj, flush_walls=flush_walls)
+
+
+def _verified_chunk(
+    lines: list[bytes], digest: bytes, chunks: tuple[bytes, ...], index: int
+) -> Iterator[tuple[ValidatedSession, int]]:
+    """The sessions of one chunk whose bytes pass 1 validated (else ``changed``)."""
+    if index >= len(chunks) or chunks[index] != digest:
+        raise fail("changed", "the payload changed since it was verified")
+    for line in lines:
+        yield _session_of(orjson.loads(line)), len(line)
