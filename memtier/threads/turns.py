@@ -1,10 +1,11 @@
 """The continue protocol, I/O-free: claim a turn, hand it to the runner, commit or abort.
 
 ``continue_`` claims the thread (``run_claim``: the per-request run record for exact
-retries and the per-thread lease that serializes turns), waits with bounded polls while
-another turn or its own first attempt runs, loads the history, writes the opening rows,
-then yields a :class:`~memtier.engine.Handoff` of the :class:`TurnState`: the shell runs
-the runner (with its emit, heartbeat, wall-clock limit and cancellation, see
+retries and the per-thread lease that serializes turns, the opening rows, the thread and
+its history in one call), waits with bounded polls while another turn or its own first
+attempt runs, reads any history beyond the claim's inline budget, then yields a
+:class:`~memtier.engine.Handoff` of the :class:`TurnState`: the shell runs the runner
+(with its emit, heartbeat, wall-clock limit and cancellation, see
 :mod:`memtier.threads.runturn`) and sends back its reply, or throws its error in.  The
 flow then commits the turn (``run_commit``) or closes it without committing anything
 (``run_abort``: the runner failed, was cancelled, or passed a shared run limit).
