@@ -273,6 +273,15 @@ def test_any_turns_and_lost_claim_replies_match_the_model(
     monkeypatch.setattr(turns_module, "_INLINE_HISTORY_BYTES", inline_bytes)
     runner = _ModelRunner()
     service = ConversationService(backend.sync_client(), backend.config(), runner=runner)
+    try:
+        _check_against_the_model(service, runner, steps)
+    finally:
+        service.close()
+
+
+def _check_against_the_model(
+    service: ConversationService, runner: _ModelRunner, steps: list[Any]
+) -> None:
     flaky = _LoseClaimReplies(service.scripts["run_claim"])
     service.scripts = _Scripts(service.scripts, flaky)  # type: ignore[assignment]
     tid = service.create(OWNER).id
