@@ -366,7 +366,10 @@ class _Heartbeats:
                 for key, (due, beat) in list(self._pending.items()):
                     if due <= now:
                         del self._pending[key]
-                        beat.start()  # under the lock: unschedule sees started or pending
+                        try:  # under the lock: unschedule sees started or pending
+                            beat.start()
+                        except RuntimeError:  # no thread to be had: the turn goes unbeaten
+                            continue  # (a long one then loses its lease: lease_lost)
                 if self._pending:
                     idle_since = None
                     self._wake_at = min(due for due, _ in self._pending.values())
@@ -425,8 +428,8 @@ def _run_in_thread(
             if wall is not None:
                 wall.cancel()
             stopped.set()
-            if not beats.unschedule(beat):
-                beat.join()
+            if not beats.unschedule(beat) and beat.ident is not None:
+                beat.join()  # it was started: wait for a beat in flight
 
 
 def create_conversation_service(
