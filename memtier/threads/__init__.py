@@ -61,13 +61,16 @@ no-op whatever the version.
 *continue.*  Entries form a tree (``parentId``); a thread's ``headId`` is the
 last entry of its most recent turn, where a continue without ``leafId``
 attaches; with ``leafId`` (a recorded branch ref) it forks there.  The
-protocol, all in Lua: ``run_claim`` atomically checks the request's run record
-and takes a per-thread lease (token, 30 s, renewed every 10 s by a heartbeat
-while the runner works); the runner gets the history rebuilt from durable
-entries along the chosen path; its events are appended live (batch numbers
-make a retried append a no-op); ``run_commit`` writes both entries, the
-closing events and the run result atomically and releases the lease, only if
-the token still holds it.  Hence:
+protocol, all in Lua: ``run_claim`` atomically checks the request's run record,
+takes a per-thread lease (token, 30 s, renewed every 10 s by a heartbeat while
+the runner works), writes the turn's opening rows (``agent_started``,
+``user_message``) and answers the thread and the history, rebuilt from durable
+entries along the chosen path (inline up to 1 MiB, the rest read by id); the
+runner's events are appended live (batch numbers make a retried append a
+no-op); ``run_commit`` writes both entries, the closing events and the run
+result atomically and releases the lease, only if the token still holds it.
+A successful turn is thus one round trip to claim, one per runner event and
+one to commit.  Hence:
 
 - two different continues never interleave: one holds the lease; the other
   waits up to ``busy_wait_s`` (5 s) and then fails ``thread_busy`` (409) with
@@ -112,7 +115,8 @@ read.  On write, messages, replies and titles go through
 
 *Retries.*  One layer (:mod:`memtier.retry`); every write script is replay-safe:
 create (fingerprint), branch (existing ref = no-op), archive (no-op), hold
-(idempotent), run_claim (own token), events_append (batch seq), run_commit
+(idempotent), run_claim (own token: a replay answers the same turn and ids and
+writes no second pair of opening rows), events_append (batch seq), run_commit
 (done record with our token), run_abort (token check); a ``delete`` carries
 one random token for all its attempts and records it in the owner's bounded
 recent-deletes set, so a retry whose first attempt's reply was lost reports

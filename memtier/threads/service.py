@@ -111,6 +111,7 @@ class ConversationService:
             client, load_registry("threads"), self.guard, self.retry_policy, handoff=self._run_turn
         )
         self.turns = ActiveTurns()  # turns running in this process (cancel_run, close)
+        self._beats = _Heartbeats()  # starts a turn's heartbeat thread once a beat is due
         self._in_flight = _InFlight()  # continue calls in flight (close waits for their ledgers)
 
     @property
@@ -131,7 +132,8 @@ class ConversationService:
 
     def _run_turn(self, state: TurnState) -> RunnerResult:
         """The plan's hand-off: run the runner for a claimed turn."""
-        return _run_in_thread(TurnControl(self.core, state), self.runner, self.executor, self.turns)
+        control = TurnControl(self.core, state)
+        return _run_in_thread(control, self.runner, self.executor, self.turns, self._beats)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -325,11 +327,72 @@ class _InFlight:
                 self._changed.wait(left)
 
 
+class _Heartbeats:
+    """Starts each turn's heartbeat thread only when its first beat is due (a third of the
+    lease after the turn started), from one waker thread per service that does no I/O:
+    a turn shorter than that -- the common case -- starts and joins no thread."""
+
+    _IDLE_S = 60.0  # the waker exits after this long with nothing scheduled
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._pending: dict[int, tuple[float, threading.Thread]] = {}
+        self._waker: threading.Thread | None = None
+        self._wake_at = 0.0  # when the waker wakes next (it is woken early only if needed)
+
+    def schedule(self, beat: threading.Thread, due: float) -> None:
+        with self._changed:
+            self._pending[id(beat)] = (due, beat)
+            if self._waker is None:
+                self._wake_at = due
+                self._waker = threading.Thread(
+                    target=self._wake, name="memtier-lease-waker", daemon=True
+                )
+                self._waker.start()
+            elif due < self._wake_at:  # dues only grow: only after an idle wait
+                self._wake_at = due
+                self._changed.notify()
+
+    def unschedule(self, beat: threading.Thread) -> bool:
+        """True when ``beat`` had not started (it never will); False: it runs, join it."""
+        with self._changed:
+            return self._pending.pop(id(beat), None) is not None
+
+    def _wake(self) -> None:
+        idle_since: float | None = None
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                for key, (due, beat) in list(self._pending.items()):
+                    if due <= now:
+                        del self._pending[key]
+                        try:  # under the lock: unschedule sees started or pending
+                            beat.start()
+                        except RuntimeError:  # no thread to be had: the turn goes unbeaten
+                            continue  # (a long one then loses its lease: lease_lost)
+                if self._pending:
+                    idle_since = None
+                    self._wake_at = min(due for due, _ in self._pending.values())
+                else:
+                    if idle_since is None:
+                        idle_since = now
+                    elif now - idle_since >= self._IDLE_S:
+                        self._waker = None
+                        return
+                    self._wake_at = idle_since + self._IDLE_S
+                self._changed.wait(max(0.0, self._wake_at - time.monotonic()))
+
+
 def _run_in_thread(
-    control: TurnControl, runner: ConversationRunner, executor: SyncExecutor, active: ActiveTurns
+    control: TurnControl,
+    runner: ConversationRunner,
+    executor: SyncExecutor,
+    active: ActiveTurns,
+    beats: _Heartbeats,
 ) -> RunnerResult:
-    """Run the runner in this thread; a heartbeat thread renews the lease, a timer enforces
-    the wall-clock limit, and an Event carries the cancellation to the runner."""
+    """Run the runner in this thread; a heartbeat thread renews the lease (started by
+    ``beats`` when the first beat is due), a timer enforces the wall-clock limit, and an
+    Event carries the cancellation to the runner."""
     emitting, cancelled, stopped = threading.Lock(), threading.Event(), threading.Event()
     control.stop = cancelled.set
 
@@ -340,13 +403,15 @@ def _run_in_thread(
                 control.check_emit(executor.execute(call, "emit"))
 
     def heartbeat() -> None:
-        while not stopped.wait(control.beat_interval):
+        while not stopped.is_set():
             try:
                 reply = executor.execute(control.renew_call(), "lease_renew")
             except Exception:  # a missed beat is retried at the next interval
-                continue
-            if not control.renewed(reply):
+                reply = None
+            if reply is not None and not control.renewed(reply):
                 return  # cancelled by the caller, or lost / deleted: the runner was told
+            if stopped.wait(control.beat_interval):
+                return
 
     beat = threading.Thread(target=heartbeat, name="memtier-lease", daemon=True)
     turn = RunnerTurn(**control.turn_fields(), emit=emit, cancelled=cancelled)
@@ -356,14 +421,15 @@ def _run_in_thread(
         wall.daemon = True
         wall.start()
     with control.running(active):
-        beat.start()
+        beats.schedule(beat, time.monotonic() + control.beat_interval)
         try:
             return runner(turn)
         finally:
             if wall is not None:
                 wall.cancel()
             stopped.set()
-            beat.join()
+            if not beats.unschedule(beat) and beat.ident is not None:
+                beat.join()  # it was started: wait for a beat in flight
 
 
 def create_conversation_service(

@@ -58,7 +58,7 @@ READ_EVENTS: Final = ScriptSpec(
 )
 RUN_CLAIM: Final = ScriptSpec(
     "run_claim",
-    keys=("thread", "runs", "lease", "parents", "events"),
+    keys=("thread", "runs", "lease", "parents", "events", "entries"),
     argv=(
         "marker",
         "request_id",
@@ -75,6 +75,12 @@ RUN_CLAIM: Final = ScriptSpec(
         "record",
         "tenant",
         "user",
+        "now_ms",
+        "started_head",
+        "started_tail",
+        "message_head",
+        "message_tail",
+        "inline_bytes",
         "n_meters",
     ),
 )

@@ -1,10 +1,11 @@
 """The continue protocol, I/O-free: claim a turn, hand it to the runner, commit or abort.
 
 ``continue_`` claims the thread (``run_claim``: the per-request run record for exact
-retries and the per-thread lease that serializes turns), waits with bounded polls while
-another turn or its own first attempt runs, loads the history, writes the opening rows,
-then yields a :class:`~memtier.engine.Handoff` of the :class:`TurnState`: the shell runs
-the runner (with its emit, heartbeat, wall-clock limit and cancellation, see
+retries and the per-thread lease that serializes turns, the opening rows, the thread and
+its history in one call), waits with bounded polls while another turn or its own first
+attempt runs, reads any history beyond the claim's inline budget, then yields a
+:class:`~memtier.engine.Handoff` of the :class:`TurnState`: the shell runs the runner
+(with its emit, heartbeat, wall-clock limit and cancellation, see
 :mod:`memtier.threads.runturn`) and sends back its reply, or throws its error in.  The
 flow then commits the turn (``run_commit``) or closes it without committing anything
 (``run_abort``: the runner failed, was cancelled, or passed a shared run limit).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -38,7 +39,7 @@ from memtier.threads.models import (
     Ownership,
     check_identity,
 )
-from memtier.threads.records import entry_from_json, entry_row, text, thread_of
+from memtier.threads.records import entry_from_json, entry_row, pairs, text, thread_from_fields
 from memtier.threads.runlimits import TurnBudget
 from memtier.threads.runner import AgentDenied, RunnerReply
 from memtier.threads.runoptions import validate_run_options
@@ -73,6 +74,9 @@ _POLL_FIRST_S: Final = 0.02  # first wait before re-trying a busy thread / in-fl
 _POLL_MAX_S: Final = 0.5  # ... doubling up to this
 _MAX_POLLS: Final = 2_000  # hard cap on claim attempts (300 s / 0.5 s plus the ramp)
 _ENTRIES_PER_TURN: Final = 2
+# History entries run_claim sends inline (the rest by HMGET): bounds the claim's reply and
+# the time Redis spends copying it; a typical thread fits whole.
+_INLINE_HISTORY_BYTES: Final = 1 * 2**20
 # Closing rows of a turn besides the runner's: agent_started, user_message,
 # assistant_message, agent_finished (or agent_denied / error).
 _SERVICE_EVENTS_PER_TURN: Final = 4
@@ -159,38 +163,57 @@ def continue_(
     if identity is not None:
         running["aid"] = identity.agent_id
     meters = core.run_limits.claim_args() if core.run_limits else (0,)
-    claim = thread_call(
-        RUN_CLAIM,
-        keys,
-        tail=meters[1:],
-        marker=MARKER,
-        request_id=rid,
-        token=token,
-        fingerprint=digest,
-        lease_ms=core.lease_ms,
-        leaf_id=leaf,
-        max_entries=limits.THREAD_MAX_ENTRIES,
-        turn_entries=_ENTRIES_PER_TURN,
-        max_events=limits.THREAD_MAX_EVENTS,
-        turn_events=_TURN_EVENTS,
-        max_bytes=limits.THREAD_MAX_BYTES,
-        turn_bytes=_TURN_BYTES,
-        record=dumps(running),
-        tenant=owner.tenant_id,
-        user=owner.user_id,
-        n_meters=meters[0],
-    )
+    # The opening rows go in with the claim (one round trip): their data is encoded here,
+    # cut at the one value only the claim knows (the base entry, the first entry id).
+    # The slot is unguessable (the attempt's token), and precedes any caller text.
+    slot = f"\x00{token}"
+    started_row: dict[str, Any] = {"requestId": rid, "leafId": slot}
+    if ledger_options is not None:
+        started_row["runOptions"] = ledger_options
+    if identity is not None:
+        started_row["agentId"] = identity.agent_id  # the ledger records who ran it
+    started_head, started_tail = _template(started_row, slot)
+    message_head, message_tail = _template(message_event(slot, content, truncated), slot)
+
+    def claim(now_ms: int) -> ScriptCall:
+        return thread_call(
+            RUN_CLAIM,
+            keys,
+            tail=meters[1:],
+            marker=MARKER,
+            request_id=rid,
+            token=token,
+            fingerprint=digest,
+            lease_ms=core.lease_ms,
+            leaf_id=leaf,
+            max_entries=limits.THREAD_MAX_ENTRIES,
+            turn_entries=_ENTRIES_PER_TURN,
+            max_events=limits.THREAD_MAX_EVENTS,
+            turn_events=_TURN_EVENTS,
+            max_bytes=limits.THREAD_MAX_BYTES,
+            turn_bytes=_TURN_BYTES,
+            record=dumps(running),
+            tenant=owner.tenant_id,
+            user=owner.user_id,
+            now_ms=now_ms,
+            started_head=started_head,
+            started_tail=started_tail,
+            message_head=message_head,
+            message_tail=message_tail,
+            inline_bytes=_INLINE_HISTORY_BYTES,
+            n_meters=meters[0],
+        )
+
     reply = yield from _claim(core, keys, claim)
     if int(reply[0]) == ThreadStatus.DONE:
         result = yield from _recorded_result(keys, thread_id, rid, text(reply[1]))
         return result
 
-    base, count, first = text(reply[1]), int(reply[2]), int(reply[3])
-    path = [text(x) for x in reply[4:]]
-    path.reverse()  # root first
-    raw_thread = yield Command("hgetall", (keys.thread,))
-    thread = thread_of(raw_thread, owner, thread_id)
-    history = yield from _load_entries(keys, path)
+    claimed = _claimed(reply)
+    thread = thread_from_fields(claimed.fields, owner, thread_id)
+    history = [_entry(value) for value in claimed.inline]
+    rest = yield from _load_entries(keys, claimed.path[len(history) :])
+    history += rest
     state = TurnState(
         owner=owner,
         keys=keys,
@@ -200,28 +223,17 @@ def continue_(
         message_truncated=truncated,
         request_id=rid,
         leaf_id=leaf or None,
-        base=base,
+        base=claimed.base,
         token=token,
         fingerprint=digest,
-        entry_count=count,
-        first_entry=first,
+        entry_count=claimed.count,
+        first_entry=claimed.first,
         run_options=options,
         stored_options=ledger_options,
         identity=identity,
         budget=None if core.run_limits is None else core.run_limits.budget(thread.usage),
     )
     started = core.monotonic()  # the wall-clock meter counts from here
-    started_row: dict[str, Any] = {"requestId": rid, "leafId": base or None}
-    if ledger_options is not None:
-        started_row["runOptions"] = ledger_options
-    if identity is not None:
-        started_row["agentId"] = identity.agent_id  # the ledger records who ran it
-    opening = [
-        ("agent_started", started_row),
-        ("user_message", message_event(f"e{first}", content, truncated)),
-    ]
-    reply = yield append_call(core, state, opening, seq=1)
-    check_append(reply)
 
     try:
         outcome = yield Handoff(state)
@@ -250,13 +262,16 @@ def continue_(
     return result
 
 
-def _claim(core: ThreadsCore, keys: ThreadKeys, claim: ScriptCall) -> Plan[Sequence[Any]]:
+def _claim(
+    core: ThreadsCore, keys: ThreadKeys, claim: Callable[[int], ScriptCall]
+) -> Plan[Sequence[Any]]:
     """``run_claim`` until it claims (OK) or finds the request done (DONE); bounded waits
-    while the thread is busy or the request's first attempt is still running."""
+    while the thread is busy or the request's first attempt is still running.  Each poll
+    is stamped with the clock of its own attempt (its opening rows' time)."""
     started = core.monotonic()
     delay = _POLL_FIRST_S
     for _ in range(_MAX_POLLS):
-        reply: Sequence[Any] = yield claim
+        reply: Sequence[Any] = yield claim(core.clock())
         status = int(reply[0])
         if status in (ThreadStatus.OK, ThreadStatus.DONE):
             return reply
@@ -269,6 +284,51 @@ def _claim(core: ThreadsCore, keys: ThreadKeys, claim: ScriptCall) -> Plan[Seque
             continue
         raise status_error(status, reply)
     raise status_error(ThreadStatus.THREAD_BUSY)
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    """run_claim's OK reply: the turn's place, the thread hash, the history path."""
+
+    base: str
+    count: int
+    first: int
+    fields: dict[str, str]
+    path: list[str]  # root -> base
+    inline: Sequence[Any]  # entry JSON of path[: len(inline)] (None: missing)
+
+
+def _claimed(reply: Sequence[Any]) -> _Claimed:
+    n_fields = int(reply[4])
+    at = 5 + n_fields
+    n_path = int(reply[at])
+    path = [text(x) for x in reply[at + 1 : at + 1 + n_path]]
+    inline = reply[at + 1 + n_path :]
+    if len(inline) > n_path:
+        raise ConversationError(Code.BACKEND_UNAVAILABLE, "run_claim: malformed reply")
+    return _Claimed(
+        base=text(reply[1]),
+        count=int(reply[2]),
+        first=int(reply[3]),
+        fields=pairs(reply[5:at]),
+        path=path,
+        inline=inline,
+    )
+
+
+def _template(row: Mapping[str, Any], slot: str) -> tuple[str, str]:
+    """``row``'s JSON cut around its ``slot`` value (the first occurrence: the slot's key
+    comes before any caller text): (before, after)."""
+    head, found, tail = dumps(row).partition(dumps(slot))
+    if not found:  # pragma: no cover - the row holds the slot
+        raise AssertionError("opening row template")
+    return head, tail
+
+
+def _entry(value: Any) -> ConversationEntry:
+    if value is None:  # the thread was deleted meanwhile
+        raise status_error(ThreadStatus.NOT_FOUND)
+    return entry_from_json(value)
 
 
 def _after_failure(core: ThreadsCore, state: TurnState, exc: Exception) -> Plan[ContinueResult]:
@@ -478,10 +538,7 @@ def _load_entries(keys: ThreadKeys, ids: Sequence[str]) -> Plan[list[Conversatio
     for start in range(0, len(ids), _HMGET_CHUNK):
         chunk = ids[start : start + _HMGET_CHUNK]
         values = yield Command("hmget", (keys.entries, *chunk))
-        for value in values:
-            if value is None:  # the thread was deleted meanwhile
-                raise status_error(ThreadStatus.NOT_FOUND)
-            entries.append(entry_from_json(value))
+        entries += [_entry(value) for value in values]
     return entries
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -104,6 +105,12 @@ def test_live_replay_while_a_turn_runs(make_service: MakeService) -> None:
     try:
         assert runner.entered.wait(60)
         page = service.replay(OWNER, tid)
+        # the opening rows are there once the runner runs; its own emit follows (bounded wait)
+        assert [r.type for r in page.records][:2] == ["agent_started", "user_message"]
+        deadline = time.monotonic() + 60
+        while len(page.records) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+            page = service.replay(OWNER, tid)
         assert [r.type for r in page.records] == ["agent_started", "user_message", "step"]
         assert not page.terminal and page.next_cursor  # the run is still writing
         idle = service.replay(OWNER, tid, cursor=page.next_cursor)

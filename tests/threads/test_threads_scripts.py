@@ -58,7 +58,7 @@ class Harness:
         record = json.dumps({"s": "running", "tok": token, "fp": kw.get("fp", "fp1"), "at": NOW})
         return self.run(
             "run_claim",
-            (k.thread, k.runs, k.lease, k.parents, k.events),
+            (k.thread, k.runs, k.lease, k.parents, k.events, k.entries),
             MARKER,
             request_id,
             token,
@@ -73,6 +73,13 @@ class Harness:
             kw.get("turn_bytes", 1000),
             record,
             *kw.get("owner", ("acme", "alice")),
+            NOW,
+            f'{{"requestId":"{request_id}","leafId":',
+            "}",
+            '{"entryId":',
+            ',"content":"hi"}',
+            kw.get("inline_bytes", 10**6),
+            0,
         )
 
     def commit(self, request_id: str = "r1", token: str = "tok1", count: int = 0) -> list[Any]:
@@ -108,6 +115,20 @@ class Harness:
         assert self.commit(request_id, token, count) == [S.OK]
 
 
+def split_claim(reply: list[Any]) -> tuple[list[Any], dict[str, str], list[str], list[Any]]:
+    """run_claim's OK reply: (status, base, count, first), thread hash, path, inline entries."""
+    n_fields = reply[4]
+    flat = reply[5 : 5 + n_fields]
+    n_path = reply[5 + n_fields]
+    path = reply[6 + n_fields : 6 + n_fields + n_path]
+    return (
+        reply[:4],
+        dict(zip(flat[::2], flat[1::2], strict=True)),
+        path,
+        reply[6 + n_fields + n_path :],
+    )
+
+
 @pytest.fixture
 def h(backend: Any) -> Harness:
     return Harness(backend)
@@ -125,7 +146,7 @@ def test_every_script_is_registered_with_its_key_count() -> None:
         "read_events": 3,
         "run_abort": 4,
         "run_cancel": 4,
-        "run_claim": 5,
+        "run_claim": 6,
         "run_commit": 6,
     }
 
@@ -231,11 +252,31 @@ def test_run_claim_outcomes(h: Harness) -> None:
     assert h.claim("r2", "t2", max_entries=3) == [S.LIMIT_EXCEEDED, "entries"]
     assert h.claim("r2", "t2", max_events=10) == [S.LIMIT_EXCEEDED, "events"]
     assert h.claim("r2", "t2", max_bytes=10, turn_bytes=100) == [S.LIMIT_EXCEEDED, "bytes"]
+    rows_before = h.client.xlen(h.keys.events)
     claimed = h.claim("r2", "t2")
-    # base, count, first entry number (from the never-reused id sequence), path base -> root
-    assert claimed == [S.OK, "e2", 2, 3, "e2", "e1"]
-    replayed = h.claim("r2", "t2")  # a replay of our own claim: the same turn, fresh ids
-    assert replayed[:3] == claimed[:3] and replayed[3] == 5 and replayed[4:] == claimed[4:]
+    # base, count, first entry number (from the never-reused id sequence), the thread hash,
+    # the path root -> base, then the path's entries inline (root first)
+    head, fields, path, inline = split_claim(claimed)
+    assert head == [S.OK, "e2", 2, 3]
+    assert fields["eidseq"] == "4" and fields["eseq"] == "1" and fields["marker"] == MARKER
+    assert path == ["e1", "e2"]
+    assert [json.loads(x)["id"] for x in inline] == ["e1", "e2"]
+    # the opening rows (emit batch 1), their data filled in with the base and the first id
+    rows = h.client.xrange(h.keys.events)[rows_before:]
+    assert [(r[1][b"type"], json.loads(r[1][b"data"])) for r in rows] == [
+        (b"agent_started", {"requestId": "r2", "leafId": "e2"}),
+        (b"user_message", {"entryId": "e3", "content": "hi"}),
+    ]
+    assert int(fields["bytes"]) == int(h.fields()["bytes"])
+    # a replay of our own claim (its reply was lost): the same turn, the same ids, and the
+    # opening rows are not written twice
+    replayed = h.claim("r2", "t2")
+    assert replayed == claimed
+    assert h.client.xlen(h.keys.events) == rows_before + 2
+    # the inline history stops at inline_bytes (the caller reads the rest by id)
+    _, _, path_again, part = split_claim(h.claim("r2", "t2", inline_bytes=20))
+    assert path_again == path and len(part) == 1
+    assert split_claim(h.claim("r2", "t2", inline_bytes=0))[3] == []
     assert h.claim("r2", "t3") == [S.REQUEST_IN_PROGRESS]  # a duplicate while it runs
     assert h.claim("r3", "t4") == [S.THREAD_BUSY]  # another request while it runs
     h.client.delete(h.keys.lease)  # the first attempt died: its lease expired
@@ -261,20 +302,24 @@ def test_events_append_and_lease_renew(h: Harness) -> None:
     h.create()
     h.claim("r1", "t1")
     assert h.run("events_append", ev, MARKER, "bad", 1, 30000, NOW, "r1", 0) == [S.LEASE_LOST]
+    # run_claim wrote the opening rows (batch 1, ids NOW-0 and NOW-1): the runner's are 2, 3...
+    assert h.run("events_append", ev, MARKER, "t1", 1, 30000, NOW, "r1", 1, "a", "{}") == [
+        S.EXISTED
+    ]
     appended = h.run(
-        "events_append", ev, MARKER, "t1", 1, 30000, NOW, "r1", 2, "a", "{}", "b", "{}"
+        "events_append", ev, MARKER, "t1", 2, 30000, NOW, "r1", 2, "a", "{}", "b", "{}"
     )
-    assert appended[0] == S.OK and appended[1] == f"{NOW}-1"
-    again = h.run("events_append", ev, MARKER, "t1", 1, 30000, NOW, "r1", 1, "a", "{}")
-    assert again == [S.EXISTED]  # batch seq 1 already applied
-    assert h.client.xlen(k.events) == 2
+    assert appended[0] == S.OK and appended[1] == f"{NOW}-3"
+    again = h.run("events_append", ev, MARKER, "t1", 2, 30000, NOW, "r1", 1, "a", "{}")
+    assert again == [S.EXISTED]  # batch seq 2 already applied
+    assert h.client.xlen(k.events) == 4
     # a clock that went backwards still appends after the newest row
-    later = h.run("events_append", ev, MARKER, "t1", 2, 30000, NOW - 5000, "r1", 1, "c", "{}")
-    assert later[1] == f"{NOW}-2"
+    later = h.run("events_append", ev, MARKER, "t1", 3, 30000, NOW - 5000, "r1", 1, "c", "{}")
+    assert later[1] == f"{NOW}-4"
     assert h.run("lease_renew", (k.thread, k.lease), MARKER, "t1", 30000) == [S.OK]
     assert h.run("lease_renew", (k.thread, k.lease), MARKER, "zz", 30000) == [S.LEASE_LOST]
     with pytest.raises(ScriptError):
-        h.run("events_append", ev, MARKER, "t1", 3, 30000, NOW, "r1", 2, "only-one", "{}")
+        h.run("events_append", ev, MARKER, "t1", 4, 30000, NOW, "r1", 2, "only-one", "{}")
 
 
 def test_run_commit_outcomes(h: Harness) -> None:
@@ -289,7 +334,7 @@ def test_run_commit_outcomes(h: Harness) -> None:
     assert (fields["entries"], fields["head"]) == ("2", "e2")
     assert h.client.exists(h.keys.lease) == 0
     assert h.client.hget(h.keys.parents, "e2") == b"e1"
-    assert h.client.xlen(h.keys.events) == 1
+    assert h.client.xlen(h.keys.events) == 3  # the claim's 2 opening rows + 1
 
 
 def test_run_abort_outcomes(h: Harness) -> None:
@@ -318,8 +363,15 @@ def test_read_events(h: Harness) -> None:
     reply = h.run("read_events", read, MARKER, "-", 10, *OWNER)
     assert reply[:3] == [S.OK, 1, ""]  # the newest row is not a redacted one
     rows = [reply[3 + 5 * i : 8 + 5 * i] for i in range((len(reply) - 3) // 5)]
-    assert [(r[1], r[3], r[4]) for r in rows] == [("agent_finished", "r1", "1"), ("raw", "", "")]
-    after = h.run("read_events", read, MARKER, "(" + rows[0][0], 10, *OWNER)
+    assert [(r[1], r[3], r[4]) for r in rows] == [
+        ("agent_started", "r1", "1"),
+        ("user_message", "r1", "1"),
+        ("agent_finished", "r1", "1"),
+        ("agent_started", "r2", "1"),
+        ("user_message", "r2", "1"),
+        ("raw", "", ""),
+    ]
+    after = h.run("read_events", read, MARKER, "(" + rows[-2][0], 10, *OWNER)
     assert after[4] == "raw" and len(after) == 8
     assert h.run("read_events", read, MARKER, "(0-0", 1, *OWNER)[3] == rows[0][0]
     with pytest.raises(ScriptError):

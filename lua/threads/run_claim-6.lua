@@ -1,7 +1,9 @@
 #!lua
 --[[
   Claim one continue turn on a thread: the per-request run record (idempotency) and the
-  per-thread lease (serialization) in one step, plus the history path for the runner.
+  per-thread lease (serialization) in one step, the turn's opening ledger rows, and what
+  the runner needs (the thread hash and its history along the chosen branch), so that a
+  successful continue costs one call here and one run_commit (plus the runner's emits).
 
   Input:
     KEYS[1] thread    thread hash T:t:<thread_id>
@@ -9,6 +11,7 @@
     KEYS[3] lease     lease string T:l:<thread_id>: token of the run holding the thread
     KEYS[4] parents   parents hash T:p:<thread_id>: entry id -> parent entry id ("" = root)
     KEYS[5] events    events stream T:v:<thread_id>
+    KEYS[6] entries   entries hash T:e:<thread_id>: entry id -> entry JSON
     ARGV[1]  marker           thread marker
     ARGV[2]  request_id       idempotency key of this continue
     ARGV[3]  token            random token of this attempt (CSPRNG)
@@ -25,7 +28,14 @@
     ARGV[13] record           run record JSON {"s":"running","tok":token,"fp":...,"at":ms}
     ARGV[14] tenant           owner tenant id (checked against the row before any write)
     ARGV[15] user             owner user id
-    ARGV[16] n_meters         shared run limits with a per-thread cap (0 = none)
+    ARGV[16] now_ms           wall clock, ms (ids of the opening rows: see thread_xadd)
+    ARGV[17] started_head     agent_started row data JSON (redacted) up to its leafId value
+    ARGV[18] started_tail     ... and after it: data = head .. (base as JSON) .. tail
+    ARGV[19] message_head     user_message row data JSON (redacted) up to its entryId value
+    ARGV[20] message_tail     ... and after it: data = head .. "e<first>" .. tail
+    ARGV[21] inline_bytes     history entries sent inline up to this many bytes (the rest
+                              by id, for the caller's HMGET): bounds this call's reply
+    ARGV[22] n_meters         shared run limits with a per-thread cap (0 = none)
     then n_meters pairs       meter name, per-thread cap: the turn is refused when the
                               thread's counter "use.<meter>" already reached the cap
 
@@ -40,24 +50,28 @@
     { -6, what }               LIMIT_EXCEEDED: "entries" | "events" | "bytes" would pass a cap,
                                or "run:<meter>": the thread's shared run limit is used up
     { -7 }                     THREAD_BUSY: another request's run holds the lease
-    { 0, base, count, first, id... }
+    { 0, base, count, first, n_fields, field, value, ..., n_path, id..., entry... }
                                OK: claimed; base = entry the turn hangs off ("" = none);
                                count = entries so far; first = the number of the turn's first
                                entry id ("e<first>", then "e<first+1>"): allocated from the
                                thread's entry-id sequence, never reused even when a turn fails;
-                               ids = path base -> root (bounded by count)
+                               then the thread hash after the claim (n_fields strings, HGETALL);
+                               then the path root -> base (n_path ids, bounded by count);
+                               then the JSON of the first path entries, root first, while they
+                               fit in inline_bytes (a missing entry: nil)
     A record whose token no longer holds the lease (its process died; the lease expired)
     is abandoned and claimed again.  A "cancelled" record is a finished cancellation: the
     same request id runs again as a new run (any message).  A replay of our own claim (same
-    token) claims again (OK).
+    token, still holding the lease: the first attempt's reply was lost) answers the same
+    turn (same first) and writes nothing again.
 
-  Side effects: lease SET PX lease_ms; run record; eseq reset (emit batches of this run);
-  eidseq advanced by turn_entries.
+  Side effects: lease SET PX lease_ms; run record; the two opening rows agent_started and
+  user_message (emit batch 1: eseq = 1; bytes counter); eidseq advanced by turn_entries.
 ]]
 --- @include "thread_common"
 
-local thread_key, runs_key, lease_key, parents_key, events_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local thread_key, runs_key, lease_key, parents_key, events_key, entries_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local marker, request_id, token, fingerprint = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local lease_ms = thread_int(ARGV[5])
 local leaf_id = ARGV[6]
@@ -66,12 +80,17 @@ local max_events, turn_events = thread_int(ARGV[9]), thread_int(ARGV[10])
 local max_bytes, turn_bytes = thread_int(ARGV[11]), thread_int(ARGV[12])
 local record = ARGV[13]
 local tenant, user = ARGV[14], ARGV[15]
-local n_meters = thread_int(ARGV[16] or '0')
-if not n_meters or #ARGV ~= 16 + 2 * n_meters and not (n_meters == 0 and #ARGV == 15) then
+local now_ms = ARGV[16]
+local started_head, started_tail = ARGV[17], ARGV[18]
+local message_head, message_tail = ARGV[19], ARGV[20]
+local inline_bytes = thread_int(ARGV[21])
+local n_meters = thread_int(ARGV[22])
+if not n_meters or #ARGV ~= 22 + 2 * n_meters then
   return redis.error_reply('memtier: run_claim: malformed ARGV (meters)')
 end
 if not (lease_ms and max_entries and turn_entries and max_events and turn_events
-        and max_bytes and turn_bytes) or lease_ms == 0 or request_id == '' or token == '' then
+        and max_bytes and turn_bytes and inline_bytes and thread_int(now_ms))
+    or lease_ms == 0 or request_id == '' or token == '' then
   return redis.error_reply('memtier: run_claim: malformed ARGV')
 end
 
@@ -129,7 +148,7 @@ if bytes + turn_bytes > max_bytes then
   return { -6, 'bytes' }
 end
 for i = 0, n_meters - 1 do
-  local meter, cap = ARGV[17 + 2 * i], tonumber(ARGV[18 + 2 * i])
+  local meter, cap = ARGV[23 + 2 * i], tonumber(ARGV[24 + 2 * i])
   local used = tonumber(rcall('HGET', thread_key, 'use.' .. meter)) or 0
   if used >= cap then
     return { -6, 'run:' .. meter }
@@ -139,23 +158,67 @@ if holder and holder ~= token then
   return { -7 }
 end
 
+-- Our own claim replayed while it still holds the lease: the first attempt ran in full
+-- (this script is atomic), so its opening rows already name the turn's entry ids.
+local reclaimed = own_replay and holder == token
 rcall('SET', lease_key, token, 'PX', lease_ms)
 rcall('HSET', runs_key, request_id, record)
-if not own_replay then
-  rcall('HSET', thread_key, 'eseq', 0)
-end
 
 -- Entry ids come from a sequence that only grows ("eidseq"; threads written before it
 -- existed start from their entry count): an aborted or denied turn's ids stay unused.
-local first = (tonumber(rcall('HGET', thread_key, 'eidseq')) or count) + 1
-rcall('HSET', thread_key, 'eidseq', first + turn_entries - 1)
+local first
+if reclaimed then
+  first = tonumber(rcall('HGET', thread_key, 'eidseq')) - turn_entries + 1
+else
+  first = (tonumber(rcall('HGET', thread_key, 'eidseq')) or count) + 1
+  -- The opening rows (emit batch 1), as events_append writes them.  Entry ids match
+  -- [A-Za-z0-9_.-]: quoted as they are, they are JSON strings.
+  local leaf_json = 'null'
+  if base and base ~= '' then
+    leaf_json = '"' .. base .. '"'
+  end
+  local started = started_head .. leaf_json .. started_tail
+  local message = message_head .. '"e' .. first .. '"' .. message_tail
+  thread_xadd(events_key, now_ms, 'agent_started', started, request_id)
+  thread_xadd(events_key, now_ms, 'user_message', message, request_id)
+  rcall('HSET', thread_key, 'eidseq', first + turn_entries - 1, 'eseq', 1)
+  rcall('HINCRBY', thread_key, 'bytes', 13 + #started + 12 + #message)
+end
 
 local reply = { 0, base, count, first }
+local hash = rcall('HGETALL', thread_key)
+reply[#reply + 1] = #hash
+for i = 1, #hash do
+  reply[#reply + 1] = hash[i]
+end
+local path = {}
 local cursor = base
-local steps = 0
-while cursor and cursor ~= '' and steps < count do  -- a path is never longer than count
-  reply[#reply + 1] = cursor
+while cursor and cursor ~= '' and #path < count do  -- a path is never longer than count
+  path[#path + 1] = cursor
   cursor = rcall('HGET', parents_key, cursor)
-  steps = steps + 1
+end
+reply[#reply + 1] = #path
+for i = #path, 1, -1 do
+  reply[#reply + 1] = path[i]
+end
+-- The history inline, root first, while it fits (HMGET in chunks: bounded arguments).
+local sent, i = 0, #path
+while i >= 1 and sent < inline_bytes do
+  local chunk = {}
+  for j = i, math.max(1, i - 499), -1 do
+    chunk[#chunk + 1] = path[j]
+  end
+  local values = rcall('HMGET', entries_key, unpack(chunk))
+  for j = 1, #chunk do
+    local value = values[j]
+    if value then
+      if sent + #value > inline_bytes then
+        return reply
+      end
+      sent = sent + #value
+    end
+    reply[#reply + 1] = value
+  end
+  i = i - #chunk
 end
 return reply

@@ -1,0 +1,336 @@
+"""Issue 12 (threads): what one operation costs in round trips, and that the merged claim
+keeps every promise of the continue protocol.
+
+* A successful continue with the echo runner is three requests: ``run_claim`` (lease, run
+  record, the two opening rows, the thread hash and the history inline), the runner's
+  ``events_append`` and ``run_commit``; the same whatever the history's length.
+* A replay page is one ``read_events``; an export one ``HGETALL`` plus one
+  ``read_events`` per page: constant per page, never per row.
+* A generated adversary (any messages, outcomes, branches, lost claim replies, a history
+  too long to send inline) against a reference model of the thread: the runner sees the
+  exact branch path, the ledger names the right base and entry ids, no opening row is
+  written twice, and entry ids stay unique.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis.exceptions
+import threadfixtures
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from threadfixtures import Service
+from threadhelpers import OWNER
+
+from memtier.engine import Batch, Command, Handoff, ScriptCall
+from memtier.errors import ConversationError
+from memtier.threads import AgentDenied, ConversationService, RunnerEvent, RunnerReply, RunnerTurn
+from memtier.threads import turns as turns_module
+
+make_service = threadfixtures.make_service
+service = threadfixtures.service
+make_sync_service = threadfixtures.make_sync_service
+
+MakeService = Callable[..., Service]
+
+
+def _name(request: Any) -> str:
+    if isinstance(request, ScriptCall):
+        return request.script
+    if isinstance(request, Command):
+        return request.method
+    if isinstance(request, Batch):
+        return "batch"
+    if isinstance(request, Handoff):
+        return "handoff"
+    return type(request).__name__
+
+
+def count_requests(service: Any) -> list[str]:
+    """Record every request the service's executor performs (either API), by name; a
+    hand-off to the runner is listed as ``handoff`` (no round trip)."""
+    executor = getattr(service, "async_service", service).executor
+    seen: list[str] = []
+    original = executor.execute
+    if inspect.iscoroutinefunction(original):
+
+        async def execute_async(request: Any, operation: str | None = None) -> Any:
+            seen.append(_name(request))
+            return await original(request, operation)
+
+        executor.execute = execute_async
+    else:
+
+        def execute(request: Any, operation: str | None = None) -> Any:
+            seen.append(_name(request))
+            return original(request, operation)
+
+        executor.execute = execute
+    return seen
+
+
+def round_trips(seen: list[str]) -> list[str]:
+    return [name for name in seen if name != "handoff"]
+
+
+# --- continue -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("earlier_turns", [0, 1, 12])
+def test_a_successful_echo_continue_is_claim_emit_commit(
+    make_service: MakeService, earlier_turns: int
+) -> None:
+    service = make_service(cursor_secret="s" * 32)
+    tid = service.create(OWNER).id
+    for i in range(earlier_turns):
+        service.continue_(OWNER, tid, f"m{i}")
+    seen = count_requests(service)
+    result = service.continue_(OWNER, tid, "hello")
+    assert round_trips(seen) == ["run_claim", "events_append", "run_commit"]
+    assert "handoff" in seen
+    # the runner saw the whole history (the echo says how long it was)
+    assert result.entries[1].content == f"echo ({2 * earlier_turns} earlier entries): hello"
+    # and the ledger holds the opening rows in order, with the claim's ids
+    records = service.replay(OWNER, tid).records
+    rows = [r for r in records if r.request_id == result.request_id]
+    assert [r.type for r in rows] == [
+        "agent_started",
+        "user_message",
+        "echo.reply",
+        "assistant_message",
+        "agent_finished",
+    ]
+    base = f"e{2 * earlier_turns}" if earlier_turns else None
+    assert rows[0].data["leafId"] == base
+    assert rows[1].data == {"entryId": result.entries[0].id, "content": "hello"}
+
+
+def test_a_runner_without_events_costs_two_round_trips(make_service: MakeService) -> None:
+    service = make_service(runner=lambda turn: RunnerReply("ok"))
+    tid = service.create(OWNER).id
+    service.continue_(OWNER, tid, "first")
+    seen = count_requests(service)
+    service.continue_(OWNER, tid, "second")
+    assert round_trips(seen) == ["run_claim", "run_commit"]
+
+
+def test_a_history_beyond_the_inline_budget_is_read_by_id(
+    make_service: MakeService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = make_service()
+    tid = service.create(OWNER).id
+    for i in range(3):
+        service.continue_(OWNER, tid, f"m{i}")
+    monkeypatch.setattr(turns_module, "_INLINE_HISTORY_BYTES", 200)  # about one entry
+    seen = count_requests(service)
+    result = service.continue_(OWNER, tid, "late")
+    assert round_trips(seen) == ["run_claim", "hmget", "events_append", "run_commit"]
+    assert result.entries[1].content == "echo (6 earlier entries): late"
+
+
+def test_a_turn_longer_than_its_lease_is_kept_alive_by_heartbeats(
+    make_service: MakeService,
+) -> None:
+    # The lease is 1 s; the runner takes 2.5 s: only renewals keep run_commit's lease.
+    def slow(turn: RunnerTurn) -> RunnerReply:
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline and not turn.cancelled.is_set():
+            time.sleep(0.05)
+        return RunnerReply("slow reply")
+
+    service = make_service(runner=slow, lease_ms=1_000, busy_wait_s=0)
+    other = make_service(lease_ms=1_000, busy_wait_s=0)
+    tid = service.create(OWNER).id
+    outcome: list[Any] = []
+    worker = threading.Thread(target=lambda: outcome.append(service.continue_(OWNER, tid, "go")))
+    worker.start()
+    time.sleep(1.8)  # past the first lease: still held, by renewals
+    with pytest.raises(ConversationError) as busy:
+        other.continue_(OWNER, tid, "meanwhile")
+    assert busy.value.code == "thread_busy"
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    assert outcome and outcome[0].entries[1].content == "slow reply"
+
+
+def test_short_turns_start_no_heartbeat_thread(make_sync_service: MakeService) -> None:
+    service = make_sync_service()
+    tid = service.create(OWNER).id
+    before = {t.ident for t in threading.enumerate() if t.name == "memtier-lease"}
+    for i in range(20):
+        service.continue_(OWNER, tid, f"m{i}")
+    started = {t.ident for t in threading.enumerate() if t.name == "memtier-lease"} - before
+    assert started == set()
+
+
+# --- replay and export pages ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("turns", [1, 30])
+def test_replay_and_export_pages_cost_the_same_whatever_their_rows(
+    make_service: MakeService, turns: int
+) -> None:
+    service = make_service(cursor_secret="s" * 32)
+    tid = service.create(OWNER).id
+    for i in range(turns):
+        service.continue_(OWNER, tid, f"m{i}")
+    seen = count_requests(service)
+    page = service.replay(OWNER, tid, limit=100)
+    assert len(page.records) == min(5 * turns, 100) and round_trips(seen) == ["read_events"]
+    seen.clear()
+    first = service.replay(OWNER, tid, limit=4)
+    assert round_trips(seen) == ["read_events"] and first.next_cursor
+    seen.clear()
+    service.replay(OWNER, tid, cursor=first.next_cursor, limit=4)
+    assert round_trips(seen) == ["read_events"]
+    seen.clear()
+    exported = service.export(OWNER, tid)
+    assert len(exported.events) == 5 * turns
+    pages = -(-5 * turns // 100)  # replay_page_rows = 100 rows per page
+    assert round_trips(seen) == ["hgetall"] + ["read_events"] * pages
+
+
+# --- a generated adversary against a reference model ----------------------------------------------
+
+_MESSAGES = st.text(
+    alphabet=st.sampled_from(
+        ['"', "\\", "\x00", "\x01", "a", "é", "💥", " ", "}", "{", "/", "e", "1"]
+    ),
+    min_size=1,
+    max_size=12,
+).filter(lambda s: bool(s.replace("\x00", "").replace("\x01", "").strip()))
+_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["ok", "ok", "fail", "deny"]),
+        _MESSAGES,
+        st.booleans(),  # the first claim's reply is lost (its retry replays our own claim)
+        st.integers(min_value=-1, max_value=6),  # continue from the n-th committed reply
+    ),
+    min_size=1,
+    max_size=7,
+)
+
+
+class _ModelRunner:
+    """Records what each turn saw; fails or denies on request."""
+
+    def __init__(self) -> None:
+        self.outcome = "ok"
+        self.seen: list[tuple[str, ...]] = []
+
+    def __call__(self, turn: RunnerTurn) -> RunnerReply:
+        self.seen.append(tuple(e.id for e in turn.history))
+        turn.emit(RunnerEvent("model.step", {"n": len(turn.history)}))
+        if self.outcome == "fail":
+            raise RuntimeError("model exploded")
+        if self.outcome == "deny":
+            raise AgentDenied("no")
+        return RunnerReply(f"reply to {turn.message}")
+
+
+class _LoseClaimReplies:
+    """Wraps run_claim: when ``lose`` is set, its next call runs in Redis and then raises a
+    connection error (the reply was lost): the executor's retry replays our own claim."""
+
+    def __init__(self, script: Any) -> None:
+        self.script, self.lose, self.lost = script, False, 0
+
+    def __call__(self, client: Any, keys: Any, args: Any) -> Any:
+        if self.lose:
+            self.lose = False
+            self.script(client, keys, args)
+            self.lost += 1
+            raise redis.exceptions.ConnectionError("connection reset (injected)")
+        return self.script(client, keys, args)
+
+
+class _Scripts:
+    def __init__(self, registry: Any, wrapper: Any) -> None:
+        self.registry, self.wrapper = registry, wrapper
+
+    def __getitem__(self, name: str) -> Any:
+        return self.wrapper if name == "run_claim" else self.registry[name]
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.registry, attr)
+
+
+@pytest.mark.parametrize("inline_bytes", [1 << 20, 150])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=_STEPS)
+@example(steps=[("ok", "a", True, -1), ("ok", '"}\\', True, -1)])  # lost replies, JSON text
+@example(steps=[("ok", "a", False, -1), ("fail", "b", True, 0), ("ok", "c", False, 0)])
+@example(steps=[("deny", "x", True, -1), ("ok", "y", False, -1), ("ok", "z", True, 0)])
+def test_any_turns_and_lost_claim_replies_match_the_model(
+    backend: Any, monkeypatch: pytest.MonkeyPatch, inline_bytes: int, steps: list[Any]
+) -> None:
+    monkeypatch.setattr(turns_module, "_INLINE_HISTORY_BYTES", inline_bytes)
+    runner = _ModelRunner()
+    service = ConversationService(backend.sync_client(), backend.config(), runner=runner)
+    try:
+        _check_against_the_model(service, runner, steps)
+    finally:
+        service.close()
+
+
+def _check_against_the_model(
+    service: ConversationService, runner: _ModelRunner, steps: list[Any]
+) -> None:
+    flaky = _LoseClaimReplies(service.scripts["run_claim"])
+    service.scripts = _Scripts(service.scripts, flaky)  # type: ignore[assignment]
+    tid = service.create(OWNER).id
+    parent: dict[str, str | None] = {}  # the model: committed entry -> its parent
+    head: str | None = None
+    replies: list[str] = []  # committed assistant entries, in order
+    expected_rows: list[tuple[str, Any]] = []
+    for outcome, message, lose, from_reply in steps:
+        runner.outcome = outcome
+        flaky.lose = lose
+        leaf = replies[from_reply] if 0 <= from_reply < len(replies) else None
+        if leaf is not None:
+            service.branch(OWNER, tid, leaf)  # a recorded ref (again: no change)
+        base = leaf or head
+        path: list[str] = []
+        cursor = base
+        while cursor is not None:
+            path.append(cursor)
+            cursor = parent[cursor]
+        path.reverse()
+        try:
+            result = service.continue_(OWNER, tid, message, leaf_id=leaf)
+        except ConversationError as exc:
+            assert outcome == "fail" and exc.code == "runner_failed"
+            result = None
+        assert runner.seen[-1] == tuple(path)  # the runner saw exactly the branch path
+        user_id = None
+        if result is not None and result.entries:
+            user, assistant = result.entries
+            user_id = user.id
+            assert (user.parent_id, assistant.parent_id) == (base, user.id)
+            assert user.id not in parent and assistant.id not in parent  # ids never reused
+            parent[user.id], parent[assistant.id] = base, user.id
+            replies.append(assistant.id)
+            head = assistant.id
+        expected_rows.append(("agent_started", base))
+        expected_rows.append(("user_message", user_id))
+    assert flaky.lost == sum(1 for s in steps if s[2])
+    records = service.replay(OWNER, tid).records
+    opening = [r for r in records if r.type in ("agent_started", "user_message")]
+    # one pair of opening rows per turn (a replayed claim writes none), naming the base
+    assert len(opening) == 2 * len(steps)
+    for (etype, expected), record in zip(expected_rows, opening, strict=True):
+        assert record.type == etype
+        if etype == "agent_started":
+            assert record.data["leafId"] == expected
+        elif expected is not None:
+            assert record.data["entryId"] == expected  # the committed user entry's id
+    announced = [r.data["entryId"] for r in opening if r.type == "user_message"]
+    assert len(set(announced)) == len(announced)  # never two messages under one id
+    thread = service.get(OWNER, tid)
+    assert thread.head_id == head
