@@ -85,11 +85,12 @@ class PipelineBounds:
 
 
 class _Call:
-    __slots__ = ("future", "packed")
+    __slots__ = ("future", "packed", "replies")
 
-    def __init__(self, packed: Sequence[bytes], future: asyncio.Future[Any]) -> None:
+    def __init__(self, packed: Sequence[bytes], future: asyncio.Future[Any], replies: int) -> None:
         self.packed = packed
         self.future = future
+        self.replies = replies  # 1, or MULTI ... EXEC: +OK, +QUEUED per command, the EXEC
 
 
 class _Batch:
@@ -161,8 +162,9 @@ class AutoPipeline:
             self._packer = self.pool.connection_class(**self.pool.connection_kwargs)
         return list(self._packer.pack_command(*args))
 
-    def submit(self, packed: Sequence[bytes]) -> asyncio.Future[Any]:
-        """Queue ``packed`` (one command) in this tick's batch; the future gets its reply."""
+    def submit(self, packed: Sequence[bytes], replies: int = 1) -> asyncio.Future[Any]:
+        """Queue ``packed`` (one command, or a whole ``MULTI`` ... ``EXEC`` of ``replies``
+        replies) in this tick's batch; the future gets its (the ``EXEC``'s) reply."""
         loop = asyncio.get_running_loop()
         size = sum(len(chunk) for chunk in packed)
         batch, bounds = self._open, self.bounds
@@ -177,7 +179,7 @@ class AutoPipeline:
             self._sending.add(task)
             task.add_done_callback(functools.partial(self._ended, batch))
         future: asyncio.Future[Any] = loop.create_future()
-        batch.calls.append(_Call(packed, future))
+        batch.calls.append(_Call(packed, future, replies))
         batch.size += size
         return future
 
@@ -218,12 +220,23 @@ class AutoPipeline:
             self.batches += 1
             self.calls += len(calls)
             for call in calls:
+                # A transaction's queueing replies first: a refused command (its whole
+                # error read) aborts the EXEC, and that first refusal is the call's error.
+                refused: ResponseError | None = None
+                for _ in range(call.replies - 1):
+                    try:
+                        await conn.read_response()
+                    except ResponseError as exc:
+                        refused = refused or exc
                 try:
                     reply = await conn.read_response()
                 except ResponseError as exc:  # a whole error reply: only this call fails
-                    _settle(call, error=exc)
+                    _settle(call, error=refused or exc)
                 else:
-                    _settle(call, reply)
+                    if refused is None:
+                        _settle(call, reply)
+                    else:  # pragma: no cover - EXEC aborts after a refusal
+                        _settle(call, error=refused)
                 answered += 1
         except BaseException as exc:
             # A lost connection or a timeout: replies still unread would answer the next

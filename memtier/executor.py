@@ -408,13 +408,21 @@ class AsyncExecutor:
         call = tx.script
         script = self.scripts[call.script]
         client, keys, args, reads = self.client, call.keys, call.args, tx.reads
+        # Standalone: the transaction rides the loop tick's auto-pipelined batch.
+        pipeline = self.pipeline_for(client) if isinstance(script, LuaScript) else None
+        packed: list[bytes] = []
+
+        def send() -> Awaitable[list[Any]]:
+            if pipeline is not None:
+                return script.call_transaction_pipelined(
+                    pipeline, client, keys, args, reads, packed
+                )
+            return script.call_transaction_async(client, keys, args, reads)
 
         async def attempt() -> Any:
             if call.attempts is not None:
                 call.attempts[0] += 1
-            replies = await self.guard.call(
-                lambda: script.call_transaction_async(client, keys, args, reads)
-            )
+            replies = await self.guard.call(send)
             for hook in self.on_script:
                 hook(call.script, args, replies[0])
             return replies

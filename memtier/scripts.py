@@ -437,6 +437,47 @@ class LuaScript:
         finally:
             self._duration.observe(time.perf_counter() - started)
 
+    async def call_transaction_pipelined(
+        self,
+        pipeline: AutoPipeline,
+        client: Any,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        reads: Sequence[ReadCommand],
+        packed: list[bytes],
+    ) -> list[Any]:
+        """:meth:`call_transaction` auto-pipelined: the whole ``MULTI`` ... ``EXEC`` packed
+        once into ``packed`` and queued on ``pipeline`` as one entry (its commands stay
+        contiguous on the connection, so the transaction is intact inside the batch)."""
+        if not packed:
+            for command in (
+                ("MULTI",),
+                ("EVALSHA", *self._args(self.sha, keys, args)),
+                *reads,
+                ("EXEC",),
+            ):
+                packed.extend(pipeline.pack(command))
+        count = 3 + len(reads)
+        started = time.perf_counter()
+        try:
+            for attempt in range(2):
+                try:
+                    replies = await pipeline.submit(packed, count)
+                except NoScriptError:  # refused while queueing (EXECABORT): nothing ran
+                    if attempt == 1:
+                        raise
+                    replies = None
+                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
+                if checked is not None:
+                    return checked
+                await client.script_load(self.source)
+            raise AssertionError("unreachable")  # pragma: no cover
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
     async def call_transaction_async(
         self, client: Any, keys: Sequence[str], args: Sequence[Any], reads: Sequence[ReadCommand]
     ) -> list[Any]:
