@@ -266,3 +266,36 @@ def test_a_store_on_a_cluster_or_valkey_takes_the_lean_path(
         assert _in_use(client) == []
     finally:
         client.close()
+
+
+def test_a_context_read_on_a_stale_slot_map_is_redirected_and_answers_once(
+    redis_cluster: Any,
+) -> None:
+    """The lean read transaction (MULTI, context_head, LRANGE, EXEC) sent to a primary
+    that does not own the slot: the EXEC aborts (MOVED while queueing, nothing ran), the
+    transaction goes once through redis-py's ClusterPipeline, and the read answers."""
+    from memtier import AvatarMessage, ConversationKey, ConversationStore
+
+    namespace = "t" + uuid.uuid4().hex[:10]
+    config = MemtierConfig.load(redis_url=redis_cluster.url, namespace=namespace, redis=SETTINGS)
+    client, _ = connect_sync(config)
+    try:
+        store = ConversationStore(client, config)
+        key = ConversationKey(str(uuid.uuid4()), "im")
+        for n in range(3):
+            store.append(key, AvatarMessage(text=f"moved {n}"))
+        router = store.executor._lean_for(client)
+        assert isinstance(router, ClusterLean)
+        slot = router.slot(next(iter(router._slots)))  # the session's slot (one tag)
+        manager = client.nodes_manager
+        owner = manager.get_node_from_slot(slot)
+        other = next(n for n in client.get_primaries() if n.name != owner.name)
+        manager.slots_cache[slot] = [other]
+        redirects = router.redirects
+        turns = store.context(key, limit=5).turns
+        assert [t.seq for t in turns] == [1, 2, 3]
+        assert router.redirects > redirects
+        assert [t.seq for t in store.context(key, limit=2).turns] == [2, 3]
+        assert _in_use(client) == []
+    finally:
+        client.close()
