@@ -28,6 +28,7 @@ import orjson
 from memtier import limits
 from memtier.errors import ScriptError, SnapshotError
 from memtier.memory.state import KIND_ROLES, SessionState, StoredTurn
+from memtier.memory.turncodec import window_receipts
 from memtier.wire import text
 
 __all__ = [
@@ -210,7 +211,9 @@ def _line_of(
         else:
             h[name] = value
     try:
-        records = [_record_line(StoredTurn.parse(r)) for r in recs]
+        turns = [StoredTurn.parse(r) for r in recs]
+        records = [_record_line(r) for r in turns]
+        receipts = window_receipts(h["id"], turns, receipts)
         last_ms = int(h.get("last", h["created"]))
         return {
             "member": member,
