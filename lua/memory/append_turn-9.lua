@@ -179,21 +179,26 @@ if exists then
   local cur = tonumber(h[3] or '0')
   if rcall('ZADD', i_key, 'NX', cur + 1, turn_id) == 0 then
     local first = tonumber(rcall('ZSCORE', i_key, turn_id))
-    -- the records from `first` on are at most the newest cur - first + 1 of the list
-    local k = math.min(turns, cur - first + 1)
-    local recs = {}
-    if k > 0 then recs = rcall('LRANGE', t_key, -k, -1) end
-    for j = #recs, 1, -1 do
-      local rs, rc, rw, rb, rr = string.match(recs[j], '^(%d+)|(%d+)|(%d*)|(%d+)|[01](r?)')
-      if rs and tonumber(rs) == first then
-        if rw == '' then rw = rc end
-        save_clock()
-        return { 1, h[1], first, tonumber(rc), tonumber(rw), tonumber(rb),
-          rr == 'r' and 1 or 0, bytes, turns, 0, 0, 0 }
+    if first <= cur then
+      -- the records from `first` on are at most the newest cur - first + 1 of the list
+      local k = math.min(turns, cur - first + 1)
+      local recs = {}
+      if k > 0 then recs = rcall('LRANGE', t_key, -k, -1) end
+      for j = #recs, 1, -1 do
+        local rs, rc, rw, rb, rr = string.match(recs[j], '^(%d+)|(%d+)|(%d*)|(%d+)|[01](r?)')
+        if rs and tonumber(rs) == first then
+          if rw == '' then rw = rc end
+          save_clock()
+          return { 1, h[1], first, tonumber(rc), tonumber(rw), tonumber(rb),
+            rr == 'r' and 1 or 0, bytes, turns, 0, 0, 0 }
+        end
       end
+      return redis.error_reply('memtier: append_turn: a turn id of the window has neither'
+        .. ' its record nor a receipt')
     end
-    return redis.error_reply('memtier: append_turn: a turn id of the window has neither'
-      .. ' its record nor a receipt')
+    -- a claim no stored turn followed (a call that failed after section 2): this call
+    -- takes it over, so the id is never stuck
+    if first ~= cur + 1 then rcall('ZADD', i_key, cur + 1, turn_id) end
   end
   claimed = true
 end

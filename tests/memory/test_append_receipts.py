@@ -271,3 +271,18 @@ def test_window_receipts_keep_the_newest_ids_and_stored_receipts_win(
         else:
             rotated = 1 if s == 1 else 0
             assert value == f"ses_current_session_0|{s}|{10 * s}|{10 * s + 1}|2|{rotated}"
+
+
+@pytest.mark.parametrize("ahead", [1, 5])
+def test_a_claimed_turn_id_without_its_turn_is_taken_over(backend: Any, ahead: int) -> None:
+    """An id in the zset above the session's seq was claimed by a call that never stored
+    its turn (it failed after the claim): the next append of that id stores it once."""
+    store = _store(backend, Clock())
+    k = _two_keys()[0]
+    first = store.append(k, AvatarMessage(text="one", turn_id="a"))
+    store.client.zadd(_keys(store, k).turn_ids, {"b": first.seq + ahead})
+    got = store.append(k, AvatarMessage(text="two", turn_id="b"))
+    assert not got.duplicate and got.seq == first.seq + 1
+    again = store.append(k, AvatarMessage(text="two", turn_id="b"))
+    assert again.duplicate and _answer(again) == _answer(got)
+    assert [r.turn_id for r in _records(store, k)] == ["a", "b"]
