@@ -69,6 +69,7 @@ KIND_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
 # The kind's code in a record of the current format (stable: stored in Redis).
 KIND_CODES: Final[Mapping[str, int]] = {"avatar": 0, "agent": 1, "tool": 2, "action": 3}
 _KIND_OF_CODE: Final = {code: kind for kind, code in KIND_CODES.items()}
+_FIELDS_OF_CODE: Final = {code: KIND_FIELDS[kind] for kind, code in KIND_CODES.items()}
 UNTRUSTED_KINDS: Final = frozenset(kind for kind, t in TURN_TYPES.items() if t.untrusted)
 # Kind -> Role member, for the read path (one dict lookup per turn).
 _ROLE_OF: Final[Mapping[str, Role]] = {kind: t.role for kind, t in TURN_TYPES.items()}
@@ -123,7 +124,15 @@ def decode_record(raw: bytes | str) -> TurnRecord:
     # Inline, not wire.text(): this runs once per turn of every context read.
     record = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     seq, clock, wall, _nbytes, _flags, payload = record.split("|", 5)
-    kind, turn_id, fields = _body_parts(orjson.loads(payload))
+    body = orjson.loads(payload)
+    if type(body) is list and body and type(body[0]) is int:  # format 2 (inlined: per turn)
+        kind = _KIND_OF_CODE.get(body[0])
+        names = _FIELDS_OF_CODE.get(body[0], ())
+        turn_id = body[1] if len(body) > 1 else None
+        ok = bool(names) and len(body) == len(names) + 2
+        fields = dict(zip(names, body[2:], strict=True)) if ok else None
+    else:
+        kind, turn_id, fields = _body_parts(body)
     role = _ROLE_OF.get(kind) if type(kind) is str else None
     if role is None or type(turn_id) is not str or type(fields) is not dict:
         raise ScriptError("read_context returned a malformed turn record")
