@@ -17,7 +17,8 @@
 
   Output:
     { 1, record, turn_bytes, session_bytes, turns }  popped: record is the stored
-        "<seq>|<clock>|<wall>|<bytes>|<is_tool>|<json>"; session_bytes and turns are the
+        "<seq>|<clock>|<wall>|<bytes>|<flags>|<json>" (either format of
+        memtier/memory/turncodec.py); session_bytes and turns are the
         session's totals after the pop
     { 0 }  NOT_FOUND: no live session, or it holds no turn (only a summary, or nothing)
 
@@ -54,7 +55,7 @@ if not record then
   return { 0 }
 end
 local seq, _c, _w, nbytes, is_tool, payload =
-  string.match(record, '^(%d+)|(%d+)|(%d+)|(%d+)|([01])|(.*)$')
+  string.match(record, '^(%d+)|(%d+)|(%d*)|(%d+)|([01])[rv%d]*|(.*)$')
 if not seq then
   rcall('RPUSH', t_key, record)  -- never leave the list changed on a malformed record
   return redis.error_reply('memtier: pop_turn: malformed turn record')

@@ -279,6 +279,7 @@ def apply_call(
         "meta": part.meta,
         "events": part.events,
         "compact": part.compact,
+        "turn_ids": sk.turn_ids,
     }
     return APPLY_COMPACTION.call(
         keys,

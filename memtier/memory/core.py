@@ -56,7 +56,7 @@ from memtier.memory.scriptspecs import (
     READ_CONTEXT,
     SWEEP_EXPIRED,
 )
-from memtier.memory.turncodec import decode_record, encode_payload
+from memtier.memory.turncodec import decode_record, encode_payload, record_flags
 from memtier.redaction import sanitize
 from memtier.scripts import Durable
 from memtier.wire import ms_to_datetime
@@ -207,9 +207,10 @@ class MemoryCore:
             )
         if turn.turn_id is not None:
             check_turn_id_for_append(turn.turn_id)
-        # 32 lowercase hex characters, as uuid4().hex gave (128 random bits, no version
-        # nibble), at a third of its cost.
-        turn_id = turn.turn_id or secrets.token_hex(16)
+        # 16 URL-safe base64 characters (96 random bits): stored twice per turn (record
+        # and id zset), so 32 bytes a turn less than 32 hex characters; a collision inside
+        # one session's id window (<= 1,024 ids) has a chance below 2**-76.
+        turn_id = turn.turn_id or secrets.token_urlsafe(12)
         if out != fields:
             # Sanitising changed the content: it must still be a record that a snapshot
             # flush and recovery accept (one shared validator; "\x00" as a name is empty).
@@ -248,7 +249,7 @@ class MemoryCore:
             "turn_id": prepared.turn_id,
             "payload": prepared.payload,
             "turn_bytes": prepared.turn_bytes,
-            "is_tool": 1 if prepared.turn.kind == "tool" else 0,
+            "flags": record_flags(prepared.turn.kind == "tool"),
             "new_session_id": session_id or new_session_id(),
             "clock_override": self.clock_arg(),
         }

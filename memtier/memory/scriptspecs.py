@@ -45,7 +45,7 @@ APPEND_TURN: Final = ScriptSpec(
         "turn_id",
         "payload",
         "turn_bytes",
-        "is_tool",
+        "flags",
         "new_session_id",
         "ttl_ms",
         "other_ttl_ms",
@@ -67,7 +67,7 @@ APPEND_TURN: Final = ScriptSpec(
 )
 APPLY_COMPACTION: Final = ScriptSpec(
     "apply_compaction",
-    keys=("session", "turns", "index", "meta", "events", "compact"),
+    keys=("session", "turns", "index", "meta", "events", "compact", "turn_ids"),
     argv=(
         "member",
         "session_id",

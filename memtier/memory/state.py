@@ -21,7 +21,13 @@ from typing import Any
 import orjson
 
 from memtier.errors import ScriptError
-from memtier.memory.turncodec import KIND_FIELDS, KIND_ROLES, UNTRUSTED_KINDS, StoredTurn
+from memtier.memory.turncodec import (
+    KIND_FIELDS,
+    KIND_ROLES,
+    UNTRUSTED_KINDS,
+    StoredTurn,
+    window_receipts,
+)
 from memtier.wire import text
 
 __all__ = [
@@ -103,7 +109,7 @@ def decode_session(
             summary_version=int(h.get("sv", "0")),
             summary=h.get("summary") or None,
             records=parsed,
-            receipts=receipts,
+            receipts=window_receipts(h["id"], parsed, receipts),
             compaction_queued="cq" in h,
             read_clock_ms=read_clock_ms,
             read_wall_ms=read_wall_ms,

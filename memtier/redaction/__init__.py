@@ -61,6 +61,7 @@ from __future__ import annotations
 from memtier.redaction.bounding import bound_utf8
 from memtier.redaction.core import (
     MAX_SANITIZE_ROUNDS,
+    REDACTOR_VERSION,
     RedactionResult,
     SanitizedText,
     contains_secret,
@@ -88,6 +89,7 @@ __all__ = [
     "FALLBACK_TEXT",
     "MAX_SANITIZE_ROUNDS",
     "PATH_PLACEHOLDER",
+    "REDACTOR_VERSION",
     "RedactionResult",
     "SanitizedText",
     "SecretKind",

@@ -32,6 +32,7 @@ from memtier.redaction.prefilter import run_filtered
 
 __all__ = [
     "MAX_SANITIZE_ROUNDS",
+    "REDACTOR_VERSION",
     "RedactionResult",
     "SanitizedText",
     "contains_secret",
@@ -47,6 +48,11 @@ __all__ = [
 # (never reached by real text: each round needs a new cut-created match) sanitize gives up
 # on the content and stores FALLBACK_TEXT instead -- fail closed.
 MAX_SANITIZE_ROUNDS: Final = 4
+# The version of this redactor, stamped into every turn record the store writes (see
+# memtier.memory.turncodec).  Raise it whenever a change lets redact() catch a secret it
+# missed before (a new pattern, a wider one): a reader may then trust records stamped with
+# the current version and re-check only the older ones.
+REDACTOR_VERSION: Final = 1
 # bound JSON nesting in redact_json (threads events and exports are shallow).
 _MAX_JSON_DEPTH: Final = 64
 

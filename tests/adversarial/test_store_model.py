@@ -76,6 +76,8 @@ from memtier.config import MemtierConfig
 from memtier.limits import EXPIRY_GRACE_MS
 from memtier.memory.models import ms_to_datetime
 from memtier.memory.persistence import snapshot_dir_for
+from memtier.memory.turncodec import StoredTurn
+from memtier.redaction import REDACTOR_VERSION
 
 T0 = 1_800_000_000_000  # test epoch (ms)
 SESSION_ID_RE = re.compile(r"^ses_[A-Za-z0-9_-]{22}$")  # 128 random bits, URL-safe
@@ -230,9 +232,9 @@ class StoreMachine(RuleBasedStateMachine):
 
         def turn_id(_member: str, seq: int) -> str:
             for record in self.client.lrange(self.part.session(member).turns, 0, -1):
-                parts = _s(record).split("|", 5)
-                if int(parts[0]) == seq:
-                    return str(orjson.loads(parts[5])["id"])
+                stored = StoredTurn.parse(record)
+                if stored.seq == seq:
+                    return stored.turn_id
             raise ModelMismatch(f"{member}: no stored record with seq {seq}")
 
         def compaction(_member: str) -> Folded | None:
@@ -596,19 +598,10 @@ class StoreMachine(RuleBasedStateMachine):
             assert got == want, f"session hash of {member}\n store: {got}\n model: {want}"
             records = []
             for raw in client.lrange(keys.turns, 0, -1):
-                seq, clock, wall, size, tool, payload = _s(raw).split("|", 5)
-                body = orjson.loads(payload)
+                t = StoredTurn.parse(raw)  # either record format (restores write the first)
+                assert t.redactor_version in (None, REDACTOR_VERSION), raw
                 records.append(
-                    (
-                        int(seq),
-                        int(clock),
-                        int(wall),
-                        int(size),
-                        tool == "1",
-                        body["k"],
-                        body["id"],
-                        body["f"],
-                    )
+                    (t.seq, t.clock_ms, t.wall_ms, t.nbytes, t.is_tool, t.kind, t.turn_id, t.fields)
                 )
             want_records = [
                 (t.seq, t.clock, t.wall, t.nbytes, t.is_tool, t.kind, t.turn_id, t.fields)

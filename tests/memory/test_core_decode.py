@@ -145,4 +145,5 @@ def test_prepared_turn_bytes_count_utf8() -> None:
     tool = core.prepare_turn(key(3), ToolSummary(tool="search.v2", summary="ok"))
     assert tool.turn_bytes == len("search.v2") + 2
     agent = core.prepare_turn(key(3), AgentResponse(text="x" * 10))
-    assert agent.turn_bytes == 10 and orjson.loads(agent.payload)["f"] == {"text": "x" * 10}
+    assert agent.turn_bytes == 10
+    assert orjson.loads(agent.payload) == [1, agent.turn_id, "x" * 10]  # KIND_CODES

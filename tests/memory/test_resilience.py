@@ -20,6 +20,7 @@ from memtier import (
     retry,
 )
 from memtier.memory.scriptspecs import DROP_SESSION, MEMORY_SPECS
+from memtier.memory.turncodec import record_flags
 from memtier.scripts import load_registry
 
 # The store tests run on the sync and on the asyncio store (issue 13): ids [sync-fake], ...
@@ -242,13 +243,17 @@ def test_every_append_status_code_of_the_lua_contract(backend: Any) -> None:
 
     assert call()[0] == 0  # stored
     assert call()[0] == 1  # duplicate
-    assert call(a2="tool-1", a5=1)[0] == 0  # a tool turn
-    full = call(a2="tool-2", a5=1)
+    tool = record_flags(True)  # the flags ARGV of a tool turn
+    assert call(a2="tool-1", a5=tool)[0] == 0  # a tool turn
+    full = call(a2="tool-2", a5=tool)
     assert full[0] == -1 and full[1] in (b"tools", "tools")  # SESSION_FULL
     assert call(a2="big", a4=10**9)[0] == -3  # TURN_TOO_LARGE
     assert call(a2="agg", a12=0)[0] == -2  # AGGREGATE_FULL (nothing evictable)
     with pytest.raises(ScriptError):
         call(a4="not-a-number")  # caller bug -> error reply -> ScriptError
+    for flags in ("1", "2v1", "0v0", "0v", "0rv1"):  # only "<0/1>v<version>" is sent
+        with pytest.raises(ScriptError):
+            call(a2="bad-flags", a5=flags)
 
 
 def test_every_lua_script_keeps_its_keys_in_one_slot(backend: Any) -> None:

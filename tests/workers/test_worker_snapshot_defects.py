@@ -110,11 +110,14 @@ def test_whatever_append_accepts_the_snapshot_validator_accepts(
         prepared = core.prepare_turn(key(1), make())
     except ValidationError:
         return  # refused up front: nothing is stored
-    import orjson
+    from memtier.memory.turncodec import StoredTurn, record_flags
 
-    doc = orjson.loads(prepared.payload)
-    check_record(doc["k"], doc["f"], doc["id"])  # raises RecordInvalid if not restorable
-    assert not any(contains_secret(v) for v in (*doc["f"].values(), doc["id"]))
+    # the record append_turn stores from this payload (head as the script writes it)
+    head = f"1|1||{prepared.turn_bytes}|{record_flags(kind == 'tool')}|".encode()
+    doc = StoredTurn.parse(head + prepared.payload)
+    fields = dict(doc.fields)
+    check_record(doc.kind, fields, doc.turn_id)  # raises RecordInvalid if not restorable
+    assert not any(contains_secret(v) for v in (*fields.values(), doc.turn_id))
 
 
 def test_flush_that_cannot_write_a_session_reports_result_event_and_metric(

@@ -30,8 +30,11 @@ def _record(draw: st.DrawFn) -> bytes | str:
     payload = orjson.dumps({"k": kind, "id": draw(st.text(max_size=6)), "f": fields})
     if draw(st.integers(0, 30)) == 0:
         payload = draw(st.sampled_from([b"[]", b"{", b'{"k":1}']))
-    tool = draw(st.sampled_from(["0", "1"] * 8 + ["2"]))
+    # both record formats (memtier/memory/turncodec.py), and malformed flags
+    tool = draw(st.sampled_from(["0", "1"] * 8 + ["0v1", "1rv1", "0v12"] * 3 + ["2", "0v", "0v01"]))
     nums = [str(draw(st.integers(0, 2**40))) for _ in range(4)]
+    if len(tool) > 1 and draw(st.booleans()):
+        nums[2] = ""  # the new format leaves a wall time equal to the clock out
     if draw(st.integers(0, 30)) == 0:
         nums[draw(st.integers(0, 3))] = draw(st.sampled_from(["x", "", " 1", "-3"]))
     raw = "|".join([*nums, tool]).encode() + b"|" + payload

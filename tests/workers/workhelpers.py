@@ -92,7 +92,7 @@ def assert_exact_accounting(store: Any) -> None:
             }
             records = [r.decode() for r in store.client.lrange(part.session(member).turns, 0, -1)]
             rec_bytes = sum(int(r.split("|")[3]) for r in records)
-            tools = sum(int(r.split("|")[4]) for r in records)
+            tools = sum(int(r.split("|")[4][0]) for r in records)  # flags: tool flag first
             summary = h.get("summary", "")
             assert int(h["summary_bytes"]) == len(summary.encode()), member
             assert int(h["bytes"]) == rec_bytes + len(summary.encode()) == nbytes, member

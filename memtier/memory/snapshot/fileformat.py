@@ -27,7 +27,8 @@ import orjson
 
 from memtier import limits
 from memtier.errors import ScriptError, SnapshotError
-from memtier.memory.state import KIND_ROLES, SessionState
+from memtier.memory.state import KIND_ROLES, SessionState, StoredTurn
+from memtier.memory.turncodec import window_receipts
 from memtier.wire import text
 
 __all__ = [
@@ -190,43 +191,19 @@ def _str(value: Any) -> str:
     return value.decode("utf-8") if type(value) is bytes else text(value)
 
 
-def _strict_int(digits: str) -> int:
-    # StoredTurn.parse's integer rule: optional minus, ASCII digits only.
-    if digits.isdigit() or (digits[:1] == "-" and digits[1:].isdigit()):
-        return int(digits)
-    raise ValueError(f"not an integer: {digits[:24]!r}")
-
-
-def _record_line(raw: Any) -> dict[str, Any]:
-    """One stored record straight into its payload-line dict.
-
-    Exactly ``StoredTurn.parse`` followed by the record part of :func:`session_to_json`
-    (the same checks, the same :class:`ValueError` on a malformed record), without the
-    intermediate :class:`StoredTurn`: the flush decodes every record of every session.
-    """
-    seq, clock, wall, nbytes, tool, payload = _str(raw).split("|", 5)
-    if tool != "0" and tool != "1":
-        raise ValueError("tool flag must be 0 or 1")
-    body: Any = orjson.loads(payload)
-    if type(body) is not dict:
-        raise ValueError("record payload must be an object")
-    kind, turn_id, fields = body.get("k"), body.get("id"), body.get("f")
-    # orjson builds exact str/dict objects, so these identity tests equal isinstance.
-    if type(kind) is not str or type(turn_id) is not str or type(fields) is not dict:
-        raise ValueError("record payload lacks k/id/f")
-    for value in fields.values():  # JSON object keys are always strings
-        if type(value) is not str:
-            raise ValueError("record fields must be strings")
+def _record_line(r: StoredTurn) -> dict[str, Any]:
+    """The record part of :func:`session_to_json` for one parsed record (both record
+    formats go through ``StoredTurn.parse``: its checks, its :class:`ValueError`)."""
     return {
-        "seq": _strict_int(seq),
-        "clock_ms": _strict_int(clock),
-        "wall_ms": _strict_int(wall),
-        "bytes": _strict_int(nbytes),
-        "tool": 1 if tool == "1" else 0,
-        "kind": kind,
-        "role": KIND_ROLES.get(kind, "?"),
-        "id": turn_id,
-        "f": fields,
+        "seq": r.seq,
+        "clock_ms": r.clock_ms,
+        "wall_ms": r.wall_ms,
+        "bytes": r.nbytes,
+        "tool": 1 if r.is_tool else 0,
+        "kind": r.kind,
+        "role": KIND_ROLES.get(r.kind, "?"),
+        "id": r.turn_id,
+        "f": dict(r.fields),
     }
 
 
@@ -242,7 +219,9 @@ def _line_of(
         else:
             h[name] = value
     try:
-        records = [_record_line(r) for r in recs]
+        turns = [StoredTurn.parse(r) for r in recs]
+        records = [_record_line(r) for r in turns]
+        receipts = window_receipts(h["id"], turns, receipts)
         last_ms = int(h.get("last", h["created"]))
         return {
             "member": member,

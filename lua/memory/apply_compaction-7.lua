@@ -16,6 +16,7 @@
     KEYS[4] meta       meta hash       T:meta    bytes (partition total), clock
     KEYS[5] events     events stream   T:events
     KEYS[6] compact    compact stream  T:compact (the job, acknowledged and deleted here)
+    KEYS[7] turn_ids   turn-id zset    T:i:<member>  (turn id -> seq, the idempotency window)
     ARGV[1]  member             "<avatar-uuid>:<channel>"
     ARGV[2]  session_id         the id the plan was computed for
     ARGV[3]  expected_sv        summary version read with the session (absent = 0)
@@ -46,7 +47,10 @@
 
   Side effects (APPLIED): turns list trimmed; session bytes, turns, tools, summary,
   summary_bytes, sv updated; index hash and partition total changed by exactly the same
-  delta; `cq` cleared and the job it names deleted from the stream (APPLIED and RELEASED);
+  delta; a receipt `r:<turn_id>` = "<sid>|<seq>|<clock>|<wall>|<bytes>|<rotated>" in the
+  session hash for every folded turn whose id is still in the id zset, so a retry of it
+  keeps its first answer once its record is gone (append_turn answers other retries from
+  the record itself; the receipts leave with their ids); `cq` cleared and the job it names deleted from the stream (APPLIED and RELEASED);
   one `compacted` event (detail "folded=<n> seq=<first>-<last>").
   Last activity, LRU score and key TTLs are unchanged: compaction is not activity.
 ]]
@@ -55,6 +59,7 @@
 
 local s_key, t_key, index_key = KEYS[1], KEYS[2], KEYS[3]
 local meta_key, events_key, compact_key = KEYS[4], KEYS[5], KEYS[6]
+local i_key = KEYS[7]
 
 local member = ARGV[1]
 local session_id = ARGV[2]
@@ -125,8 +130,11 @@ if #folded ~= fold_n then
   return { -2, 'range' }
 end
 local removed_bytes, removed_tools = 0, 0
+local receipt_of = {} -- seq -> the receipt value of that folded turn
 for i = 1, #folded do
-  local seq, nbytes, tool = string.match(folded[i], '^(%d+)|%d+|%d+|(%d+)|([01])|')
+  -- both record formats (memtier/memory/turncodec.py): wall empty = the clock
+  local seq, clock, wall, nbytes, tool, rot =
+    string.match(folded[i], '^(%d+)|(%d+)|(%d*)|(%d+)|([01])(r?)[v%d]*|')
   if not seq then
     return redis.error_reply('memtier: apply_compaction: malformed turn record in ' .. t_key)
   end
@@ -136,6 +144,9 @@ for i = 1, #folded do
   end
   removed_bytes = removed_bytes + tonumber(nbytes)
   if tool == '1' then removed_tools = removed_tools + 1 end
+  if wall == '' then wall = clock end
+  receipt_of[seq] = session_id .. '|' .. seq .. '|' .. clock .. '|' .. wall .. '|' .. nbytes
+    .. '|' .. (rot == 'r' and 1 or 0)
 end
 
 local summary_bytes = string.len(summary)
@@ -155,6 +166,21 @@ if delta > 0 then
 end
 
 rcall('LTRIM', t_key, fold_n, -1)
+-- Receipts of the folded turns still in the id window (at most fold_n, one HSET).
+local ids = rcall('ZRANGE', i_key, first_seq, last_seq, 'BYSCORE', 'WITHSCORES')
+local receipts = {}
+for j = 1, #ids, 2 do
+  local value = receipt_of[tonumber(ids[j + 1])]
+  if value then
+    receipts[#receipts + 1] = 'r:' .. ids[j]
+    receipts[#receipts + 1] = value
+  end
+end
+if #receipts > 0 then
+  for j = 1, #receipts, 1000 do -- well under Lua's unpack limit
+    rcall('HSET', s_key, unpack(receipts, j, math.min(j + 999, #receipts)))
+  end
+end
 local new_turns = turns - fold_n
 local new_tools = tools - removed_tools
 rcall('HSET', s_key, 'summary_bytes', summary_bytes, 'sv', sv + 1,
