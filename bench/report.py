@@ -236,18 +236,6 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
             flush.label if flush else _workers_note(h),
         )
     )
-    r = _ratio(g("threads.continue"), g("threads.base.append.300B.redispy"))
-    out.append(
-        _target(
-            "threads continue (echo runner) vs raw minimal script",
-            ">= 0.33x",
-            r,
-            lambda v: v >= 0.33,
-            "continue_ op/s / minimal script via redis-py, same group"
-            if r is not None
-            else "threads section did not run",
-        )
-    )
     blocked = g("workers.flush_blocked")
     r = None
     if blocked is not None and blocked.values:

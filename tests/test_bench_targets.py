@@ -289,6 +289,17 @@ def test_run_workers_gives_no_blocked_figure_when_a_window_is_empty(
         },
     )
     monkeypatch.setattr(workerbench, "bench_compaction", lambda *_a, **_k: {"sessions_per_s": 10.0})
+    monkeypatch.setattr(
+        workerbench,
+        "bench_flush_restore",
+        lambda *_a, **_k: {
+            "sessions": 300,
+            "flush_sessions_per_s": 100.0,
+            "restore_sessions_per_s": 50.0,
+            "flush_bytes_per_s": 2.0 * 2**20,
+            "restore_bytes_per_s": 1.0 * 2**20,
+        },
+    )
     h = Harness(Settings.named("tiny"), None, lambda _msg: None)
     workers_threads.run_workers(h, SimpleNamespace(url="redis://unused"))  # type: ignore[arg-type]
     blocked = h.get("workers.flush_blocked")
