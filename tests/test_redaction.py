@@ -819,6 +819,8 @@ def test_the_package_exports_the_public_api() -> None:
         "SecretKind", "bound_utf8", "contains_secret", "json_contains_secret",
         "normalize_controls", "placeholder", "redact", "redact_json", "redact_text",
         "sanitize",
+        # the version stamped on each stored turn record (format 2)
+        "REDACTOR_VERSION",
         # the local-path scrubber (moved here from memtier/threads/core.py)
         "PATH_PLACEHOLDER", "scrub_json_paths", "scrub_paths", "served_json", "served_text",
     }  # fmt: skip
