@@ -179,22 +179,10 @@ class SyncExecutor:
         """``attempt`` for a standalone client: the EVALSHA packed on the first attempt
         and re-sent as the same bytes by every retry (same guard, hooks and metrics)."""
         client, keys, args = self.client, call.keys, call.args
-        hooks, guard = self.on_script, self.guard
         packed: list[Any] = []
-
-        def send() -> Any:
-            return script.call_lean(lean, client, keys, args, packed)
-
-        def attempt() -> Any:
-            if call.attempts is not None:
-                call.attempts[0] += 1
-            self.lean_calls += 1
-            reply = guard.call(send)
-            for hook in hooks:
-                hook(call.script, args, reply)
-            return reply
-
-        return attempt
+        return self._lean_attempt(
+            call, lambda: script.call_lean(lean, client, keys, args, packed)
+        )
 
     def _lean_cluster_script(
         self, call: ScriptCall, script: LuaScript, lean: ClusterLean
@@ -204,12 +192,15 @@ class SyncExecutor:
         every attempt routed by the slot map as it is then (a retry after a failover goes
         to the new primary)."""
         client, keys, args = self.client, call.keys, call.args
-        hooks, guard = self.on_script, self.guard
         slot = lean.slot(keys[0])
         packed: list[Any] = []
+        return self._lean_attempt(
+            call, lambda: script.call_lean_cluster(lean, slot, client, keys, args, packed)
+        )
 
-        def send() -> Any:
-            return script.call_lean_cluster(lean, slot, client, keys, args, packed)
+    def _lean_attempt(self, call: ScriptCall, send: Callable[[], Any]) -> Callable[[], Any]:
+        """One lean attempt: counted, ``send`` under the guard, every hook sees the reply."""
+        args, hooks, guard = call.args, self.on_script, self.guard
 
         def attempt() -> Any:
             if call.attempts is not None:

@@ -350,6 +350,12 @@ class LuaScript:
                 raise reply
         return replies
 
+    def _transaction_commands(
+        self, keys: Sequence[str], args: Sequence[Any], reads: Sequence[ReadCommand]
+    ) -> tuple[tuple[Any, ...], ...]:
+        """``MULTI``, this script by SHA, ``reads``, ``EXEC``: the packed transactions."""
+        return (("MULTI",), ("EVALSHA", *self._args(self.sha, keys, args)), *reads, ("EXEC",))
+
     def call_transaction(
         self, client: Any, keys: Sequence[str], args: Sequence[Any], reads: Sequence[ReadCommand]
     ) -> list[Any]:
@@ -401,14 +407,7 @@ class LuaScript:
         primary of ``slot`` (every key of the transaction is on it).  A ``MOVED`` /
         ``ASK`` there means nothing ran (the EXEC aborted): the transaction goes once
         through redis-py's ``ClusterPipeline``, which raises it as a retryable fault."""
-        commands: tuple[tuple[Any, ...], ...] = ()
-        if not packed:
-            commands = (
-                ("MULTI",),
-                ("EVALSHA", *self._args(self.sha, keys, args)),
-                *reads,
-                ("EXEC",),
-            )
+        commands = () if packed else self._transaction_commands(keys, args, reads)
         count = 3 + len(reads)
         started = time.perf_counter()
         try:
@@ -450,12 +449,7 @@ class LuaScript:
         once into ``packed`` and queued on ``pipeline`` as one entry (its commands stay
         contiguous on the connection, so the transaction is intact inside the batch)."""
         if not packed:
-            for command in (
-                ("MULTI",),
-                ("EVALSHA", *self._args(self.sha, keys, args)),
-                *reads,
-                ("EXEC",),
-            ):
+            for command in self._transaction_commands(keys, args, reads):
                 packed.extend(pipeline.pack(command))
         count = 3 + len(reads)
         started = time.perf_counter()
