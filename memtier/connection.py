@@ -30,21 +30,34 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from redis import BlockingConnectionPool
+from redis import ConnectionPool as _PlainPool
 from redis import Redis as _SyncRedis
 from redis.asyncio import Redis as _AsyncRedis
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memtier.config import MemtierConfig, RedisConfig, parse_redis_url
 from memtier.errors import BackendBusyError, BackendError, ConfigurationError, TransientBackendError
 
+_HIREDIS_PACK: Callable[[tuple[Any, ...]], bytes] | None
+try:  # redis[hiredis] is a dependency; without it the connection's own packer is used
+    from hiredis import pack_command as _HIREDIS_PACK
+except ImportError:  # pragma: no cover - depends on the install
+    _HIREDIS_PACK = None
+
 __all__ = [
     "EMBEDDED_NOTICE",
     "AsyncClientGuard",
+    "KeptConnectionsPool",
     "LeanPool",
     "SyncClientGuard",
     "client_options",
@@ -97,7 +110,7 @@ def connect_sync(config: MemtierConfig) -> tuple[Any, bool]:
     A cluster client reads the slot map here (redis-py's sync cluster client connects in
     its constructor); a cluster that cannot be reached raises BackendError.
     """
-    from redis import BlockingConnectionPool, Redis
+    from redis import Redis
     from redis.cluster import RedisCluster
     from redis.retry import Retry
 
@@ -116,7 +129,7 @@ def connect_sync(config: MemtierConfig) -> tuple[Any, bool]:
                 f"cannot read the Redis Cluster slot map: {type(exc).__name__}: {exc}",
                 error_type=type(exc).__name__,
             ) from exc
-    pool = BlockingConnectionPool.from_url(
+    pool = KeptConnectionsPool.from_url(
         url,
         timeout=config.redis.pool_timeout_seconds,
         retry=Retry(NoBackoff(), 0),
@@ -263,6 +276,57 @@ class AsyncClientGuard:
             await self.client.aclose()
 
 
+class KeptConnectionsPool(BlockingConnectionPool):
+    """memtier's standalone sync pool: a ``BlockingConnectionPool`` that, before it hands a
+    connection to any command, takes back the connections the lean path keeps idle
+    (:meth:`LeanPool.give_back`).  So those never make a caller wait: with at most
+    ``max_connections`` commands in flight (the store's guard), one is free for it."""
+
+    _memtier_lean: LeanPool | None = None
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        lean = self._memtier_lean
+        if lean is not None:
+            lean.give_back()
+        return super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
+# A caller's own plain pool cannot be asked for its connections back: keep few of them.
+_IDLE_IN_A_CALLERS_POOL = 16
+
+
+def _idle_to_keep(pool: Any) -> int:
+    """How many connections the lean path may keep idle between calls.  memtier's own pool
+    takes them back on demand: as many as it has.  redis-py's plain pool (it raises
+    ``MaxConnectionsError`` when full, never waits) a quarter of its bound, at most 16, so
+    the caller's own commands keep three quarters.  Any other pool (blocking, sentinel, a
+    subclass): none, every call goes through it."""
+    bound = getattr(pool, "max_connections", 0)
+    if not isinstance(bound, int):
+        return 0
+    if isinstance(pool, KeptConnectionsPool):
+        return bound
+    if type(pool) is _PlainPool:
+        return min(_IDLE_IN_A_CALLERS_POOL, bound // 4)
+    return 0
+
+
+def _checked(conn: Any) -> Any:
+    """What ``ConnectionPool.get_connection`` checks of a connection before it hands it
+    out: connected (again, after a failure or ``pool.disconnect()``), nothing unread (a
+    reply left behind, or the server closed the socket: reconnect)."""
+    try:
+        conn.connect()
+        if conn.can_read():
+            raise RedisConnectionError("Connection has data")
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        conn.disconnect()
+        conn.connect()
+        if conn.can_read():
+            raise RedisConnectionError("Connection not ready") from None
+    return conn
+
+
 # --- the lean call: one packed command on a pooled connection, no command machinery ------
 # What redis-py's ``Redis.execute_command`` is when memtier is imported: a client whose
 # class (or instance) replaced it -- a tracing wrapper, a test double -- keeps it.
@@ -278,20 +342,58 @@ class LeanPool:
     observability): take a connection, send, read the reply (hiredis when installed),
     disconnect it on any failure that is not a whole error reply (a timeout or a lost
     connection leaves an unread reply or a dead socket: the connection must not go back
-    to the pool usable), and always give it back to the pool.
+    to the pool usable), and always give it back.
+
+    With ``keep_idle`` > 0 (only the one LeanPool :func:`lean_pool` keeps per pool; how
+    many: :func:`_idle_to_keep`) a connection goes back to an idle stack of this
+    LeanPool, not through the pool: redis-py 8's ``get_connection`` / ``release`` pair
+    costs 15-40 us a call (a lock, observability counters, an event dispatch), a tenth
+    of the client's own work per append.  The stack never holds more than there were
+    lean calls at once (the store's guard bounds those by ``max_connections``) nor more
+    than ``keep_idle``; memtier's own pool takes them back before it hands out one to any
+    other command (:class:`KeptConnectionsPool`), so no caller waits on a connection that
+    sits idle here.  A kept connection is checked as the pool checks one (connected,
+    nothing unread) before each use; after a fork the child drops the parent's without
+    touching them.
     """
 
-    __slots__ = ("_named", "pool")
+    __slots__ = ("_idle", "_keep", "_named", "_packer", "_pid", "pool")
 
-    def __init__(self, pool: Any, *, named: bool | None = None) -> None:
+    def __init__(self, pool: Any, *, named: bool | None = None, keep_idle: int = 0) -> None:
         self.pool = pool
         if named is None:  # decided once by a caller that makes one per call (cluster)
             # redis-py < 5.3 wants the command name; later versions deprecate passing it.
             parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
             named = parameter is not None and parameter.default is inspect.Parameter.empty
         self._named = named
+        self._keep = keep_idle
+        self._idle: deque[Any] | None = deque() if keep_idle > 0 else None
+        self._pid = os.getpid()
+        # hiredis packs exactly as redis-py does for str/bytes/int/float arguments in UTF-8
+        # (strict) after a one-word command name (redis-py would split "CONFIG GET"; no
+        # lean call sends one), at half the cost; another encoding keeps redis-py's.
+        kwargs = getattr(pool, "connection_kwargs", {})
+        utf8 = kwargs.get("encoding", "utf-8") == "utf-8"
+        strict = kwargs.get("encoding_errors", "strict") == "strict"
+        self._packer = _HIREDIS_PACK if utf8 and strict else None
 
     def _get(self, name: str) -> Any:
+        idle = self._idle
+        if idle:
+            if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours
+                idle.clear()
+                self._pid = os.getpid()
+            else:
+                try:
+                    conn = idle.pop()
+                except IndexError:  # another thread took the last one
+                    pass
+                else:
+                    try:
+                        return _checked(conn)
+                    except BaseException:
+                        self._release(conn)  # kept, disconnected: the next use reconnects
+                        raise
         pool = self.pool
         return pool.get_connection(name) if self._named else pool.get_connection()
 
@@ -302,14 +404,40 @@ class LeanPool:
                 conn.disconnect()  # redis-py's maintenance notifications asked for it
                 conn.connect()
         finally:
+            idle = self._idle
+            if idle is not None and len(idle) < self._keep and self._pid == os.getpid():
+                idle.append(conn)
+            else:
+                self.pool.release(conn)
+
+    def give_back(self) -> None:
+        """Return every idle connection to the pool (bounded by the stack's size)."""
+        idle = self._idle
+        while idle:
+            try:
+                conn = idle.pop()
+            except IndexError:
+                return
             self.pool.release(conn)
+
+    def _pack(self, conn: Any, args: tuple[Any, ...]) -> list[Any]:
+        packer = self._packer
+        if packer is not None:
+            return [packer(args)]
+        return list(conn.pack_command(*args))
+
+    def _pack_all(self, conn: Any, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
+        packer = self._packer
+        if packer is not None:
+            return [b"".join([packer(c) for c in commands])]
+        return list(conn.pack_commands(commands))
 
     def execute(self, args: tuple[Any, ...], packed: list[Any]) -> Any:
         """Send ``args`` (packed into ``packed`` on first use, reused after) and read the reply."""
         conn = self._get(args[0])
         try:
             if not packed:
-                packed.extend(conn.pack_command(*args))
+                packed.extend(self._pack(conn, args))
             try:
                 conn.send_packed_command(packed)
                 return conn.read_response()
@@ -335,7 +463,7 @@ class LeanPool:
         conn = self._get("MULTI")
         try:
             if not packed:
-                packed.extend(conn.pack_commands(commands))
+                packed.extend(self._pack_all(conn, commands))
             try:
                 conn.send_packed_command(packed)
                 refused: ResponseError | None = None
@@ -380,7 +508,11 @@ def lean_pool(client: Any) -> LeanPool | None:
         return None
     if getattr(pool, "cache", None) is not None:  # client-side caching wraps connections
         return None
-    return LeanPool(pool)
+    lean: LeanPool | None = getattr(pool, "_memtier_lean", None)
+    if lean is None:  # one per pool: the idle connections it keeps are the pool's
+        lean = LeanPool(pool, keep_idle=_idle_to_keep(pool))
+        setattr(pool, "_memtier_lean", lean)  # noqa: B010 - a redis-py object, untyped here
+    return lean
 
 
 def lean_async_pool(client: Any) -> Any | None:

@@ -65,6 +65,7 @@ __all__ = [
     "find_binary",
     "find_valkey_server",
     "free_ports",
+    "held_connections",
     "require_real_redis",
     "write_redis_config",
 ]
@@ -665,6 +666,19 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def held_connections(client: Any) -> list[Any]:
+    """Connections of memtier's blocking sync pool that a call holds: checked out and not
+    kept idle by the lean path between calls (``tests/test_lean_connections.py``).  Empty
+    after every call returned, whatever failed in it."""
+    from memtier.connection import lean_pool
+
+    pool = client.connection_pool
+    free = {id(c) for c in pool.pool.queue if c is not None}
+    lean = lean_pool(client)
+    kept = {id(c) for c in (lean._idle or ())} if lean is not None else set()
+    return [c for c in pool._connections if id(c) not in free and id(c) not in kept]
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ import pytest
 import redis
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from servers import running_server
+from servers import held_connections, running_server
 
 from memtier import BackendError, MemtierConfig, MemtierError, OutcomeUnknownError
 from memtier.connection import SyncClientGuard, connect_sync, lean_pool
@@ -91,13 +91,6 @@ def _outcome(executor: SyncExecutor, call: ScriptCall) -> tuple[Any, ...]:
     return ("reply", reply, call.attempts)
 
 
-def _in_use(client: Any) -> list[Any]:
-    """Connections of ``client``'s blocking pool that are checked out."""
-    pool = client.connection_pool
-    idle = {id(c) for c in pool.pool.queue if c is not None}
-    return [c for c in pool._connections if id(c) not in idle]
-
-
 @pytest.fixture(scope="module")
 def probe(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     scripts = _registry(tmp_path_factory.mktemp("lean"))
@@ -146,7 +139,7 @@ def test_a_store_append_on_a_real_client_takes_the_lean_path(redis_server: Any) 
         context = store.context(key, limit=5)
         assert store.executor.lean_calls > appended
         assert "hello lean" in context.model_dump_json()
-        assert _in_use(client) == []
+        assert held_connections(client) == []
     finally:
         client.close()
 
@@ -180,7 +173,7 @@ def test_lean_and_generic_paths_give_the_same_replies_and_errors(
         outcomes.append(_outcome(executor, _call(*call)))
         assert executor.lean_calls == (outcomes[-1][-1][0] if lean else 0)
     assert outcomes[0] == outcomes[1]
-    assert _in_use(client) == []
+    assert held_connections(client) == []
 
 
 def _worker(executor: SyncExecutor, tag: str, wrong: list[str], stop: threading.Event) -> None:
@@ -218,10 +211,10 @@ def test_the_pool_recovers_after_the_server_is_killed_mid_use(tmp_path: Path) ->
                 worker.join(timeout=60)
             assert not any(worker.is_alive() for worker in workers)
             assert wrong == []
-            assert _in_use(client) == []
+            assert held_connections(client) == []
             for i in range(20):  # every pooled connection answers with its own reply
                 assert executor.execute(_call("str", f"after-{i}")) == f"after-{i}".encode()
-            assert _in_use(client) == []
+            assert held_connections(client) == []
             assert executor.lean_calls > 20
         finally:
             client.close()
@@ -249,6 +242,6 @@ def test_a_timed_out_call_does_not_poison_its_connection(tmp_path: Path) -> None
                 admin.execute_command("CLIENT", "UNPAUSE")
             for i in range(10):
                 assert executor.execute(_call("str", f"next-{i}")) == f"next-{i}".encode()
-            assert _in_use(client) == []
+            assert held_connections(client) == []
         finally:
             client.close()

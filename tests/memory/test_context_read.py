@@ -42,7 +42,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from memhelpers import T0, Clock, key
-from servers import RedisServer
+from servers import RedisServer, held_connections
 
 from memtier import (
     ActionResult,
@@ -573,9 +573,7 @@ def test_a_timed_out_transaction_does_not_poison_its_connection(
             for n, k in enumerate(keys):
                 texts_read = [t.fields["text"] for t in store.context(k).turns]
                 assert texts_read == [f"session {n}"], (round_, n)
-        pool = client.connection_pool
-        idle = {id(c) for c in pool.pool.queue if c is not None}
-        assert [c for c in pool._connections if id(c) not in idle] == []
+        assert held_connections(client) == []
     finally:
         client.close()
 

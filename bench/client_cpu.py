@@ -1,0 +1,64 @@
+"""This process's CPU time per ``store.append`` and per ``store.context(limit=20)``.
+
+``python -m bench.client_cpu [--ops N] [--rounds K]``
+
+On a private ``redis-server`` (free loopback port, temp dir, stopped by pid): 1,000
+sessions of 20 turns of 300 B, then ``K`` rounds of ``N`` appends and ``N`` context reads
+on a plain ``redis.Redis`` client (as users pass one).  Prints wall and process CPU time
+(user + system) per operation, min and median over the rounds.  CPU time is what the
+client's own work costs, which a busy shared machine inflates far less than wall time.
+
+A/B of two trees: run it alternately with ``PYTHONPATH=<other tree>`` and with this one,
+several times each, and compare the CPU minimums (docs/performance.md does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import redis
+
+from bench.server import HOST, BenchRedis
+from bench.workloads import KeyPool, bench_config, chat_text
+from memtier import AvatarMessage, ConversationStore
+
+__all__ = ["main"]
+
+
+def _round(store: ConversationStore, keys: KeyPool, text: str, ops: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name in ("append", "context"):
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(ops):
+            if name == "append":
+                store.append(keys.next(), AvatarMessage(text=text))
+            else:
+                store.context(keys.next(), limit=20)
+        out[f"{name}.wall"] = (time.perf_counter() - wall) / ops * 1e6
+        out[f"{name}.cpu"] = (time.process_time() - cpu) / ops * 1e6
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.client_cpu", description=__doc__)
+    p.add_argument("--ops", type=int, default=3000)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    with BenchRedis() as server:
+        client = redis.Redis(host=HOST, port=server.port)
+        store = ConversationStore(client, bench_config("clientcpu"))
+        keys, text = KeyPool(1, 1000), chat_text(300)
+        for _ in range(20_000):
+            store.append(keys.next(), AvatarMessage(text=text))
+        rounds = [_round(store, keys, text, args.ops) for _ in range(args.rounds)]
+        client.close()
+    for name in sorted(rounds[0]):
+        values = [r[name] for r in rounds]
+        print(f"{name:16} min {min(values):7.1f}  median {statistics.median(values):7.1f} us/op")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
