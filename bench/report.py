@@ -67,6 +67,13 @@ def _floor(ratio: tuple[float, float, float] | None) -> float | None:
     return None if ratio is None else ratio[0]
 
 
+def _ceiling(raw: Result | None, peer: Result | None) -> str:
+    """The best a Python client of the same kind gets against ``peer``: the raw redis-py
+    row of one round trip per operation (the floor, from C, is the target's ``floor``)."""
+    r = _ratio(raw, peer)
+    return "" if r is None else f"; raw redis-py, one round trip per op: x{r[0]:.2f}"
+
+
 def _fastest(h: Harness, prefix: str, op: str, size: str) -> Result | None:
     best: Result | None = None
     for r in h.results:
@@ -119,14 +126,16 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
             _floor(_ratio(g("floor.append.300B.redis-benchmark"), g("base.append.300B.redispy"))),
         )
     )
-    r = _ratio(g("memtier.append.300B.asyncio"), g("peer.openai-agents.append.300B"))
+    peer_append = g("peer.openai-agents.append.300B")
+    r = _ratio(g("memtier.append.300B.asyncio"), peer_append)
     out.append(
         _target(
             "append vs OpenAI Agents RedisSession [300B]",
             ">= 5x",
             r,
             lambda v: v >= 5.0,
-            "both asyncio, same round",
+            "both asyncio, same round" + _ceiling(g("base.append.300B.asyncio"), peer_append),
+            _floor(_ratio(g("floor.append.300B.redis-benchmark"), peer_append)),
         )
     )
     r = _ratio(g("memtier.append.300B.asyncio64"), g("base.append.300B.asyncio64"))
@@ -164,9 +173,9 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
         )
     )
     fastest = _fastest(h, "peer.", "read20", "300B")
-    mine = g("memtier.read20.300B.sync")
+    mine, raw = g("memtier.read20.300B.sync"), g("base.read20.300B.redispy")
     if fastest is not None and "openai" in fastest.key:
-        mine = g("memtier.read20.300B.asyncio")
+        mine, raw = g("memtier.read20.300B.asyncio"), g("base.read20.300B.asyncio")
     r = _ratio(mine, fastest)
     out.append(
         _target(
@@ -174,7 +183,10 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
             ">= 2x",
             r,
             lambda v: v >= 2.0,
-            f"fastest peer: {fastest.label}" if fastest else "no peer ran",
+            (f"fastest peer: {fastest.label}" + _ceiling(raw, fastest))
+            if fastest
+            else "no peer ran",
+            _floor(_ratio(g("floor.read20.300B.redis-benchmark"), fastest)),
         )
     )
     for size in ("300B", "4KiB"):

@@ -309,3 +309,41 @@ def test_run_workers_gives_no_blocked_figure_when_a_window_is_empty(
     assert t.met is None and t.value is None
     flush = _by_name(evaluate_targets(h, None))["flush vs disk sequential write rate"]
     assert flush.value == 0.02 and flush.met is False  # the other figures still count
+
+
+PEER_APPEND = "append vs OpenAI Agents RedisSession [300B]"
+PEER_READ = "context vs fastest peer's read-last-20 [300B]"
+
+
+@given(rounds, st.booleans())
+@example([(1.0, 1.0, 1.0, 1.0)], True)
+@example([(2.0, 1.0, 4.0, 9.0)], False)
+def test_peer_targets_show_the_c_floor_and_the_raw_python_ceiling(
+    data: list[tuple[float, float, float, float]], with_floor_rows: bool
+) -> None:
+    """Against OpenAI's RedisSession, the floor is the C client's row and the detail names
+    what raw redis-py gets (one round trip per operation): both same-run, never claimed
+    without their rows."""
+    mine, peer, raw, c_floor = (list(col) for col in zip(*data, strict=True))
+    sec = "asyncio"
+    h = _harness()
+    for op in ("append", "read20"):
+        h.add(_row(f"memtier.{op}.300B.asyncio", sec, mine))
+        h.add(_row(f"peer.openai-agents.{op}.300B", sec, peer))
+        h.add(_row(f"base.{op}.300B.asyncio", sec, raw))
+        if with_floor_rows:
+            h.add(_row(f"floor.{op}.300B.redis-benchmark", "floor rows", c_floor))
+    targets = _by_name(evaluate_targets(h, None))
+    expected = _median_ratio(mine, peer)
+    ceiling = statistics.median(raw) / statistics.median(peer)
+    if len(raw) == len(peer):
+        ceiling = _median_ratio(raw, peer)[0]
+    for name, goal in ((PEER_APPEND, 5.0), (PEER_READ, 2.0)):
+        t = targets[name]
+        _assert_target(t, expected, expected[0] >= goal)
+        assert f"raw redis-py, one round trip per op: x{ceiling:.2f}" in t.detail
+        if with_floor_rows:
+            floor = statistics.median(c_floor) / statistics.median(peer)
+            assert t.floor is not None and abs(t.floor - floor) <= 1e-9 * max(1.0, floor)
+        else:
+            assert t.floor is None
