@@ -290,6 +290,12 @@ class KeptConnectionsPool(BlockingConnectionPool):
             lean.give_back()
         return super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
+    def exhausted(self) -> bool:
+        """No free connection (nor room for a new one): a caller may be waiting for one,
+        so a connection that comes back must come back here, not to the lean stack.
+        (Several stores may share one client, each with its own guard.)"""
+        return bool(self.pool.empty())
+
 
 # A caller's own plain pool cannot be asked for its connections back: keep few of them.
 _IDLE_IN_A_CALLERS_POOL = 16
@@ -351,13 +357,14 @@ class LeanPool:
     of the client's own work per append.  The stack never holds more than there were
     lean calls at once (the store's guard bounds those by ``max_connections``) nor more
     than ``keep_idle``; memtier's own pool takes them back before it hands out one to any
-    other command (:class:`KeptConnectionsPool`), so no caller waits on a connection that
-    sits idle here.  A kept connection is checked as the pool checks one (connected,
+    other command, and while it has none free a connection goes back to it, not here
+    (:class:`KeptConnectionsPool`), so no caller waits on a connection that sits idle
+    here.  A kept connection is checked as the pool checks one (connected,
     nothing unread) before each use; after a fork the child drops the parent's without
     touching them.
     """
 
-    __slots__ = ("_idle", "_keep", "_named", "_packer", "_pid", "pool")
+    __slots__ = ("_exhausted", "_idle", "_keep", "_named", "_packer", "_pid", "pool")
 
     def __init__(self, pool: Any, *, named: bool | None = None, keep_idle: int = 0) -> None:
         self.pool = pool
@@ -367,6 +374,7 @@ class LeanPool:
             named = parameter is not None and parameter.default is inspect.Parameter.empty
         self._named = named
         self._keep = keep_idle
+        self._exhausted: Callable[[], bool] | None = getattr(pool, "exhausted", None)
         self._idle: deque[Any] | None = deque() if keep_idle > 0 else None
         self._pid = os.getpid()
         # hiredis packs exactly as redis-py does for str/bytes/int/float arguments in UTF-8
@@ -404,8 +412,13 @@ class LeanPool:
                 conn.disconnect()  # redis-py's maintenance notifications asked for it
                 conn.connect()
         finally:
-            idle = self._idle
-            if idle is not None and len(idle) < self._keep and self._pid == os.getpid():
+            idle, exhausted = self._idle, self._exhausted
+            if (
+                idle is not None
+                and len(idle) < self._keep
+                and self._pid == os.getpid()
+                and not (exhausted is not None and exhausted())
+            ):
                 idle.append(conn)
             else:
                 self.pool.release(conn)

@@ -26,7 +26,7 @@ import hashlib
 import re
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
@@ -202,26 +202,46 @@ class LuaScript:
             raise ScriptError(f"{self.name} takes {self.num_keys} keys, got {len(keys)}")
         return (sha, self.num_keys, *keys, *args)
 
-    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run on a sync redis-py client (standalone or cluster)."""
+    # --- one shape for every call: the duration metric, memtier's error mapping, and
+    # NOSCRIPT answered by loading the text and re-sending the same call once -----------
+    def _call(self, send: Callable[[], Any], load: Callable[[], Any]) -> Any:
         started = time.perf_counter()
         try:
-            return self._evalsha(client, keys, args)
+            return _resent_once(send, load)
         except RedisResponseError as exc:
             _raise_script_error(self.name, exc)
             raise
         finally:
             self._duration.observe(time.perf_counter() - started)
 
-    def _evalsha(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """``EVALSHA`` through ``client``'s own command machinery, NOSCRIPT reloaded once."""
+    async def _call_async(
+        self, send: Callable[[], Awaitable[Any]], load: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        started = time.perf_counter()
+        try:
+            try:
+                return await send()
+            except NoScriptError:
+                await load()
+                return await send()
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
+    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run on a sync redis-py client (standalone or cluster)."""
         text = self.text_for(client)
         call = self._args(text.sha, keys, args)
-        try:
-            return client.evalsha(*call)
-        except NoScriptError:
-            client.script_load(text.source)
-            return client.evalsha(*call)
+        return self._call(lambda: client.evalsha(*call), lambda: client.script_load(text.source))
+
+    def _evalsha(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """``EVALSHA`` through ``client``'s own command machinery, NOSCRIPT reloaded once
+        (inside a call already timed: the lean paths' fallback)."""
+        text = self.text_for(client)
+        call = self._args(text.sha, keys, args)
+        return _resent_once(lambda: client.evalsha(*call), lambda: client.script_load(text.source))
 
     def call_lean_cluster(
         self,
@@ -239,22 +259,15 @@ class LuaScript:
         which follows the redirect (``ASKING`` on the importing node) and patches the
         slot map the next lean call reads."""
         call = ("EVALSHA", *self._args(self.sha, keys, args)) if not packed else ("EVALSHA",)
-        started = time.perf_counter()
-        try:
+
+        def send() -> Any:
             try:
-                try:
-                    return lean.execute(slot, call, packed)
-                except NoScriptError:
-                    client.script_load(self.source)
-                    return lean.execute(slot, call, packed)
+                return lean.execute(slot, call, packed)
             except (MovedError, AskError):
                 lean.redirects += 1
                 return self._evalsha(client, keys, args)
-        except RedisResponseError as exc:
-            _raise_script_error(self.name, exc)
-            raise
-        finally:
-            self._duration.observe(time.perf_counter() - started)
+
+        return self._call(send, lambda: client.script_load(self.source))
 
     def call_lean(
         self,
@@ -270,18 +283,9 @@ class LuaScript:
         text is :attr:`source`).  NOSCRIPT reloads through ``client`` and re-sends the same
         bytes; errors, the duration metric and ``memtier:`` rejections as :meth:`__call__`."""
         call = ("EVALSHA", *self._args(self.sha, keys, args)) if not packed else ("EVALSHA",)
-        started = time.perf_counter()
-        try:
-            try:
-                return lean.execute(call, packed)
-            except NoScriptError:
-                client.script_load(self.source)
-                return lean.execute(call, packed)
-        except RedisResponseError as exc:
-            _raise_script_error(self.name, exc)
-            raise
-        finally:
-            self._duration.observe(time.perf_counter() - started)
+        return self._call(
+            lambda: lean.execute(call, packed), lambda: client.script_load(self.source)
+        )
 
     async def call_pipelined(
         self,
@@ -298,35 +302,17 @@ class LuaScript:
         bytes; errors, the duration metric and ``memtier:`` rejections as :meth:`__call__`."""
         if not packed:
             packed.extend(pipeline.pack(("EVALSHA", *self._args(self.sha, keys, args))))
-        started = time.perf_counter()
-        try:
-            try:
-                return await pipeline.submit(packed)
-            except NoScriptError:
-                await client.script_load(self.source)
-                return await pipeline.submit(packed)
-        except RedisResponseError as exc:
-            _raise_script_error(self.name, exc)
-            raise
-        finally:
-            self._duration.observe(time.perf_counter() - started)
+        return await self._call_async(
+            lambda: pipeline.submit(packed), lambda: client.script_load(self.source)
+        )
 
     async def call_async(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run on an asyncio redis-py client (standalone or cluster)."""
         text = self.text_for(client)
         call = self._args(text.sha, keys, args)
-        started = time.perf_counter()
-        try:
-            try:
-                return await client.evalsha(*call)
-            except NoScriptError:
-                await client.script_load(text.source)
-                return await client.evalsha(*call)
-        except RedisResponseError as exc:
-            _raise_script_error(self.name, exc)
-            raise
-        finally:
-            self._duration.observe(time.perf_counter() - started)
+        return await self._call_async(
+            lambda: client.evalsha(*call), lambda: client.script_load(text.source)
+        )
 
     # --- in a transaction: MULTI, this script, plain reads, EXEC (one round trip) --------
     # NOSCRIPT is an element of the EXEC reply (Redis 7 queues an unknown SHA and fails
@@ -356,6 +342,60 @@ class LuaScript:
         """``MULTI``, this script by SHA, ``reads``, ``EXEC``: the packed transactions."""
         return (("MULTI",), ("EVALSHA", *self._args(self.sha, keys, args)), *reads, ("EXEC",))
 
+    def _transaction(self, send: Callable[[], Any], load: Callable[[], Any]) -> list[Any]:
+        """Send a transaction (``send`` returns EXEC's reply), re-sent once after NOSCRIPT;
+        timed and mapped as :meth:`_call`."""
+        started = time.perf_counter()
+        try:
+            for attempt in range(2):
+                try:
+                    replies = send()
+                except NoScriptError:  # refused while queueing (EXECABORT): nothing ran
+                    if attempt == 1:
+                        raise
+                    replies = None
+                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
+                if checked is not None:
+                    return checked
+                load()
+            raise AssertionError("unreachable")  # pragma: no cover
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
+    async def _transaction_async(
+        self, send: Callable[[], Awaitable[Any]], load: Callable[[], Awaitable[Any]]
+    ) -> list[Any]:
+        """The asyncio twin of :meth:`_transaction`."""
+        started = time.perf_counter()
+        try:
+            for attempt in range(2):
+                try:
+                    replies = await send()
+                except NoScriptError:  # refused while queueing (EXECABORT): nothing ran
+                    if attempt == 1:
+                        raise
+                    replies = None
+                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
+                if checked is not None:
+                    return checked
+                await load()
+            raise AssertionError("unreachable")  # pragma: no cover
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
+    def _queued(self, pipe: Any, call: tuple[Any, ...], reads: Sequence[ReadCommand]) -> Any:
+        # execute_command: redis-py's ClusterPipeline blocks its evalsha() method
+        pipe.execute_command("EVALSHA", *call)
+        for read in reads:
+            pipe.execute_command(*read)
+        return pipe
+
     def call_transaction(
         self, client: Any, keys: Sequence[str], args: Sequence[Any], reads: Sequence[ReadCommand]
     ) -> list[Any]:
@@ -364,32 +404,15 @@ class LuaScript:
         transaction, every key on one slot).  Returns ``[script reply, *read replies]``."""
         text = self.text_for(client)
         call = self._args(text.sha, keys, args)
-        started = time.perf_counter()
-        try:
-            for attempt in range(2):
-                pipe = client.pipeline(transaction=True)
-                # execute_command: redis-py's ClusterPipeline blocks its evalsha() method
-                pipe.execute_command("EVALSHA", *call)
-                for read in reads:
-                    pipe.execute_command(*read)
-                try:
-                    replies = pipe.execute(raise_on_error=False)
-                except (MovedError, AskError) as exc:  # Cluster: nothing ran; retried
-                    raise _slot_moved(exc) from exc
-                except NoScriptError:  # refused while queueing (EXECABORT): nothing ran
-                    if attempt == 1:
-                        raise
-                    replies = None
-                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
-                if checked is not None:
-                    return checked
-                client.script_load(text.source)
-            raise AssertionError("unreachable")  # pragma: no cover
-        except RedisResponseError as exc:
-            _raise_script_error(self.name, exc)
-            raise
-        finally:
-            self._duration.observe(time.perf_counter() - started)
+
+        def send() -> Any:
+            pipe = self._queued(client.pipeline(transaction=True), call, reads)
+            try:
+                return pipe.execute(raise_on_error=False)
+            except (MovedError, AskError) as exc:  # Cluster: nothing ran; retried
+                raise _slot_moved(exc) from exc
+
+        return self._transaction(send, lambda: client.script_load(text.source))
 
     def call_transaction_lean(
         self,
@@ -409,32 +432,18 @@ class LuaScript:
         through redis-py's ``ClusterPipeline``, which raises it as a retryable fault."""
         commands = () if packed else self._transaction_commands(keys, args, reads)
         count = 3 + len(reads)
-        started = time.perf_counter()
-        try:
-            for attempt in range(2):
-                try:
-                    if not isinstance(lean, ClusterLean):
-                        replies = lean.transaction(commands, count, packed)
-                    else:
-                        try:
-                            replies = lean.transaction(slot, commands, count, packed)
-                        except (MovedError, AskError):
-                            lean.redirects += 1
-                            return self.call_transaction(client, keys, args, reads)
-                except NoScriptError:  # refused while queueing (EXECABORT): nothing ran
-                    if attempt == 1:
-                        raise
-                    replies = None
-                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
-                if checked is not None:
-                    return checked
-                client.script_load(self.source)
-            raise AssertionError("unreachable")  # pragma: no cover
-        except RedisResponseError as exc:
-            _raise_script_error(self.name, exc)
-            raise
-        finally:
-            self._duration.observe(time.perf_counter() - started)
+
+        def send() -> Any:
+            if not isinstance(lean, ClusterLean):
+                return lean.transaction(commands, count, packed)
+            try:
+                return lean.transaction(slot, commands, count, packed)
+            except (MovedError, AskError):
+                lean.redirects += 1
+                # Checked already (so checked again unchanged): nothing of it is an error.
+                return self.call_transaction(client, keys, args, reads)
+
+        return self._transaction(send, lambda: client.script_load(self.source))
 
     async def call_transaction_pipelined(
         self,
@@ -452,25 +461,9 @@ class LuaScript:
             for command in self._transaction_commands(keys, args, reads):
                 packed.extend(pipeline.pack(command))
         count = 3 + len(reads)
-        started = time.perf_counter()
-        try:
-            for attempt in range(2):
-                try:
-                    replies = await pipeline.submit(packed, count)
-                except NoScriptError:  # refused while queueing (EXECABORT): nothing ran
-                    if attempt == 1:
-                        raise
-                    replies = None
-                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
-                if checked is not None:
-                    return checked
-                await client.script_load(self.source)
-            raise AssertionError("unreachable")  # pragma: no cover
-        except RedisResponseError as exc:
-            _raise_script_error(self.name, exc)
-            raise
-        finally:
-            self._duration.observe(time.perf_counter() - started)
+        return await self._transaction_async(
+            lambda: pipeline.submit(packed, count), lambda: client.script_load(self.source)
+        )
 
     async def call_transaction_async(
         self, client: Any, keys: Sequence[str], args: Sequence[Any], reads: Sequence[ReadCommand]
@@ -479,32 +472,15 @@ class LuaScript:
         ``ClusterPipeline`` runs transactions on one slot too)."""
         text = self.text_for(client)
         call = self._args(text.sha, keys, args)
-        started = time.perf_counter()
-        try:
-            for attempt in range(2):
-                pipe = client.pipeline(transaction=True)
-                # execute_command: redis-py's ClusterPipeline blocks its evalsha() method
-                pipe.execute_command("EVALSHA", *call)
-                for read in reads:
-                    pipe.execute_command(*read)
-                try:
-                    replies = await pipe.execute(raise_on_error=False)
-                except (MovedError, AskError) as exc:
-                    raise _slot_moved(exc) from exc
-                except NoScriptError:
-                    if attempt == 1:
-                        raise
-                    replies = None
-                checked = None if replies is None else self._exec_replies(replies, attempt == 1)
-                if checked is not None:
-                    return checked
-                await client.script_load(text.source)
-            raise AssertionError("unreachable")  # pragma: no cover
-        except RedisResponseError as exc:
-            _raise_script_error(self.name, exc)
-            raise
-        finally:
-            self._duration.observe(time.perf_counter() - started)
+
+        async def send() -> Any:
+            pipe = self._queued(client.pipeline(transaction=True), call, reads)
+            try:
+                return await pipe.execute(raise_on_error=False)
+            except (MovedError, AskError) as exc:
+                raise _slot_moved(exc) from exc
+
+        return await self._transaction_async(send, lambda: client.script_load(text.source))
 
     # --- durability="replicated": the script, then WAIT, on one connection ----------------
     def _replicated_reply(self, name: str, replies: list[Any], replicas: int) -> Any:
@@ -593,6 +569,15 @@ def _node_client(client: Any, key: str) -> Any:
 def _is_moved(reply: Any) -> bool:
     """A MOVED/ASK from the node: the slot moved and nothing ran there."""
     return isinstance(reply, RedisResponseError) and str(reply).startswith(("MOVED", "ASK"))
+
+
+def _resent_once(send: Callable[[], Any], load: Callable[[], Any]) -> Any:
+    """``send()``; after NOSCRIPT, ``load()`` the text and send the same call once more."""
+    try:
+        return send()
+    except NoScriptError:
+        load()
+        return send()
 
 
 def _slot_moved(reply: Any) -> TransientBackendError:

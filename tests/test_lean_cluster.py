@@ -37,9 +37,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
-from servers import RedisClusterServers
+from servers import RedisClusterServers, held_connections
 from test_lean_call import PROBE_LUA
-from test_lean_call import _in_use as _standalone_in_use
 
 from memtier import MemtierConfig, MemtierError
 from memtier.connection import SyncClientGuard, connect_sync
@@ -96,7 +95,7 @@ def _outcome(executor: SyncExecutor, call: ScriptCall) -> tuple[Any, ...]:
 def _in_use(client: Any) -> list[Any]:
     """Connections checked out of any node pool of a cluster client (or a standalone one)."""
     if not isinstance(client, RedisCluster):
-        return list(_standalone_in_use(client))
+        return held_connections(client)
     pools = [client.get_redis_connection(n).connection_pool for n in client.get_nodes()]
     return [c for pool in pools for c in pool._in_use_connections]
 

@@ -12,8 +12,9 @@ hiredis.  The promises, and the adversaries that try to break them:
   connections, against a model where every call answers its own payload in one attempt
   (a killed connection is found before the send, not by a failed attempt), no call holds a
   connection afterwards and the pool never opens more than its bound;
-* memtier's pool takes the kept connections back before any other command (a pool of one:
-  the generic command would otherwise wait out the pool timeout and fail);
+* memtier's pool takes the kept connections back before any other command, and keeps
+  none while it has no connection free (another command would otherwise wait out the
+  pool timeout and fail), also with two guards on one client (two stores sharing it);
 * a caller's own plain pool loses at most a quarter of its bound (at most 16) to kept
   connections, under concurrent callers; a caller's blocking pool, none;
 * a forked child never writes on its parent's kept socket.
@@ -257,20 +258,47 @@ def test_a_kept_connection_that_was_closed_is_replaced_before_the_send(
 
 
 @pytest.mark.real
-def test_a_pool_of_one_hands_the_kept_connection_to_a_generic_command(tmp_path: Path) -> None:
+def test_the_kept_connection_goes_to_a_generic_command_when_none_is_free(
+    tmp_path: Path,
+) -> None:
     scripts = _registry(tmp_path)
     with running_server() as server:
-        settings_ = _settings(1) | {"pool_timeout_seconds": 30.0}
+        settings_ = _settings(2) | {"pool_timeout_seconds": 30.0}
         client, _ = connect_sync(MemtierConfig.load(redis_url=server.url, redis=settings_))
+        pool = client.connection_pool
         try:
-            lean = _executor(client, scripts, 1, lean=True)
+            lean = _executor(client, scripts, 2, lean=True)
             assert lean.execute(_echo("a")) == b"a"
-            assert len(_kept(client)) == 1  # the pool's only connection, kept idle
+            assert len(_kept(client)) == 1  # one kept idle, one slot free
+            # Another holder takes the free slot (past the give-back, as a caller of a
+            # plain BlockingConnectionPool would): none is free now.
+            holder = super(KeptConnectionsPool, pool).get_connection()
+            assert pool.exhausted()
             # Without the give-back this waits the 30 s pool timeout and raises.
             assert client.echo("generic") == b"generic"
-            assert _kept(client) == [] and held_connections(client) == []
+            assert _kept(client) == []
+            # A lean call while none is free gives its connection back to the pool.
             assert lean.execute(_echo("b")) == b"b"
-            assert lean.lean_calls == 2
+            assert _kept(client) == [] and held_connections(client) == [holder]
+            pool.release(holder)
+            assert lean.execute(_echo("c")) == b"c"
+            assert len(_kept(client)) == 1 and held_connections(client) == []
+            assert lean.lean_calls == 3
+        finally:
+            client.close()
+
+
+@pytest.mark.real
+def test_a_pool_of_one_never_keeps_its_connection(tmp_path: Path) -> None:
+    scripts = _registry(tmp_path)
+    with running_server() as server:
+        client, _ = connect_sync(MemtierConfig.load(redis_url=server.url, redis=_settings(1)))
+        try:
+            lean = _executor(client, scripts, 1, lean=True)
+            for i in range(3):
+                assert lean.execute(_echo(f"x{i}")) == f"x{i}".encode()
+                assert _kept(client) == []  # kept, it would leave no connection free
+                assert client.echo("generic") == b"generic"
         finally:
             client.close()
 
@@ -346,6 +374,7 @@ def test_a_callers_pool_keeps_at_most_its_share(
                 assert {id(c) for c in pool._in_use_connections} == {id(c) for c in idle}
         finally:
             client.close()
+            pool.disconnect()  # the caller's pool: closing the client leaves it open
 
 
 @pytest.mark.real
