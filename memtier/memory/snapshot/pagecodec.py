@@ -165,8 +165,11 @@ def _session(
 ) -> PageSession:
     h: dict[str, str] = {}
     receipts: dict[str, str] = {}
-    for i in range(0, len(flat) - 1, 2):
-        name, value = _str(flat[i]), _str(flat[i + 1])
+    pairs = iter(flat)  # (name, value) pairs; an odd last element is ignored, as before
+    for raw_name, raw_value in zip(pairs, pairs, strict=False):
+        # wire.text inlined: a page has ~12 hash fields per session
+        name = raw_name.decode("utf-8") if type(raw_name) is bytes else text(raw_name)
+        value = raw_value.decode("utf-8") if type(raw_value) is bytes else text(raw_value)
         if name[:2] == "r:":
             receipts[name[2:]] = value
         else:
