@@ -98,6 +98,7 @@ class _PageWriter:
 
     def write(self, reply: Sequence[Any]) -> None:
         writer = self.writer
+        checked: list[dict[str, Any]] = []
         for session in decode_page(reply):
             line = session.line
             try:
@@ -114,7 +115,9 @@ class _PageWriter:
                 metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("flush", exc.reason).inc()
                 self.skipped.append((exc, line["member"], line["id"]))
                 continue
-            writer.add(line)
+            checked.append(line)
+        # One write and one hash update per page, in the page's order.
+        writer.add_lines(checked)
 
 
 def flush_plan(
