@@ -302,3 +302,41 @@ def test_restored_first_format_records_decode_as_the_strict_path(
     _assert_same(reply)
     (session,) = decode_page(reply)
     assert session.redacted == (False,) * 6 + (True,)
+
+
+# --------------------------------------------------------------------------- member check
+
+
+def _uuid_spellings() -> st.SearchStrategy[str]:
+    import uuid
+
+    def spell(u: uuid.UUID, how: int) -> str:
+        return [
+            str(u),
+            str(u).upper(),
+            u.hex,
+            "{" + str(u) + "}",
+            "urn:uuid:" + str(u),
+            str(u).replace("-", "_", 1),
+            str(u)[:-1] + "\uff10",  # a full-width digit: int() takes it, str() does not
+            str(u) + "\n",
+            " " + str(u),
+        ][how]
+
+    return st.builds(spell, st.uuids(), st.integers(0, 8)) | st.text(max_size=40)
+
+
+@given(_uuid_spellings())
+@example("00000000-0000-0000-0000-00000000000\uff10")
+def test_the_canonical_uuid_check_is_str_of_uuid(avatar: str) -> None:
+    """check_session_line's member check (a regex) refuses exactly what
+    ``str(UUID(avatar)) != avatar`` refused."""
+    from uuid import UUID
+
+    from memtier.memory.snapshot import validation
+
+    try:
+        expected = str(UUID(avatar)) == avatar
+    except ValueError:
+        expected = False
+    assert (validation._CANONICAL_UUID_RE.fullmatch(avatar) is not None) == expected

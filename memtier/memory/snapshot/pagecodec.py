@@ -175,10 +175,9 @@ def _session(
         else:
             h[name] = value
     try:
+        sid = h["id"]
         records: list[dict[str, Any]] = []
         redacted: list[bool] = []
-        made: list[tuple[str, str]] = []  # (turn id, receipt) of each record
-        sid = None
         for raw in recs:
             got = _fast_record(raw) if type(raw) is bytes else None
             if got is None:
@@ -186,12 +185,10 @@ def _session(
             line, turn_id, seq, rclock, rwall, nbytes, rotated, current = got
             records.append(line)
             redacted.append(current)
-            made.append((turn_id, f"{seq}|{rclock}|{rwall}|{nbytes}|{1 if rotated else 0}"))
-        sid = h["id"]
-        # memtier.memory.turncodec.window_receipts on the decoded values (a test pins it).
-        for turn_id, rest in made:
+            # memtier.memory.turncodec.window_receipts on the decoded values (a test pins
+            # it): a stored receipt wins, else the one made from the record.
             if turn_id not in receipts:
-                receipts[turn_id] = f"{sid}|{rest}"
+                receipts[turn_id] = f"{sid}|{seq}|{rclock}|{rwall}|{nbytes}|{1 if rotated else 0}"
         if len(receipts) > _WINDOW:
             by_seq = sorted(receipts.items(), key=lambda item: -_receipt_seq(item[1]))
             receipts = dict(by_seq[:_WINDOW])
