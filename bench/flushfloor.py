@@ -75,7 +75,7 @@ class _Raw:
 def flush_floor(store: Any, directory: Path) -> dict[str, Any]:
     """Read every live session of ``store``'s namespace as its flush does, writing the
     page replies raw (see the module docstring).  Returns ``seconds``, ``reply_bytes``,
-    ``page_calls``, ``sessions``; the file is removed."""
+    ``cpu_seconds``, ``page_calls``, ``sessions``; the file is removed."""
     from memtier.memory.persistence.flush import PAGE_BYTES, PAGE_SESSIONS, snapshot_page_call
     from memtier.memory.snapshot.fileformat import page_last_member
 
@@ -86,7 +86,7 @@ def flush_floor(store: Any, directory: Path) -> dict[str, Any]:
     path = directory / f".flushfloor-{os.getpid()}"
     digest = hashlib.sha256()
     written = calls = sessions = 0
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         with open(path, "wb", buffering=_BUFFER) as fh:
 
@@ -142,12 +142,13 @@ def flush_floor(store: Any, directory: Path) -> dict[str, Any]:
             calls += 1
             fh.flush()
             os.fsync(fh.fileno())
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     finally:
         raw.close()
         path.unlink(missing_ok=True)
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "reply_bytes": written,
         "page_calls": calls,
         "sessions": sessions,
