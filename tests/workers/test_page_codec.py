@@ -68,9 +68,14 @@ _texts = st.text(max_size=8) | st.sampled_from(["|", "a|b", "\x00", "\u0661", "Ã
 
 
 @st.composite
-def _record(draw: st.DrawFn) -> Any:
-    fmt = draw(st.sampled_from(["current"] * 6 + ["first"] * 2 + ["other"]))
-    kind = draw(st.sampled_from([*KIND_FIELDS, *KIND_FIELDS, "nope"]))
+def _record(draw: st.DrawFn, clean: bool = False) -> Any:
+    """A record element; ``clean``: one the store could have written (no corruption)."""
+    if clean:
+        fmt = draw(st.sampled_from(["current"] * 3 + ["first"]))
+        kind = draw(st.sampled_from(list(KIND_FIELDS)))
+    else:
+        fmt = draw(st.sampled_from(["current"] * 6 + ["first"] * 2 + ["other"]))
+        kind = draw(st.sampled_from([*KIND_FIELDS, *KIND_FIELDS, "nope"]))
     names = KIND_FIELDS.get(kind, ("text",))
     values = [draw(_texts) for _ in names]
     turn_id = draw(_texts)
@@ -88,11 +93,15 @@ def _record(draw: st.DrawFn) -> Any:
             else draw(st.sampled_from(["v2", "v12", "v01", "v", "v0", "x1", "v1a", "V1"]))
         )
         flags = tool + draw(st.sampled_from(["", "r"])) + version
-        if draw(st.integers(0, 20)) == 0:
+        if not clean and draw(st.integers(0, 20)) == 0:
             flags = draw(st.sampled_from(["", "2v1", "0rrv1", "01", "1r", " 0v1"]))
     nums = [str(draw(st.integers(0, 2**45))) for _ in range(4)]
     if fmt != "first" and draw(st.integers(0, 3)) > 0:
         nums[2] = ""  # format 2 leaves a wall time equal to the clock out
+    if clean:
+        if fmt == "first" and draw(st.booleans()):
+            nums[2] = nums[1]  # the first format writes an equal wall time
+        return ("|".join([*nums, flags]) + "|").encode("utf-8") + payload
     if draw(st.integers(0, 8)) == 0:
         nums[2] = nums[1]  # written although equal: format 2 refuses it, format 1 not
     if draw(st.integers(0, 12)) == 0:
@@ -116,13 +125,14 @@ def _record(draw: st.DrawFn) -> Any:
 @st.composite
 def _session(draw: st.DrawFn) -> list[Any]:
     member = draw(st.sampled_from([b"00000000-0000-0000-0000-000000000001:public", "a:im"]))
+    clean = draw(st.booleans())  # every field well-formed: the accepted path, many records
     h: dict[str, str] = {}
     for name in ("id", "created", "created_wall", "seq", "turns", "bytes", "tools"):
-        if draw(st.integers(0, 60)) > 0:
+        if clean or draw(st.integers(0, 60)) > 0:
             h[name] = "ses_x" if name == "id" else str(draw(st.integers(0, 2**45)))
     for name in ("last", "last_wall", "summary_bytes", "sv", "summary", "xp"):
         if draw(st.booleans()):
-            bad = draw(st.integers(0, 20)) == 0
+            bad = not clean and draw(st.integers(0, 20)) == 0
             h[name] = (
                 draw(st.sampled_from(["", "q", " 5", "\u0661"]))
                 if bad
@@ -133,7 +143,7 @@ def _session(draw: st.DrawFn) -> list[Any]:
     flat: list[Any] = []
     for k, v in h.items():
         flat += [k.encode() if draw(st.booleans()) else k, v.encode()]
-    recs = draw(st.lists(_record(), max_size=4))
+    recs = draw(st.lists(_record(clean), max_size=8 if clean else 4))
     return [member, len(flat), *flat, len(recs), *recs]
 
 
