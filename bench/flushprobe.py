@@ -12,7 +12,9 @@ orjson, SHA-256, writes, fsync).  Between the flushes it measures the disk's seq
 write + fsync rate in the same directory with a file of the flush's size, so the ratio
 compares the same disk at the same time.  ``SLOWLOG`` (threshold 0, reset before each
 flush) gives the server time of every ``snapshot_page`` call: the longest one is how long
-the flush held the shard, against the 2 ms target.
+the flush held the shard, against the 2 ms target.  After each plain flush, the floor
+(:mod:`bench.flushfloor`: the same ``snapshot_page`` calls with the replies written raw,
+no decoding, fsync) gives ``flush vs floor`` and ``flush floor vs disk``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import pyprofile
+from bench.flushfloor import flush_floor
 from bench.probe import RESULTS_DIR, exit_on_sigterm, fmt, loadavg, machine_meta, spread, write_json
 from bench.server import BenchRedis
 from bench.workloads import KeyPool, chat_text, populate
@@ -95,14 +98,17 @@ def _flush(store: ConversationStore, client: Any, sha: str, profiler: Any = None
     client.slowlog_reset()
     if profiler is not None:
         profiler.start()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     res = store.flush()
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     if profiler is not None:
         profiler.stop()
     pages = _page_durations(client, sha)
     return {
         "seconds": elapsed,
+        # CPU of the whole flushing process (both threads): what load on shared cores
+        # does not inflate the way it inflates wall time.
+        "cpu_seconds": cpu,
         "bytes": res.bytes,
         "sessions": res.sessions,
         "skipped": dict(res.skipped),
@@ -214,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 page_target_us=TARGET_PAGE_US,
             )
             flushes = [{"profiled": False, "load": loadavg(), **_flush(store, client, sha)}]
+            floors = [{"load": loadavg(), **flush_floor(store, storage)}]
             size = max(int(flushes[0]["bytes"]), 64 * 1024 * 1024)
             disks = [sequential_write(storage, size)]
             profile: dict[str, Any] = {}
@@ -236,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                     profile["profile_path"] = str(path)
             disks.append(sequential_write(storage, size))
             flushes.append({"profiled": False, "load": loadavg(), **_flush(store, client, sha)})
+            floors.append({"load": loadavg(), **flush_floor(store, storage)})
             store.close()
             client.close()
     finally:
@@ -246,9 +254,20 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "flush_bytes_per_s": spread([f["bytes_per_s"] for f in plain]),
         "flush_sessions_per_s": spread([f["sessions_per_s"] for f in plain]),
+        "flush_cpu_seconds": spread([f["cpu_seconds"] for f in plain]),
+        "floor_cpu_seconds": spread([f["cpu_seconds"] for f in floors]),
         "disk_bytes_per_s": spread(disk_rates),
         "flush_vs_disk": spread(
             [f["bytes_per_s"] / r for f in plain for r in disk_rates]  # every pairing
+        ),
+        # The floor (bench/flushfloor.py): the same page calls, replies written raw.
+        "floor_seconds": spread([f["seconds"] for f in floors]),
+        "floor_bytes_per_s": spread(
+            [p["bytes"] / f["seconds"] for p in plain for f in floors]  # the flush's bytes
+        ),
+        "flush_vs_floor": spread([f["seconds"] / p["seconds"] for p in plain for f in floors]),
+        "floor_vs_disk": spread(
+            [p["bytes"] / f["seconds"] / r for p in plain for f in floors for r in disk_rates]
         ),
         "page_max_us": spread([f["page_max_us"] for f in flushes]),
         "page_p99_us": spread([f["page_p99_us"] for f in flushes]),
@@ -261,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {**meta, "load_at_end": loadavg()},
         "summary": summary,
         "flushes": flushes,
+        "floors": floors,
         "disk": disks,
         "profile": profile,
         "py_spy": spy,
@@ -307,7 +327,19 @@ def _print(summary: dict[str, Any], flushes: list[dict[str, Any]], profile: dict
         f"  disk write+fsync: {d['median'] / mib:.0f} MiB/s"
         f" [{d['min'] / mib:.0f}-{d['max'] / mib:.0f}]"
     )
+    fl = summary["floor_seconds"]
+    print(
+        f"  floor (same snapshot_page calls, replies written raw + fsync):"
+        f" {fl['median']:.2f} s [{fl['min']:.2f}-{fl['max']:.2f}]"
+    )
+    fc, flc = summary["flush_cpu_seconds"], summary["floor_cpu_seconds"]
+    print(
+        f"  CPU of the process: flush {fc['median']:.2f} s [{fc['min']:.2f}-{fc['max']:.2f}],"
+        f" floor {flc['median']:.2f} s [{flc['min']:.2f}-{flc['max']:.2f}]"
+    )
     print(f"  flush / disk: {fmt(summary['flush_vs_disk'], 3)}")
+    print(f"  flush floor / disk: {fmt(summary['floor_vs_disk'], 3)}")
+    print(f"  flush / floor (floor seconds / flush seconds): {fmt(summary['flush_vs_floor'], 3)}")
     if profile:
         total = profile["total_us"] / 1e6
         print(f"\npyinstrument, profiled flush ({total:.2f} s): inclusive time per stage")

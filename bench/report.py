@@ -246,6 +246,8 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
             r,
             lambda v: v >= 0.5,
             flush.label if flush else _workers_note(h),
+            # the floor of a flush (bench/flushfloor.py) against the same disk
+            _floor(_ratio(g("workers.flush_floor"), g("workers.disk"))),
         )
     )
     blocked = g("workers.flush_blocked")

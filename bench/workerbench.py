@@ -168,6 +168,7 @@ def bench_flush_blocking(
     """Append latency from other processes while a flush of ``sessions`` sessions runs.
 
     Returns ``flush_s``, ``flush_bytes``, ``flush_bytes_per_s``, ``sessions``,
+    ``floor_s`` (:func:`bench.flushfloor.flush_floor` of the same sessions, right after),
     ``longest_page_call_s`` (the longest ``snapshot_page`` round trip seen by the
     flusher), ``server_max_page_us`` (the longest one ran inside Redis, from SLOWLOG: the
     longest the flush blocked other clients), ``server_max_other_us``, ``baseline`` and
@@ -175,6 +176,7 @@ def bench_flush_blocking(
     (``n``, ``p50_s``, ``p99_s``, ``max_s``) and ``blocked_extra_max_s`` (max during the
     flush minus max without).  The namespace's keys are deleted at the end.
     """
+    from bench.flushfloor import flush_floor
     from memtier.engine import drive_sync
     from memtier.memory.persistence import flush_plan
     from memtier.memory.store import ConversationStore
@@ -211,10 +213,15 @@ def bench_flush_blocking(
         slowlog = _SlowLog(store.client)
         during = _run_writers(redis_url, namespace, writers, None, during=flush)
         server = slowlog.collect(store.scripts["snapshot_page"].sha)
+        # The floor of that flush (bench/flushfloor.py): the same page calls, replies
+        # written raw, right after it (the writers have stopped).
+        floor = flush_floor(store, Path(storage_path))
         base, under = _summary(baseline), _summary(during)
         return {
             **result,
             **server,
+            "floor_s": floor["seconds"],
+            "floor_page_calls": floor["page_calls"],
             "flush_bytes_per_s": result["flush_bytes"] / result["flush_s"],
             "longest_page_call_s": max(page_times, default=0.0),
             "page_calls": len(page_times),

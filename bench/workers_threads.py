@@ -52,6 +52,9 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
     during_max_ms: list[float] = []
     base_max_ms: list[float] = []
     page_ms: list[float] = []
+    floor: list[float] = []  # the flush's bytes over the floor's seconds, MiB/s
+    floor_disk: list[float] = []
+    vs_floor: list[float] = []  # floor seconds / flush seconds
     extras: list[dict[str, Any]] = []
     recovery: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="memtier-bench-flush-") as tmp:
@@ -83,6 +86,10 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
                     f"{res['during_flush']['n']} during it"
                 )
             page_ms.append(res["longest_page_call_s"] * 1000)
+            if res.get("floor_s") and res.get("flush_s"):
+                floor.append(res["flush_bytes"] / res["floor_s"] / mib)
+                floor_disk.append(disk[-1])
+                vs_floor.append(res["floor_s"] / res["flush_s"])
             extras.append(
                 {k: v for k, v in res.items() if not isinstance(v, dict)}
                 | {"baseline": res["baseline"], "during_flush": res["during_flush"]}
@@ -121,6 +128,22 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
             extra={"rounds": extras},
         )
     )
+    if floor:
+        h.add(
+            Result(
+                "workers.flush_floor",
+                sec,
+                "flush floor: the same snapshot_page calls, replies written raw + fsync",
+                "MiB/s",
+                values=floor,
+                baseline="workers.disk",
+                ratios=[f / d for f, d in zip(floor, floor_disk, strict=True) if d > 0],
+                note="the flush's bytes over the floor's seconds; run right after the flush,"
+                f" without the writers; flush / floor x{statistics.median(vs_floor):.2f}"
+                f" [{min(vs_floor):.2f}-{max(vs_floor):.2f}] (floor s / flush s)",
+                extra={"flush_vs_floor": vs_floor},
+            )
+        )
     h.add(
         Result(
             "workers.append_max_noflush",

@@ -8,7 +8,8 @@ Flush
     Sessions stream into a new generation file (:mod:`memtier.memory.snapshot`); each is
     checked with the recovery validator first (every check of
     :func:`~memtier.memory.snapshot.validation.check_session_line`, the secret re-check
-    included), so one bad live session cannot poison
+    included for every record the current redactor did not write), so one bad live
+    session cannot poison
     every future generation (it is left out and reported: ``skipped``, a
     ``snapshot_skipped`` event, a metric).  ``append`` runs the same record validator,
     so what the live path stores is always flushable.
@@ -31,11 +32,8 @@ from memtier.memory.models import ReasonCode
 from memtier.memory.persistence.shared import emit_event_call
 from memtier.memory.scriptspecs import SNAPSHOT_PAGE
 from memtier.memory.snapshot.directory import SnapshotDir
-from memtier.memory.snapshot.fileformat import (
-    SnapshotValidationError,
-    page_last_member,
-    page_lines,
-)
+from memtier.memory.snapshot.fileformat import SnapshotValidationError, page_last_member
+from memtier.memory.snapshot.pagecodec import decode_page
 from memtier.memory.snapshot.validation import check_session_line
 from memtier.memory.snapshot.writer import GenerationWriter
 from memtier.wire import text as _b
@@ -100,9 +98,12 @@ class _PageWriter:
 
     def write(self, reply: Sequence[Any]) -> None:
         writer = self.writer
-        for line in page_lines(reply):
+        checked: list[dict[str, Any]] = []
+        for session in decode_page(reply):
+            line = session.line
             try:
-                check_session_line(line)
+                # Records the current redactor wrote skip the secret re-check (only).
+                check_session_line(line, redacted=session.redacted)
             except SnapshotValidationError as exc:
                 # Left out, never written: it would reject the whole generation.
                 # Reported three ways: FlushResult.skipped, an event, a metric (and a
@@ -114,7 +115,9 @@ class _PageWriter:
                 metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("flush", exc.reason).inc()
                 self.skipped.append((exc, line["member"], line["id"]))
                 continue
-            writer.add(line)
+            checked.append(line)
+        # One write and one hash update per page, in the page's order.
+        writer.add_lines(checked)
 
 
 def flush_plan(

@@ -27,8 +27,8 @@ import orjson
 
 from memtier import limits
 from memtier.errors import ScriptError, SnapshotError
-from memtier.memory.state import KIND_ROLES, SessionState, StoredTurn
-from memtier.memory.turncodec import window_receipts
+from memtier.memory.snapshot.pagecodec import decode_page
+from memtier.memory.state import SessionState
 from memtier.wire import text
 
 __all__ = [
@@ -187,86 +187,19 @@ def session_to_json(state: SessionState) -> dict[str, Any]:
 
 
 def _str(value: Any) -> str:
-    """:func:`memtier.wire.text` inlined for the page decoder (once per reply element)."""
+    """:func:`memtier.wire.text` inlined for the page walk."""
     return value.decode("utf-8") if type(value) is bytes else text(value)
-
-
-def _record_line(r: StoredTurn) -> dict[str, Any]:
-    """The record part of :func:`session_to_json` for one parsed record (both record
-    formats go through ``StoredTurn.parse``: its checks, its :class:`ValueError`)."""
-    return {
-        "seq": r.seq,
-        "clock_ms": r.clock_ms,
-        "wall_ms": r.wall_ms,
-        "bytes": r.nbytes,
-        "tool": 1 if r.is_tool else 0,
-        "kind": r.kind,
-        "role": KIND_ROLES.get(r.kind, "?"),
-        "id": r.turn_id,
-        "f": dict(r.fields),
-    }
-
-
-def _line_of(
-    member: str, flat: Sequence[Any], recs: Sequence[Any], clock: int, wall: int
-) -> dict[str, Any]:
-    h: dict[str, str] = {}
-    receipts: dict[str, str] = {}
-    for i in range(0, len(flat) - 1, 2):
-        name, value = _str(flat[i]), _str(flat[i + 1])
-        if name[:2] == "r:":
-            receipts[name[2:]] = value
-        else:
-            h[name] = value
-    try:
-        turns = [StoredTurn.parse(r) for r in recs]
-        records = [_record_line(r) for r in turns]
-        receipts = window_receipts(h["id"], turns, receipts)
-        last_ms = int(h.get("last", h["created"]))
-        return {
-            "member": member,
-            "id": h["id"],
-            "created_ms": int(h["created"]),
-            "created_wall_ms": int(h["created_wall"]),
-            "last_ms": last_ms,
-            "last_wall_ms": int(h.get("last_wall", h["created_wall"])),
-            "age_ms": max(0, clock - last_ms),
-            "read_wall_ms": wall,
-            "seq": int(h["seq"]),
-            "turns": int(h["turns"]),
-            "bytes": int(h["bytes"]),
-            "tools": int(h["tools"]),
-            "summary_bytes": int(h.get("summary_bytes", "0")),
-            "summary_version": int(h.get("sv", "0")),
-            "summary": h.get("summary") or None,
-            "records": records,
-            "receipts": [[tid, receipts[tid]] for tid in sorted(receipts)],
-        }
-    except (KeyError, ValueError, orjson.JSONDecodeError) as exc:
-        raise ScriptError(f"session {member!r} is malformed in Redis: {exc}") from exc
 
 
 def page_lines(reply: Sequence[Any]) -> list[dict[str, Any]]:
     """The payload lines of one ``snapshot_page`` reply, decoded straight from it.
 
     Exactly ``[session_to_json(s) for s in iter_sessions(reply)]`` (a test pins it)
-    without the intermediate :class:`SessionState` of each session: the flush's path.
+    without the intermediate :class:`SessionState` of each session
+    (:func:`~memtier.memory.snapshot.pagecodec.decode_page`, which the flush calls
+    directly for each record's redactor verdict too).
     """
-    clock, wall, count = int(reply[0]), int(reply[1]), int(reply[2])
-    pos = 3
-    lines = []
-    for _ in range(count):
-        member = _str(reply[pos])
-        nfields = int(reply[pos + 1])
-        flat = reply[pos + 2 : pos + 2 + nfields]
-        pos += 2 + nfields
-        nrec = int(reply[pos])
-        recs = reply[pos + 1 : pos + 1 + nrec]
-        pos += 1 + nrec
-        lines.append(_line_of(member, flat, recs, clock, wall))
-    if pos != len(reply):
-        raise ScriptError("session page reply has trailing data")
-    return lines
+    return [session.line for session in decode_page(reply)]
 
 
 def page_last_member(reply: Sequence[Any]) -> str | None:

@@ -18,7 +18,7 @@ import errno
 import hashlib
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO, Final
 
 import orjson
@@ -111,6 +111,29 @@ class GenerationWriter:
         self._sha.update(data)
         self.payload_bytes += len(data)
         self.sessions += 1
+
+    def add_lines(self, lines: Sequence[Mapping[str, Any]]) -> None:
+        """Append several session lines (already validated by the caller) in one write
+        and one hash update: the flush's call, once per page.  All or none of them
+        count; past ``max_snapshot_bytes`` nothing of them is written."""
+        if not lines:
+            return
+        dumps = orjson.dumps
+        data = b"\n".join([dumps(line) for line in lines]) + b"\n"
+        if HEADER_BLOCK + self.payload_bytes + len(data) > self.dir.max_bytes:
+            raise SnapshotError(
+                "this flush alone would exceed max_snapshot_bytes"
+                f" ({self.dir.max_bytes} bytes); older generations are kept",
+                limit_bytes=self.dir.max_bytes,
+            )
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            self.abort()
+            raise oserror("cannot write snapshot file", exc) from exc
+        self._sha.update(data)
+        self.payload_bytes += len(data)
+        self.sessions += len(lines)
 
     def skip(self, reason: str) -> None:
         """Count a live session left out of the generation (it would fail validation)."""
