@@ -1,10 +1,13 @@
 """A/B of two ``append_turn`` versions on one server: Redis time per call, interleaved.
 
-``python -m bench.append_ab --old-source OLD.lua [--calls N] [--rounds K] [--out DIR]``
+``python -m bench.append_ab --old-source OLD.lua [--same-argv] [--calls N] [--rounds K]
+[--out DIR] [--name NAME]``
 
 ``OLD.lua`` is the expanded ``append_turn`` of another tree (``store.scripts["append_turn"]
-.source`` there), taking the previous ARGV: ``is_tool`` 0/1 at ARGV[6] and the first
-record format's payload ``{"k", "id", "f"}`` with a 32-hex turn id.  The new version is
+.source`` there).  By default it takes the ARGV of the version before record format 2:
+``is_tool`` 0/1 at ARGV[6] and the first record format's payload ``{"k", "id", "f"}`` with
+a 32-hex turn id; with ``--same-argv`` it takes exactly the ARGV this tree sends (an A/B
+of two scripts with one ARGV layout).  The new version is
 this tree's, with the ARGV ``MemoryCore.append_call`` builds.  Each runs on its own 1,000
 sessions of 20 turns (each populated by its own script), on one private ``redis-server``
 (free loopback port, temp dir, stopped by pid), in alternating batches (old, new, old,
@@ -51,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=3000, help="calls per batch")
     p.add_argument("--rounds", type=int, default=8, help="rounds of (old, new, minimal)")
     p.add_argument("--sessions", type=int, default=1000)
+    p.add_argument("--same-argv", action="store_true", help="OLD.lua takes this tree's ARGV")
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    p.add_argument("--name", default="appendsrv-append-ab", help="output file stem")
     args = p.parse_args(argv)
     exit_on_sigterm()
     old_source = args.old_source.read_text(encoding="utf-8")
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def batch(driver: Driver, n: int, old: bool) -> list[tuple[Any, ...]]:
             calls = driver.calls(n)
-            return [_old_args(c, text) for c in calls] if old else calls
+            return [_old_args(c, text) for c in calls] if old and not args.same_argv else calls
 
         # 20 turns of history per session, each version its own (its own record format).
         for _ in range(20):
@@ -86,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds,
             sessions=args.sessions,
             old_source=str(args.old_source),
+            same_argv=args.same_argv,
         )
         runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": [], "minimal": []}
         loads = []
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in summary.items():
         print(f"{k:12s} median {v['median']:.2f} [{v['min']:.2f}-{v['max']:.2f}]")
     out = write_json(
-        args.out / "appendsrv-append-ab.json",
+        args.out / f"{args.name}.json",
         {"meta": {**meta, "load_per_round": loads}, "summary": summary, "runs": runs},
     )
     print(f"wrote {out}")

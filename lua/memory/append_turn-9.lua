@@ -93,11 +93,15 @@ local s_key, t_key, i_key = KEYS[1], KEYS[2], KEYS[3]
 local lru_key, other_lru_key = KEYS[4], KEYS[5]
 local index_key, meta_key, events_key, compact_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 
+-- Library functions as locals: one global lookup each per call instead of one per use.
+local tonumber, sfind, ssub, sfmt = tonumber, string.find, string.sub, string.format
+
 local prefix = ARGV[1]
 local member = ARGV[2]
 local turn_id = ARGV[3]
 local payload = ARGV[4]
-local turn_bytes = tonumber(ARGV[5])
+local turn_bytes_s = ARGV[5]
+local turn_bytes = tonumber(turn_bytes_s)
 local flags = ARGV[6]
 local is_tool = string.byte(flags, 1) == 49 and 1 or 0
 local new_sid = ARGV[7]
@@ -118,33 +122,44 @@ local grace_ms = tonumber(ARGV[21])
 local sweep_interval_ms = tonumber(ARGV[22])
 local ttl_refresh_ms = tonumber(ARGV[23])
 
+-- turn_bytes goes into the record as sent, so it must be a canonical decimal.
 if not (turn_bytes and ttl_ms and other_ttl_ms and max_sessions and max_turns
         and max_session_bytes and max_aggregate and max_tools and max_events
         and compact_percent and id_window and max_evictions and sweep_n and grace_ms
         and sweep_interval_ms and ttl_refresh_ms)
-    or turn_id == '' or new_sid == '' or turn_bytes < 0 or ttl_refresh_ms >= grace_ms
-    or not string.find(flags, '^[01]v[1-9]%d*$') then
+    or turn_id == '' or new_sid == '' or ttl_refresh_ms >= grace_ms
+    or not (sfind(turn_bytes_s, '^[1-9]%d*$') or turn_bytes_s == '0')
+    or not sfind(flags, '^[01]v[1-9]%d*$') then
   return redis.error_reply('memtier: append_turn: malformed ARGV')
 end
 
+-- Cost rule of the common path (an existing session, no expiry, sweep or eviction due):
+-- no Lua number is formatted more than once.  Redis formats every number argument of
+-- redis.call with %.17g and Lua every number in a concatenation with %.14g, each costlier
+-- than a short command; so the clocks are kept as the digit strings TIME (or the meta
+-- hash) returned, the counters are formatted once each with %d, and a string is passed
+-- wherever one exists.  No tables or closures with upvalues of this chunk either: the
+-- helpers below take their inputs as arguments.
+
 -- 0. Clocks: `now` (non-decreasing per partition, TTL arithmetic), `wall` (for people) and
--- `real` (server TIME, for Redis key TTLs, which run on the server's clock).
-local real
+-- `real` (server TIME, for Redis key TTLs, which run on the server's clock); `*_s` are the
+-- same values as decimal strings.
 local t = rcall('TIME')
-real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local wall = real
-if clock_override ~= '' then wall = tonumber(clock_override) end
+-- ms = seconds .. the first 3 of the 6 zero-padded microsecond digits (= floor(us / 1000))
+local real_s = t[1] .. ssub('00000' .. t[2], -6, -4)
+local real = tonumber(real_s)
+local wall, wall_s = real, real_s
+if clock_override ~= '' then
+  wall = tonumber(clock_override)
+  wall_s = sfmt('%d', wall)
+end
 local m = rcall('HMGET', meta_key, 'clock', 'bytes', 'sw')
 local hwm = tonumber(m[1] or '0')
-local now = wall
-if now < hwm then now = hwm end
+local now, now_s = wall, wall_s
+if now < hwm then now, now_s = hwm, sfmt('%d', hwm) end
 local aggregate = tonumber(m[2] or '0')
 local next_sweep = tonumber(m[3] or '0')
 local dropped_any = false
-
-local function save_clock()
-  if now > hwm then rcall('HSET', meta_key, 'clock', now) end
-end
 
 -- 1. Expiry of this member's own session (a turn at or after the deadline rotates).
 local h = rcall('HMGET', s_key, 'id', 'last', 'seq', 'turns', 'bytes', 'tools', 'cq', 'xp',
@@ -168,16 +183,19 @@ local tools = tonumber(h[6] or '0')
 -- 2. Idempotent retry: the first answer, nothing stored twice (see Idempotency above).
 -- A new session has no ids yet: its turn id is added in section 6.
 local claimed = false
+local seq, seq_s = 1, '1'
 if exists then
+  local cur = tonumber(h[3] or '0')
+  seq = cur + 1
+  seq_s = sfmt('%d', seq)
   if h[9] then
     local f = {}
     for part in string.gmatch(h[9], '[^|]+') do f[#f + 1] = part end
-    save_clock()
+    if now > hwm then rcall('HSET', meta_key, 'clock', now_s) end
     return { 1, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
       tonumber(f[6]), bytes, turns, 0, 0, 0 }
   end
-  local cur = tonumber(h[3] or '0')
-  if rcall('ZADD', i_key, 'NX', cur + 1, turn_id) == 0 then
+  if rcall('ZADD', i_key, 'NX', seq_s, turn_id) == 0 then
     local first = tonumber(rcall('ZSCORE', i_key, turn_id))
     if first <= cur then
       -- the records from `first` on are at most the newest cur - first + 1 of the list
@@ -188,7 +206,7 @@ if exists then
         local rs, rc, rw, rb, rr = string.match(recs[j], '^(%d+)|(%d+)|(%d*)|(%d+)|[01](r?)')
         if rs and tonumber(rs) == first then
           if rw == '' then rw = rc end
-          save_clock()
+          if now > hwm then rcall('HSET', meta_key, 'clock', now_s) end
           return { 1, h[1], first, tonumber(rc), tonumber(rw), tonumber(rb),
             rr == 'r' and 1 or 0, bytes, turns, 0, 0, 0 }
         end
@@ -198,82 +216,98 @@ if exists then
     end
     -- a claim no stored turn followed (a call that failed after section 2): this call
     -- takes it over, so the id is never stuck
-    if first ~= cur + 1 then rcall('ZADD', i_key, cur + 1, turn_id) end
+    if first ~= seq then rcall('ZADD', i_key, seq_s, turn_id) end
   end
   claimed = true
 end
 
 -- 3. Opportunistic, bounded sweep of other expired sessions in this partition; runs when
 -- due (every sweep_interval_ms, or at once again while it finds full batches) or below,
--- under pressure, before any live session is evicted.
-local swept, sweep_done = 0, false
-local function sweep()
+-- under pressure, before any live session is evicted.  Returns the sessions swept and
+-- the clock of the next sweep.
+local function sweep_partition(now, wall, member, prefix, lru_key, ttl_ms, other_lru_key,
+                               other_ttl_ms, index_key, meta_key, events_key, max_events,
+                               sweep_n, sweep_interval_ms)
   local a = memtier_sweep_channel(prefix, lru_key, ttl_ms, index_key, meta_key, events_key,
     max_events, now, wall, sweep_n, member)
   local b = memtier_sweep_channel(prefix, other_lru_key, other_ttl_ms, index_key, meta_key,
     events_key, max_events, now, wall, sweep_n, member)
-  swept = swept + a + b
-  if a + b > 0 then dropped_any = true end
-  next_sweep = now + sweep_interval_ms
-  if sweep_n > 0 and (a + 1 >= sweep_n or b + 1 >= sweep_n) then next_sweep = now end
+  local next_at = now + sweep_interval_ms
+  if sweep_n > 0 and (a + 1 >= sweep_n or b + 1 >= sweep_n) then next_at = now end
+  return a + b, next_at
+end
+local swept, sweep_done = 0, false
+if now >= next_sweep then
+  swept, next_sweep = sweep_partition(now, wall, member, prefix, lru_key, ttl_ms,
+    other_lru_key, other_ttl_ms, index_key, meta_key, events_key, max_events, sweep_n,
+    sweep_interval_ms)
+  if swept > 0 then dropped_any = true end
   sweep_done = true
 end
-if now >= next_sweep then sweep() end
 
 -- Refusals keep what the sweep did: the clock, the next-sweep time, and the count (so a
 -- caller that compacts inline and retries reports and counts those expiries once); they
 -- give back the turn id section 2 claimed.
-local function save_clock_and_sweep()
+local function give_back(claimed, sweep_done, i_key, turn_id, meta_key, now, now_s, hwm,
+                         next_sweep)
   if claimed then rcall('ZREM', i_key, turn_id) end
-  if sweep_done then rcall('HSET', meta_key, 'clock', now, 'sw', next_sweep)
-  else save_clock() end
+  if sweep_done then rcall('HSET', meta_key, 'clock', now_s, 'sw', next_sweep)
+  elseif now > hwm then rcall('HSET', meta_key, 'clock', now_s) end
 end
 
 -- 4. Session bounds.
 if turn_bytes > max_session_bytes then
-  save_clock_and_sweep()
+  give_back(claimed, sweep_done, i_key, turn_id, meta_key, now, now_s, hwm, next_sweep)
   return { -3, turn_bytes, max_session_bytes, swept }
 end
 if exists then
   if turns + 1 > max_turns then
-    save_clock_and_sweep()
+    give_back(claimed, sweep_done, i_key, turn_id, meta_key, now, now_s, hwm, next_sweep)
     return { -1, 'turns', turns, max_turns, swept }
   end
   if bytes + turn_bytes > max_session_bytes then
-    save_clock_and_sweep()
+    give_back(claimed, sweep_done, i_key, turn_id, meta_key, now, now_s, hwm, next_sweep)
     return { -1, 'bytes', bytes, max_session_bytes, swept }
   end
   if is_tool == 1 and tools + 1 > max_tools then
-    save_clock_and_sweep()
+    give_back(claimed, sweep_done, i_key, turn_id, meta_key, now, now_s, hwm, next_sweep)
     return { -1, 'tools', tools, max_tools, swept }
   end
 elseif is_tool == 1 and max_tools < 1 then
-  save_clock_and_sweep()
+  give_back(claimed, sweep_done, i_key, turn_id, meta_key, now, now_s, hwm, next_sweep)
   return { -1, 'tools', 0, max_tools, swept }
 end
 
 -- 5. Pressure: sweep expired sessions first, then choose victims (read-only) and apply
--- them only if the turn then fits.
-local excess_sessions, excess_bytes = 0, 0
-local function pressure()
+-- them only if the turn then fits.  pressure() returns the partition's bytes and how far
+-- a new session and this turn's bytes would pass the session count and byte ceilings.
+local function pressure(dropped_any, aggregate, exists, meta_key, lru_key, other_lru_key,
+                        max_sessions, turn_bytes, max_aggregate)
   if dropped_any then aggregate = tonumber(rcall('HGET', meta_key, 'bytes') or '0') end
-  excess_sessions = 0
+  local excess_sessions = 0
   if not exists then
     excess_sessions = rcall('ZCARD', lru_key) + rcall('ZCARD', other_lru_key) + 1
       - max_sessions
   end
-  excess_bytes = aggregate + turn_bytes - max_aggregate
-  return excess_sessions > 0 or excess_bytes > 0
+  return aggregate, excess_sessions, aggregate + turn_bytes - max_aggregate
 end
-local victims = {}
-local evicted_for_sessions = 0
-if pressure() and not sweep_done then
-  sweep()
-  pressure()
+local excess_sessions, excess_bytes
+aggregate, excess_sessions, excess_bytes = pressure(dropped_any, aggregate, exists, meta_key,
+  lru_key, other_lru_key, max_sessions, turn_bytes, max_aggregate)
+if (excess_sessions > 0 or excess_bytes > 0) and not sweep_done then
+  swept, next_sweep = sweep_partition(now, wall, member, prefix, lru_key, ttl_ms,
+    other_lru_key, other_ttl_ms, index_key, meta_key, events_key, max_events, sweep_n,
+    sweep_interval_ms)
+  if swept > 0 then dropped_any = true end
+  sweep_done = true
+  aggregate, excess_sessions, excess_bytes = pressure(dropped_any, aggregate, exists,
+    meta_key, lru_key, other_lru_key, max_sessions, turn_bytes, max_aggregate)
 end
+local n_victims, evicted_for_sessions = 0, 0
 if excess_sessions > 0 or excess_bytes > 0 then
   -- Merge the heads of both LRU zsets by (last activity, member): the member string
   -- "<uuid>:<channel>" makes Redis's own tie order the UUID-then-channel tie-break.
+  local victims = {}
   local a = rcall('ZRANGE', lru_key, 0, max_evictions, 'WITHSCORES')
   local b = rcall('ZRANGE', other_lru_key, 0, max_evictions, 'WITHSCORES')
   local ia, ib = 1, 1
@@ -297,7 +331,7 @@ if excess_sessions > 0 or excess_bytes > 0 then
     end
   end
   if dropped < excess_sessions or freed < excess_bytes then
-    save_clock_and_sweep()
+    give_back(claimed, sweep_done, i_key, turn_id, meta_key, now, now_s, hwm, next_sweep)
     return { -2, excess_bytes > 0 and excess_bytes or excess_sessions, freed, swept }
   end
   local reason = 'evicted_aggregate_pressure'
@@ -310,53 +344,56 @@ if excess_sessions > 0 or excess_bytes > 0 then
     aggregate = aggregate - math.max(0, memtier_drop(prefix, v[1], v[2], index_key, meta_key,
       events_key, max_events, why, now, wall))
   end
+  n_victims = #victims
 end
 
 -- 6. Store the turn: one RPUSH, one HSET of the session, one HSET of the partition meta.
-local sid, seq
-local fields
-if exists then
-  sid = h[1]
-  seq = tonumber(h[3] or '0') + 1
-  fields = {}
-else
+local sid = h[1]
+if not exists then
   sid = new_sid
-  seq = 1
-  fields = { 'id', sid, 'created', now, 'created_wall', wall, 'summary_bytes', 0 }
   if rotated == 1 then
     memtier_emit(events_key, max_events, 'rotated', member, sid, now, wall, '')
-    flags = string.sub(flags, 1, 1) .. 'r' .. string.sub(flags, 2)
+    flags = ssub(flags, 1, 1) .. 'r' .. ssub(flags, 2)
   end
 end
 turns = turns + 1
 bytes = bytes + turn_bytes
-if is_tool == 1 then tools = tools + 1 end
-local wall_field = wall
-if wall == now then wall_field = '' end
-local len = rcall('RPUSH', t_key, seq .. '|' .. now .. '|' .. wall_field .. '|' .. turn_bytes
-  .. '|' .. flags .. '|' .. payload)
-local n = #fields
-fields[n + 1] = 'seq'; fields[n + 2] = seq
-fields[n + 3] = 'turns'; fields[n + 4] = turns
-fields[n + 5] = 'bytes'; fields[n + 6] = bytes
-fields[n + 7] = 'tools'; fields[n + 8] = tools
-fields[n + 9] = 'last'; fields[n + 10] = now
-fields[n + 11] = 'last_wall'; fields[n + 12] = wall
+local tools_s = h[6]  -- written back as read unless this turn is a tool result
+if is_tool == 1 or not tools_s then
+  if is_tool == 1 then tools = tools + 1 end
+  tools_s = sfmt('%d', tools)
+end
+local turns_s, bytes_s = sfmt('%d', turns), sfmt('%d', bytes)
+local wall_field = ''
+if wall ~= now then wall_field = wall_s end
+local len = rcall('RPUSH', t_key, seq_s .. '|' .. now_s .. '|' .. wall_field .. '|'
+  .. turn_bytes_s .. '|' .. flags .. '|' .. payload)
 local xp = tonumber(h[8] or '')
 local refresh = not xp or real - xp >= ttl_refresh_ms or real < xp
-if refresh then
-  fields[n + 13] = 'xp'; fields[n + 14] = real
+if exists then
+  if refresh then
+    rcall('HSET', s_key, 'seq', seq_s, 'turns', turns_s, 'bytes', bytes_s, 'tools', tools_s,
+      'last', now_s, 'last_wall', wall_s, 'xp', real_s)
+  else
+    rcall('HSET', s_key, 'seq', seq_s, 'turns', turns_s, 'bytes', bytes_s, 'tools', tools_s,
+      'last', now_s, 'last_wall', wall_s)
+  end
+else
+  local fields = { 'id', sid, 'created', now_s, 'created_wall', wall_s, 'summary_bytes', '0',
+    'seq', seq_s, 'turns', turns_s, 'bytes', bytes_s, 'tools', tools_s, 'last', now_s,
+    'last_wall', wall_s }
+  if refresh then fields[21] = 'xp'; fields[22] = real_s end
+  rcall('HSET', s_key, unpack(fields))
 end
-rcall('HSET', s_key, unpack(fields))
-rcall('ZADD', lru_key, now, member)
-rcall('HSET', index_key, member, bytes)
+rcall('ZADD', lru_key, now_s, member)
+rcall('HSET', index_key, member, bytes_s)
 aggregate = aggregate + turn_bytes
 if sweep_done then
-  rcall('HSET', meta_key, 'clock', now, 'bytes', aggregate, 'sw', next_sweep)
+  rcall('HSET', meta_key, 'clock', now_s, 'bytes', sfmt('%d', aggregate), 'sw', next_sweep)
 else
-  rcall('HSET', meta_key, 'clock', now, 'bytes', aggregate)
+  rcall('HSET', meta_key, 'clock', now_s, 'bytes', sfmt('%d', aggregate))
 end
-if not claimed then rcall('ZADD', i_key, seq, turn_id) end
+if not claimed then rcall('ZADD', i_key, seq_s, turn_id) end
 -- The id zset holds one member per seq of this session, so it can pass the window only
 -- once seq does.  Receipts (see Idempotency) leave with their ids.
 if seq > id_window then
@@ -366,26 +403,25 @@ if seq > id_window then
     for j = 1, #old, 2 do rcall('HDEL', s_key, 'r:' .. old[j]) end
   end
 end
-local expire_ms = ttl_ms + grace_ms
 if refresh then
-  rcall('PEXPIRE', s_key, expire_ms)
-  rcall('PEXPIRE', t_key, expire_ms)
-  rcall('PEXPIRE', i_key, expire_ms)
+  local expire_s = sfmt('%d', ttl_ms + grace_ms)
+  rcall('PEXPIRE', s_key, expire_s)
+  rcall('PEXPIRE', t_key, expire_s)
+  rcall('PEXPIRE', i_key, expire_s)
 elseif len == 1 then
   -- the list was emptied by a compaction and created again by this RPUSH
-  rcall('PEXPIRE', t_key, expire_ms)
+  rcall('PEXPIRE', t_key, ttl_ms + grace_ms)
 end
 
 -- 7. Ask a worker to compact once a bound passes compact_percent (one job per session).
-if (turns * 100 >= max_turns * compact_percent
+if not h[7] and (turns * 100 >= max_turns * compact_percent
     or bytes * 100 >= max_session_bytes * compact_percent
-    or tools * 100 >= max_tools * compact_percent)
-    and not h[7] then
+    or tools * 100 >= max_tools * compact_percent) then
   -- cq = the job's stream id: a compaction that runs first (inline) deletes the stale job.
   local job_id = rcall('XADD', compact_key, 'MAXLEN', '~', max_sessions, '*',
     'member', member, 'sid', sid)
   rcall('HSET', s_key, 'cq', job_id)
 end
 
-return { 0, sid, seq, now, wall, turn_bytes, rotated, bytes, turns, #victims,
+return { 0, sid, seq, now, wall, turn_bytes, rotated, bytes, turns, n_victims,
   evicted_for_sessions, swept }
