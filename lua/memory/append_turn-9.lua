@@ -358,11 +358,7 @@ if not exists then
 end
 turns = turns + 1
 bytes = bytes + turn_bytes
-local tools_s = h[6]  -- written back as read unless this turn is a tool result
-if is_tool == 1 or not tools_s then
-  if is_tool == 1 then tools = tools + 1 end
-  tools_s = sfmt('%d', tools)
-end
+if is_tool == 1 then tools = tools + 1 end
 local turns_s, bytes_s = sfmt('%d', turns), sfmt('%d', bytes)
 local wall_field = ''
 if wall ~= now then wall_field = wall_s end
@@ -370,19 +366,28 @@ local len = rcall('RPUSH', t_key, seq_s .. '|' .. now_s .. '|' .. wall_field .. 
   .. turn_bytes_s .. '|' .. flags .. '|' .. payload)
 local xp = tonumber(h[8] or '')
 local refresh = not xp or real - xp >= ttl_refresh_ms or real < xp
-if exists then
+if exists and (is_tool == 0 and h[6]) then
+  -- the common case: `tools` is unchanged, so it is not written again
   if refresh then
-    rcall('HSET', s_key, 'seq', seq_s, 'turns', turns_s, 'bytes', bytes_s, 'tools', tools_s,
-      'last', now_s, 'last_wall', wall_s, 'xp', real_s)
+    rcall('HSET', s_key, 'seq', seq_s, 'turns', turns_s, 'bytes', bytes_s, 'last', now_s,
+      'last_wall', wall_s, 'xp', real_s)
   else
-    rcall('HSET', s_key, 'seq', seq_s, 'turns', turns_s, 'bytes', bytes_s, 'tools', tools_s,
-      'last', now_s, 'last_wall', wall_s)
+    rcall('HSET', s_key, 'seq', seq_s, 'turns', turns_s, 'bytes', bytes_s, 'last', now_s,
+      'last_wall', wall_s)
   end
 else
-  local fields = { 'id', sid, 'created', now_s, 'created_wall', wall_s, 'summary_bytes', '0',
-    'seq', seq_s, 'turns', turns_s, 'bytes', bytes_s, 'tools', tools_s, 'last', now_s,
-    'last_wall', wall_s }
-  if refresh then fields[21] = 'xp'; fields[22] = real_s end
+  local fields = {}
+  if not exists then
+    fields = { 'id', sid, 'created', now_s, 'created_wall', wall_s, 'summary_bytes', '0' }
+  end
+  local n = #fields
+  fields[n + 1] = 'seq'; fields[n + 2] = seq_s
+  fields[n + 3] = 'turns'; fields[n + 4] = turns_s
+  fields[n + 5] = 'bytes'; fields[n + 6] = bytes_s
+  fields[n + 7] = 'tools'; fields[n + 8] = sfmt('%d', tools)
+  fields[n + 9] = 'last'; fields[n + 10] = now_s
+  fields[n + 11] = 'last_wall'; fields[n + 12] = wall_s
+  if refresh then fields[n + 13] = 'xp'; fields[n + 14] = real_s end
   rcall('HSET', s_key, unpack(fields))
 end
 rcall('ZADD', lru_key, now_s, member)
