@@ -113,15 +113,22 @@ def _analysis(run: Run) -> list[str]:
         "session and id-claim reads, `RPUSH`, the id zset, the session/meta/index hashes "
         f"and the LRU zset -- with no Lua logic) is already x{cpu_floor:.2f}.  So the "
         "2.0x goal leaves memtier's own Lua a few microseconds per append; the stretch "
-        "goal (1.5x) is at the floor itself.  Done in this round: the per-turn receipts "
-        "are gone (the id zset claims a turn id with `ZADD NX`, a retry is answered from "
-        "the record), and records are written in format 2 (compact head with the "
-        "redactor version, a JSON array payload).  In a same-server A/B of the old and "
-        "new `append_turn` (`bench/results/appendsrv-append-ab*.json`) that is 6-10 % "
-        "less Redis time: the commands, not the bytes, set the cost.  Not done: the "
-        "config stamp in place of the constant ARGV -- Redis 7 scripts keep no state "
-        "between calls, so limits read from the meta hash would still be converted on "
-        "every call; the 16 `tonumber` conversions measure 2.0-2.7 us in all.",
+        "goal (1.5x) is at the floor itself.  Done: the per-turn receipts are gone (the "
+        "id zset claims a turn id with `ZADD NX`, a retry is answered from the record), "
+        "and records are written in format 2 (compact head with the redactor version, a "
+        "JSON array payload): 6-10 % less Redis time in a same-server A/B "
+        "(`bench/results/appendsrv-append-ab*.json`).  Then, from a `perf` profile of "
+        "the server (number formatting and `strtod` 10 % of its CPU), the common path "
+        "formats no number twice (clocks kept as `TIME`'s digit strings), builds no "
+        "table and no closure, and writes `tools` only for a tool turn: 11-24 % less "
+        "in the next A/B (`bench/results/appendlua-ab-*.json`, same replies and Redis "
+        "state as the previous script by `bench.append_equiv`).  What is left is spread "
+        "thin: Lua hashing ~1.2 KB of KEYS/ARGV/record per call (~8 %), its garbage "
+        "collector (~3.5 %), command and key lookups (~6 %) and the commands.  Not "
+        "done: the config stamp in place of the constant ARGV (Redis 7 scripts keep no "
+        "state between calls; packing the 15 limits into one ARGV measured 6.5 -> 6.35 "
+        "us), and a longer TTL-refresh interval (three `PEXPIRE`s on an append to a "
+        "session untouched for 1 s; longer would loosen the exact inactivity TTL).",
         "",
         f"{cmds('memtier.append.300B.sync'):.1f} commands per append "
         "(INFO commandstats, amortised TTL refreshes and sweeps included); the pipelined "
@@ -137,11 +144,15 @@ def _analysis(run: Run) -> list[str]:
         f"`append_call` {m(b + 'append_call'):.0f}, `decode_append` "
         f"{m(b + 'decode'):.0f}; the whole `store.append` takes **{m(b + 'total'):.0f}** "
         f"against {m(b + 'rtt_min'):.0f} for a raw `EVALSHA` of the minimal script.  The "
-        "call itself now takes the lean path on plain sync clients, standalone and "
-        "Cluster (packed once, hiredis, the pool's connection; `bench.callpath`, "
-        "`bench.clusterlean`), and asyncio calls of one loop tick share one write "
-        "(auto-pipelining).  What is left is memtier's own work per turn: validation, "
-        "redaction, id generation and the receipt model.",
+        "call itself takes the lean path on plain sync clients, standalone and "
+        "Cluster (packed once with hiredis, on a connection kept between calls instead "
+        "of redis-py's pool get/release: 15-40 us of client CPU less per call, "
+        "`bench.client_cpu`; `bench.callpath`, `bench.clusterlean`), and asyncio calls "
+        "of one loop tick share one write (auto-pipelining).  What is left is memtier's "
+        "own work per turn (validation, redaction, ids, the receipt model) and, on "
+        "asyncio, the event loop: redis-py's asyncio `send_packed_command` wraps every "
+        "write in `asyncio.wait_for` (a task and a timer per write) and the pipeline "
+        "runs one send task per batch.",
         "",
         "Profile of `store.append` (300 B, pyinstrument, wall time; the time inside "
         "the socket calls is mostly waiting while Redis runs the script):",
@@ -176,7 +187,13 @@ def _analysis(run: Run) -> list[str]:
         "it (paired rounds).  For reads the chat histories read whole lists (x"
         f"{r('peer.langchain.read20.300B'):.2f} / x{r('peer.llama-index.read20.300B'):.2f} "
         "of `LRANGE` 20); `RedisSession.get_items(limit=20)` is one `LRANGE` + "
-        f"`json.loads` (x{r('peer.openai-agents.read20.300B'):.2f} of its baseline).",
+        f"`json.loads` (x{r('peer.openai-agents.read20.300B'):.2f} of its baseline).  "
+        "Both peer goals sit above what one round trip per operation from redis-py gets "
+        "at all: the raw asyncio `EVALSHA` of the minimal script is "
+        f"x{1 / r('peer.openai-agents.append.300B'):.2f} of `add_items` (goal 5x) and the "
+        f"raw asyncio `LRANGE` + orjson x{1 / r('peer.openai-agents.read20.300B'):.2f} of "
+        "`get_items` (goal 2x); only the C client's floor rows clear them (the targets' "
+        "floor column).",
         "",
         "**4. Concurrency.** 64 coroutines on one loop: memtier's append is "
         f"x{r('memtier.append.300B.asyncio64'):.2f} of the raw asyncio client at the same "
