@@ -31,6 +31,7 @@ and on generated malformed ones).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -46,8 +47,8 @@ from memtier.memory.delimiters import (
 from memtier.memory.models import ContextMessage, Role, TurnRecord
 
 __all__ = [
+    "MAX_CACHED_CHARS",
     "MAX_CACHED_KEYS",
-    "MAX_CACHED_KEY_CHARS",
     "MAX_CACHED_TURNS",
     "ReadCache",
     "decode_turns",
@@ -63,13 +64,14 @@ _RECORD_FIELDS: Final = frozenset(TurnRecord.model_fields)
 _MESSAGE_FIELDS: Final = frozenset(ContextMessage.model_fields)
 _fromtimestamp: Final = datetime.fromtimestamp
 
-# The read cache's hard bounds: the last read of at most this many keys (least recently
-# read dropped first), each kept only if it has at most this many records of at most this
-# many characters in all -- 128 x 32 KiB = 4 MiB of records at most, about three times
-# that with their decoded values; a context(20) of 300 B turns keeps about 21 KB.
-MAX_CACHED_KEYS: Final = 128
+# The read cache's hard bounds: the last read of at most MAX_CACHED_KEYS keys, holding at
+# most MAX_CACHED_CHARS characters of records in all (the least recently read key goes
+# first); a read of more than MAX_CACHED_TURNS records is not kept.  In memory a record
+# takes about three times its length with its decoded values (its text and its wrapped
+# content), so the cache holds at most ~12 MiB; a context(20) of 300 B turns keeps ~21 KB.
+MAX_CACHED_KEYS: Final = 256
 MAX_CACHED_TURNS: Final = 64
-MAX_CACHED_KEY_CHARS: Final = 32 * 1024
+MAX_CACHED_CHARS: Final = 4 * 1024 * 1024
 
 # A decoded record: its TurnRecord values (``fields`` included) and its message values.
 _Decoded = tuple[dict[str, Any], dict[str, Any]]
@@ -78,30 +80,49 @@ _Decoded = tuple[dict[str, Any], dict[str, Any]]
 class ReadCache:
     """What the records of each key's last context read decoded to (see the module doc).
 
-    Safe to share between threads: a lost race costs a decode, never a wrong value (an
-    entry is a pure function of the record bytes it is looked up by).
+    Safe to share between threads (a lock guards the bookkeeping; a lost race costs a
+    decode, never a wrong value: an entry is a pure function of the record bytes it is
+    looked up by).
     """
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_chars", "_keys", "_lock")
 
     def __init__(self) -> None:
-        self._keys: dict[str, dict[Any, _Decoded]] = {}
+        self._keys: dict[str, tuple[int, dict[Any, _Decoded]]] = {}
+        self._chars = 0  # characters of the records held, over all keys
+        self._lock = threading.Lock()
 
     def take(self, member: str) -> dict[Any, _Decoded] | None:
         """The key's last read, removed (the caller keeps the new one)."""
-        return self._keys.pop(member, None)
+        with self._lock:
+            found = self._keys.pop(member, None)
+            if found is None:
+                return None
+            self._chars -= found[0]
+            return found[1]
 
-    def keep(self, member: str, decoded: dict[Any, _Decoded]) -> None:
-        keys = self._keys
-        while len(keys) >= MAX_CACHED_KEYS:
-            try:
-                del keys[next(iter(keys))]  # dict order: the least recently read first
-            except (KeyError, RuntimeError, StopIteration):  # another thread was faster
-                break
-        keys[member] = decoded
+    def keep(self, member: str, chars: int, decoded: dict[Any, _Decoded]) -> None:
+        """Keep ``decoded`` (records of ``chars`` characters) as ``member``'s last read."""
+        if chars > MAX_CACHED_CHARS:
+            return
+        with self._lock:
+            keys = self._keys
+            old = keys.pop(member, None)
+            if old is not None:
+                self._chars -= old[0]
+            while keys and (len(keys) >= MAX_CACHED_KEYS or self._chars + chars > MAX_CACHED_CHARS):
+                oldest = next(iter(keys))  # dict order: the least recently read first
+                self._chars -= keys.pop(oldest)[0]
+            keys[member] = (chars, decoded)
+            self._chars += chars
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    @property
+    def chars(self) -> int:
+        """Characters of the records held (at most :data:`MAX_CACHED_CHARS`)."""
+        return self._chars
 
 
 _AVATAR_OPENING: Final = untrusted_opening("avatar")
@@ -188,25 +209,23 @@ def decode_turns(
     read, or None when a record is not of the current format's usual shape (the caller
     then decodes the general way).  ``cache``: the store's :class:`ReadCache`."""
     previous = cache.take(member)
-    kept: dict[Any, _Decoded] | None = {} if len(raws) <= MAX_CACHED_TURNS else None
+    kept: dict[Any, _Decoded] = {}
     kept_chars = 0
     records: list[TurnRecord] = []
     messages: list[ContextMessage] = []
     add_record = records.append
     add_message = messages.append
     try:
+        keep = len(raws) <= MAX_CACHED_TURNS
         for raw in raws:
             decoded = previous.get(raw) if previous is not None else None
             if decoded is None:
                 decoded = _decode(raw)
                 if decoded is None:
                     return None
-            if kept is not None:
+            if keep:
+                kept[raw] = decoded
                 kept_chars += len(raw)
-                if kept_chars <= MAX_CACHED_KEY_CHARS:
-                    kept[raw] = decoded
-                else:
-                    kept = None
             values, message_values = decoded
             values = values.copy()
             values["fields"] = values["fields"].copy()  # each read its own mutable dict
@@ -225,5 +244,5 @@ def decode_turns(
     except Exception:
         return None
     if kept:
-        cache.keep(member, kept)
+        cache.keep(member, kept_chars, kept)
     return tuple(records), messages

@@ -271,12 +271,53 @@ def test_the_cache_keeps_at_most_its_bounds_and_forgets_expired_keys() -> None:
     assert cache.take(big.member) is None
 
 
-def test_a_record_over_the_size_bound_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(contextdecode, "MAX_CACHED_KEY_CHARS", 80)
+def test_the_cache_holds_at_most_its_characters(monkeypatch: pytest.MonkeyPatch) -> None:
     core = MemoryCore(MemtierConfig.load())
-    k = key(8)
-    replies = _reply(3)
-    assert sum(len(r) for r in replies[1]) > 80
-    first = core.decode_context(k, replies)
-    assert core._read_cache.take(k.member) is None
-    assert_same_context(first, general(core, k, replies))
+    cache = core._read_cache
+    one_read = sum(len(r) for r in _reply(3)[1])
+    monkeypatch.setattr(contextdecode, "MAX_CACHED_CHARS", one_read * 2 + 5)
+    for n in range(6):
+        k = key(2000 + n)
+        replies = _reply(3)
+        assert_same_context(core.decode_context(k, replies), general(core, k, replies))
+        assert cache.chars <= contextdecode.MAX_CACHED_CHARS
+        assert len(cache) == min(n + 1, 2)
+    assert cache.chars == 2 * one_read
+    # A key read again replaces its own entry (not counted twice).
+    core.decode_context(key(2005), _reply(3))
+    assert cache.chars == 2 * one_read and len(cache) == 2
+    # A read larger than the whole bound is not kept, and evicts nothing.
+    core.decode_context(key(3000), _reply(9))
+    assert cache.take(key(3000).member) is None and len(cache) == 2
+    # What was taken is no longer counted.
+    assert cache.take(key(2005).member) is not None
+    assert cache.chars == one_read
+
+
+def test_concurrent_reads_keep_the_bounds_and_the_values() -> None:
+    """Threads reading overlapping keys: every context equals the general path's, and the
+    bookkeeping stays exact (bounded: 4 threads x 200 reads)."""
+    import threading
+
+    core = MemoryCore(MemtierConfig.load())
+    failures: list[BaseException] = []
+
+    def reader(t: int) -> None:
+        try:
+            for i in range(200):
+                k = key(4000 + (i + t) % 5)
+                replies = _reply(3, start=i % 7)
+                assert_same_context(core.decode_context(k, replies), general(core, k, replies))
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures and not any(t.is_alive() for t in threads)
+    cache = core._read_cache
+    held = [cache.take(key(4000 + n).member) for n in range(5)]
+    assert cache.chars == 0 and len(cache) == 0
+    assert all(h is None or len(h) == 3 for h in held)
