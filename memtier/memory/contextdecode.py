@@ -15,7 +15,7 @@ for the shape ``append_turn`` writes today (records of the current format, see
   those bytes, and every read still gets new model instances and a new ``fields`` dict
   (a caller that changes one cannot change what the next read returns).  It holds only
   what the last reply of the key held (stored, already redacted content); a read that
-  finds the session expired or gone drops the key's entry;
+  finds the session expired or gone, a drop and a pop of the key drop its entry;
 * the untrusted-data wrapping takes the same fast path as
   :func:`~memtier.memory.delimiters.escape_delimiters` (ASCII text without ``<`` is
   returned unchanged by it), and otherwise calls it.

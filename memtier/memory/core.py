@@ -483,6 +483,7 @@ class MemoryCore:
     def drop_call(self, key: ConversationKey, reason: ReasonCode) -> ScriptCall:
         """An operator drop with its own operation id: every retry of this one call (after
         a lost reply) finds the first attempt's receipt and returns the same result."""
+        self._read_cache.take(key.member)  # nothing of a dropped session stays decoded here
         part = self.partition_for(key)
         sk = part.session(key.member)
         return DROP_SESSION.call(
@@ -506,6 +507,7 @@ class MemoryCore:
 
     def pop_call(self, key: ConversationKey) -> ScriptCall:
         """``pop_turn``: remove and return the newest turn of exactly this key."""
+        self._read_cache.take(key.member)  # the popped turn does not stay decoded here
         part = self.partition_for(key)
         sk = part.session(key.member)
         return POP_TURN.call(

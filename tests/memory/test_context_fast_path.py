@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import memfixtures
 import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -43,6 +44,7 @@ from memtier.memory.delimiters import untrusted_opening, wrap_untrusted
 from memtier.memory.models import Context
 from memtier.memory.turncodec import StoredTurn
 
+fake_or_real = memfixtures.fake_or_real  # the fixture, in this module's namespace
 CORE = MemoryCore(MemtierConfig.load())
 HEAD = [0, b"ses_x", 0, 0, 0, 0, 0, 0, b""]
 
@@ -321,3 +323,17 @@ def test_concurrent_reads_keep_the_bounds_and_the_values() -> None:
     held = [cache.take(key(4000 + n).member) for n in range(5)]
     assert cache.chars == 0 and len(cache) == 0
     assert all(h is None or len(h) == 3 for h in held)
+
+
+def test_a_drop_or_a_pop_forgets_the_keys_last_read(fake_or_real: Any) -> None:
+    store = ConversationStore(fake_or_real.sync_client(), fake_or_real.config(), clock=Clock())
+    cache = store.core._read_cache
+    k = key(44)
+    for text in ("a", "b"):
+        store.append(k, AvatarMessage(text=text))
+    for forget in (store.pop, store.delete):
+        assert store.context(k).turns
+        assert len(cache) == 1
+        forget(k)
+        assert len(cache) == 0
+    assert store.context(k).turns == () and len(cache) == 0
