@@ -192,13 +192,15 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
     for size in ("300B", "4KiB"):
         base_read = g(f"base.read20.{size}.redispy")
         r = _ratio(g(f"memtier.read20.{size}.sync"), base_read)
+        cold = _ratio(g(f"memtier.read20.{size}.sync-cold"), base_read)
         out.append(
             _target(
                 f"context vs redis-py LRANGE 20 + orjson [{size}]",
                 ">= 0.8x",
                 r,
                 lambda v: v >= 0.8,
-                "memtier context(limit=20) / raw LRANGE+orjson",
+                "memtier context(limit=20) / raw LRANGE+orjson"
+                + ("" if cold is None else f"; decode cache off: x{cold[0]:.2f}"),
                 _floor(_ratio(g(f"floor.read20.{size}.redis-benchmark"), base_read)),
             )
         )

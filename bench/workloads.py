@@ -798,6 +798,26 @@ class MemtierBench:
             timed(run),
         )
 
+    def read_sync_cold(self, size: str, pool: KeyPool) -> Measure:
+        """:meth:`read_sync` with the per-key decode cache off: every read decodes its 20
+        records, as a read of records this process has not read before does (the rows
+        above read unchanged sessions, so after the first round they hit that cache)."""
+        from memtier.memory.contextdecode import ReadCache
+
+        store = ConversationStore(self.client, self.config)
+        store.core._read_cache = ReadCache(max_keys=0)
+
+        def run(n: int) -> None:
+            for _ in range(n):
+                ctx = store.context(pool.next(), limit=READ_LAST)
+                assert len(ctx.messages) == READ_LAST
+
+        return Measure(
+            f"memtier.read20.{size}.sync-cold",
+            f"memtier context (last 20 of 100), sync, decode cache off [{size}]",
+            timed(run),
+        )
+
     def read_async(self, size: str, pool: KeyPool) -> Measure:
         store = self.astore
 

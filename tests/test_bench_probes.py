@@ -190,3 +190,23 @@ def test_aiopipe_probe_quick(tmp_path: Path) -> None:
         "append.generic",
     }
     assert data["calls_per_batch_exec_pipelined"] >= 1.0  # the pipelined rows were pipelined
+
+
+def test_ctxdecode_quick(tmp_path: Path) -> None:
+    """The decode probe (no server): every workload, old and new path, both sizes."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.ctxdecode", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "ctxdecode-quick.json").read_text())  # strict JSON
+    for size in ("300B", "4096B"):
+        rows = data["us_per_read"][size]
+        for workload in ("same", "slide", "distinct"):
+            for way in ("fast", "general (before)"):
+                row = rows[f"{workload} {way}"]
+                assert row["n"] == data["meta"]["rounds"] and row["median"] > 0, (size, workload)

@@ -29,6 +29,7 @@ from memtier.errors import (
     ValidationError,
 )
 from memtier.keys import MemoryKeyspace, PartitionKeys, SessionKeys
+from memtier.memory.contextdecode import ReadCache, decode_turns
 from memtier.memory.delimiters import wrap_untrusted
 from memtier.memory.models import (
     TURN_TYPES,
@@ -135,6 +136,8 @@ class MemoryCore:
         # member -> its partition and session keys: pure functions of the member, rebuilt
         # on every call otherwise (a hash, three f-strings, two small objects).
         self._route = lru_cache(maxsize=_ROUTE_CACHE_SIZE)(self._route_uncached)
+        # each key's last context read, decoded (bounded: memtier.memory.contextdecode)
+        self._read_cache = ReadCache()
 
     # --- helpers -------------------------------------------------------------------------------
     def clock_arg(self) -> str:
@@ -385,11 +388,38 @@ class MemoryCore:
         self, key: ConversationKey, head: Sequence[Any], raw_records: Sequence[Any]
     ) -> Context:
         if int(head[0]) != 0:
+            self._read_cache.take(key.member)  # expired or gone: nothing of it is kept
             return Context(
                 key_avatar=key.avatar, key_channel=key.channel, session_id=None, messages=()
             )
         session_id = wire.text(head[1])
         summary_raw = wire.text(head[8])
+        fast = decode_turns(key.member, raw_records, self._read_cache)
+        if fast is None:  # a record of another shape: the general path decodes or raises
+            return self._general_context(key, session_id, summary_raw, raw_records)
+        records, turn_messages = fast
+        summary: dict[str, Any] | None = orjson.loads(summary_raw) if summary_raw else None
+        messages = self.project(summary, ()) + turn_messages if summary else turn_messages
+        # Unvalidated construction: every part is already typed (key: a validated
+        # ConversationKey; records and messages: built and checked by decode_turns).
+        return trusted(
+            Context,
+            {
+                "key_avatar": key.avatar,
+                "key_channel": key.channel,
+                "session_id": session_id,
+                "messages": tuple(messages),
+                "turns": records,
+                "summary": summary["text"] if summary else None,
+            },
+        )
+
+    def _general_context(
+        self, key: ConversationKey, session_id: str, summary_raw: str, raw_records: Sequence[Any]
+    ) -> Context:
+        """The context of any records the read path accepts (the first format too): each
+        through :func:`decode_record`, then :meth:`project`.  The reference the fast path
+        (:func:`~memtier.memory.contextdecode.decode_turns`) is tested against."""
         records = tuple(self.decode_record(r) for r in raw_records)
         summary: dict[str, Any] | None = orjson.loads(summary_raw) if summary_raw else None
         # Unvalidated construction: every part is already typed (key: a validated
@@ -453,6 +483,7 @@ class MemoryCore:
     def drop_call(self, key: ConversationKey, reason: ReasonCode) -> ScriptCall:
         """An operator drop with its own operation id: every retry of this one call (after
         a lost reply) finds the first attempt's receipt and returns the same result."""
+        self._read_cache.take(key.member)  # nothing of a dropped session stays decoded here
         part = self.partition_for(key)
         sk = part.session(key.member)
         return DROP_SESSION.call(
@@ -476,6 +507,7 @@ class MemoryCore:
 
     def pop_call(self, key: ConversationKey) -> ScriptCall:
         """``pop_turn``: remove and return the newest turn of exactly this key."""
+        self._read_cache.take(key.member)  # the popped turn does not stay decoded here
         part = self.partition_for(key)
         sk = part.session(key.member)
         return POP_TURN.call(

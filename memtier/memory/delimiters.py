@@ -32,7 +32,14 @@ import unicodedata
 from functools import lru_cache
 from typing import Final
 
-__all__ = ["escape_delimiters", "escape_source", "normalise_for_delimiters", "wrap_untrusted"]
+__all__ = [
+    "UNTRUSTED_CLOSING",
+    "escape_delimiters",
+    "escape_source",
+    "normalise_for_delimiters",
+    "untrusted_opening",
+    "wrap_untrusted",
+]
 
 # Default-ignorable characters that are not Cf/Mn/Me: the Hangul fillers (Lo), which
 # render as nothing.
@@ -153,9 +160,15 @@ def _opening(source: str) -> str:
 # small vocabulary, so the escaped opening is built once per source, not once per turn.
 _cached_opening: Final = lru_cache(maxsize=4096)(_opening)
 _CACHED_SOURCE_CHARS: Final = 80
+UNTRUSTED_CLOSING: Final = "\n</untrusted-data>"
+
+
+def untrusted_opening(source: str) -> str:
+    """The opening delimiter (with its newline) for data from ``source``."""
+    return _cached_opening(source) if len(source) <= _CACHED_SOURCE_CHARS else _opening(source)
 
 
 def wrap_untrusted(source: str, text: str) -> str:
     """The visible delimiter around untrusted data handed to an LLM."""
     head = _cached_opening(source) if len(source) <= _CACHED_SOURCE_CHARS else _opening(source)
-    return head + escape_delimiters(text) + "\n</untrusted-data>"
+    return head + escape_delimiters(text) + UNTRUSTED_CLOSING

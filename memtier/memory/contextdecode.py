@@ -1,0 +1,250 @@
+"""The context read's client side: the records of one ``LRANGE`` to turns and messages.
+
+:meth:`~memtier.memory.core.MemoryCore.decode_context` runs once per context read and
+turns every record twice into a model (the :class:`TurnRecord` and its
+:class:`ContextMessage`).  :func:`decode_turns` does both in one pass over the records,
+for the shape ``append_turn`` writes today (records of the current format, see
+:mod:`memtier.memory.turncodec`), and inlines what the general path spends on calls:
+
+* the models are built like :func:`~memtier.memory.models.trusted` builds them (no
+  validation: every value is checked or converted to its declared type here), with the
+  slot setters bound once and the fields set copied from a prebuilt one;
+* a conversation is read again and again with the same 19 of its 20 turns, so what the
+  records of a key's last read decoded to is kept (:class:`ReadCache`, one per store,
+  bounded) and looked up by each record's exact bytes: the values are a pure function of
+  those bytes, and every read still gets new model instances and a new ``fields`` dict
+  (a caller that changes one cannot change what the next read returns).  It holds only
+  what the last reply of the key held (stored, already redacted content); a read that
+  finds the session expired or gone, a drop and a pop of the key drop its entry;
+* the untrusted-data wrapping takes the same fast path as
+  :func:`~memtier.memory.delimiters.escape_delimiters` (ASCII text without ``<`` is
+  returned unchanged by it), and otherwise calls it.
+
+Anything else -- a record of the first format, a malformed record, a non-string reply
+cell -- makes :func:`decode_turns` return None, and the caller takes the general path
+(:func:`~memtier.memory.turncodec.decode_record` per record, then ``project``), which
+decodes it or raises exactly as before.  So the fast path accepts a strict subset of
+what the general path accepts and builds the same values (tests/memory/
+test_context_fast_path.py compares both on records written by the real ``append_turn``
+and on generated malformed ones).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+from pydantic import BaseModel
+
+from memtier.memory.delimiters import (
+    UNTRUSTED_CLOSING,
+    escape_delimiters,
+    untrusted_opening,
+)
+from memtier.memory.models import ContextMessage, Role, TurnRecord
+
+__all__ = [
+    "MAX_CACHED_CHARS",
+    "MAX_CACHED_KEYS",
+    "MAX_CACHED_TURNS",
+    "ReadCache",
+    "decode_turns",
+]
+
+# The slot setters of BaseModel's four instance slots (what ``trusted`` sets).
+_SET_DICT: Final = BaseModel.__dict__["__dict__"].__set__
+_SET_FIELDS_SET: Final = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_SET_EXTRA: Final = BaseModel.__dict__["__pydantic_extra__"].__set__
+_SET_PRIVATE: Final = BaseModel.__dict__["__pydantic_private__"].__set__
+_new: Final = object.__new__
+_RECORD_FIELDS: Final = frozenset(TurnRecord.model_fields)
+_MESSAGE_FIELDS: Final = frozenset(ContextMessage.model_fields)
+_fromtimestamp: Final = datetime.fromtimestamp
+
+# The read cache's hard bounds: the last read of at most MAX_CACHED_KEYS keys, holding at
+# most MAX_CACHED_CHARS characters of records in all (the least recently read key goes
+# first); a read of more than MAX_CACHED_TURNS records is not kept.  In memory a record
+# takes about three times its length with its decoded values (its text and its wrapped
+# content), so the cache holds at most ~12 MiB; a context(20) of 300 B turns keeps ~21 KB.
+MAX_CACHED_KEYS: Final = 256
+MAX_CACHED_TURNS: Final = 64
+MAX_CACHED_CHARS: Final = 4 * 1024 * 1024
+
+# A decoded record: its TurnRecord values (``fields`` included) and its message values.
+_Decoded = tuple[dict[str, Any], dict[str, Any]]
+
+
+class ReadCache:
+    """What the records of each key's last context read decoded to (see the module doc).
+
+    Safe to share between threads (a lock guards the bookkeeping; a lost race costs a
+    decode, never a wrong value: an entry is a pure function of the record bytes it is
+    looked up by).
+    """
+
+    __slots__ = ("_chars", "_keys", "_lock", "_max_keys")
+
+    def __init__(self, max_keys: int = MAX_CACHED_KEYS) -> None:
+        # At most MAX_CACHED_KEYS whatever is asked; 0 keeps nothing (every read decodes).
+        self._max_keys = max(0, min(max_keys, MAX_CACHED_KEYS))
+        self._keys: dict[str, tuple[int, dict[Any, _Decoded]]] = {}
+        self._chars = 0  # characters of the records held, over all keys
+        self._lock = threading.Lock()
+
+    def take(self, member: str) -> dict[Any, _Decoded] | None:
+        """The key's last read, removed (the caller keeps the new one)."""
+        with self._lock:
+            found = self._keys.pop(member, None)
+            if found is None:
+                return None
+            self._chars -= found[0]
+            return found[1]
+
+    def keep(self, member: str, chars: int, decoded: dict[Any, _Decoded]) -> None:
+        """Keep ``decoded`` (records of ``chars`` characters) as ``member``'s last read."""
+        if chars > MAX_CACHED_CHARS or self._max_keys == 0:
+            return
+        with self._lock:
+            keys = self._keys
+            old = keys.pop(member, None)
+            if old is not None:
+                self._chars -= old[0]
+            while keys and (len(keys) >= self._max_keys or self._chars + chars > MAX_CACHED_CHARS):
+                oldest = next(iter(keys))  # dict order: the least recently read first
+                self._chars -= keys.pop(oldest)[0]
+            keys[member] = (chars, decoded)
+            self._chars += chars
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @property
+    def chars(self) -> int:
+        """Characters of the records held (at most :data:`MAX_CACHED_CHARS`)."""
+        return self._chars
+
+
+_AVATAR_OPENING: Final = untrusted_opening("avatar")
+# Enum members looked up once: ``Role.AVATAR`` costs a class-attribute lookup per turn.
+_ROLE_AVATAR: Final = Role.AVATAR
+_ROLE_AGENT: Final = Role.AGENT
+_ROLE_TOOL: Final = Role.TOOL
+
+
+def _wrapped(source_opening: str, text: str) -> str:
+    # escape_delimiters returns ASCII text without "<" unchanged (its own first test).
+    if "<" in text or not text.isascii():
+        text = escape_delimiters(text)
+    return source_opening + text + UNTRUSTED_CLOSING
+
+
+def _decode(raw: Any) -> _Decoded | None:
+    """One record of the current format's usual shape, decoded; None for anything else.
+    May raise on a malformed record (the caller takes the general path then too)."""
+    kind_of_raw = type(raw)
+    if kind_of_raw is bytes:
+        record = raw.decode("utf-8")
+    elif kind_of_raw is str:
+        record = raw
+    else:
+        return None
+    parts = record.split("|", 5)
+    if len(parts) != 6:
+        return None
+    body = orjson.loads(parts[5])
+    if type(body) is not list or len(body) < 3:
+        return None
+    code = body[0]
+    turn_id = body[1]
+    first = body[2]
+    if type(code) is not int or type(turn_id) is not str or type(first) is not str:
+        return None
+    if len(body) == 3:
+        if code == 0:
+            kind, role, fields = "avatar", _ROLE_AVATAR, {"text": first}
+            content, untrusted = _wrapped(_AVATAR_OPENING, first), True
+        elif code == 1:
+            kind, role, fields = "agent", _ROLE_AGENT, {"text": first}
+            content, untrusted = first, False
+        else:
+            return None
+    elif len(body) == 4:
+        second = body[3]
+        if type(second) is not str:
+            return None
+        if code == 2:
+            kind, role, fields = "tool", _ROLE_TOOL, {"tool": first, "summary": second}
+            content = _wrapped(untrusted_opening("tool:" + first), second)
+        elif code == 3:
+            kind, role, fields = "action", _ROLE_TOOL, {"action": first, "outcome": second}
+            content = _wrapped(untrusted_opening("action:" + first), second)
+        else:
+            return None
+        untrusted = True
+    else:
+        return None
+    clock = parts[1]
+    values = {
+        "seq": int(parts[0]),
+        "timestamp": _fromtimestamp(int(parts[2] or clock) / 1000, UTC),
+        "clock_ms": int(clock),
+        "kind": kind,
+        "role": role,
+        "turn_id": turn_id,
+        "fields": fields,
+    }
+    message = {
+        "role": "assistant" if code == 1 else "user",
+        "content": content,
+        "untrusted": untrusted,
+    }
+    return values, message
+
+
+def decode_turns(
+    member: str, raws: Sequence[Any], cache: ReadCache
+) -> tuple[tuple[TurnRecord, ...], list[ContextMessage]] | None:
+    """The turns and their messages (no summary) of ``raws``, the records of ``member``'s
+    read, or None when a record is not of the current format's usual shape (the caller
+    then decodes the general way).  ``cache``: the store's :class:`ReadCache`."""
+    previous = cache.take(member)
+    kept: dict[Any, _Decoded] = {}
+    kept_chars = 0
+    records: list[TurnRecord] = []
+    messages: list[ContextMessage] = []
+    add_record = records.append
+    add_message = messages.append
+    try:
+        keep = len(raws) <= MAX_CACHED_TURNS
+        for raw in raws:
+            decoded = previous.get(raw) if previous is not None else None
+            if decoded is None:
+                decoded = _decode(raw)
+                if decoded is None:
+                    return None
+            if keep:
+                kept[raw] = decoded
+                kept_chars += len(raw)
+            values, message_values = decoded
+            values = values.copy()
+            values["fields"] = values["fields"].copy()  # each read its own mutable dict
+            turn = _new(TurnRecord)
+            _SET_DICT(turn, values)
+            _SET_FIELDS_SET(turn, set(_RECORD_FIELDS))
+            _SET_EXTRA(turn, None)
+            _SET_PRIVATE(turn, None)
+            add_record(turn)
+            message = _new(ContextMessage)
+            _SET_DICT(message, message_values.copy())
+            _SET_FIELDS_SET(message, set(_MESSAGE_FIELDS))
+            _SET_EXTRA(message, None)
+            _SET_PRIVATE(message, None)
+            add_message(message)
+    except Exception:
+        return None
+    if kept:
+        cache.keep(member, kept_chars, kept)
+    return tuple(records), messages
