@@ -530,17 +530,27 @@ class LuaScript:
     async def call_replicated_async(
         self, client: Any, keys: Sequence[str], args: Sequence[Any], durable: Durable
     ) -> Any:
-        """The asyncio twin of :meth:`call_replicated`."""
+        """The asyncio twin of :meth:`call_replicated`.  redis-py's asyncio cluster client
+        has no per-node client to pipeline on (and its pipeline would send the keyless
+        ``WAIT`` to any node): on a Cluster the three commands go on one connection of
+        the primary that owns the keys (:func:`_on_one_connection`)."""
         text = self.text_for(client)
-        node = _node_client(client, keys[0])
+        get_node = getattr(client, "get_node_from_key", None)
         for attempt in range(2):
-            pipe = node.pipeline(transaction=False)
-            pipe.evalsha(*self._args(text.sha, keys, args))
-            pipe.hset(durable.touch_key, "w", "1")
-            pipe.execute_command("WAIT", durable.replicas, durable.timeout_ms)
-            replies = await pipe.execute(raise_on_error=False)
+            commands = (
+                ("EVALSHA", *self._args(text.sha, keys, args)),
+                ("HSET", durable.touch_key, "w", "1"),
+                ("WAIT", durable.replicas, durable.timeout_ms),
+            )
+            if get_node is None:
+                pipe = client.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = await pipe.execute(raise_on_error=False)
+            else:
+                replies = await _on_one_connection(get_node(keys[0]), commands)
             if isinstance(replies[0], NoScriptError) and attempt == 0:
-                await node.script_load(text.source)
+                await client.script_load(text.source)  # a Cluster client: every primary
                 continue
             if _is_moved(replies[0]):
                 await client.nodes_manager.initialize()
@@ -566,8 +576,34 @@ def _node_client(client: Any, key: str) -> Any:
     return client.get_redis_connection(get_node(key))
 
 
+async def _on_one_connection(node: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """``commands`` in one write on one connection of an asyncio cluster ``node``, every
+    reply read (an error reply as its exception instance, as a pipeline's
+    ``raise_on_error=False`` gives it); on any other failure the connection is dropped."""
+    if node is None:  # the slot map has no primary for the slot (yet)
+        raise TransientBackendError("no primary known for the keys' slot; retrying")
+    conn = node.acquire_connection()
+    try:
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except RedisResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        node.release(conn)
+
+
 def _is_moved(reply: Any) -> bool:
-    """A MOVED/ASK from the node: the slot moved and nothing ran there."""
+    """A MOVED/ASK from the node: the slot moved and nothing ran there.  (redis-py's
+    parser strips the code from the message of its MovedError/AskError.)"""
+    if isinstance(reply, MovedError | AskError):
+        return True
     return isinstance(reply, RedisResponseError) and str(reply).startswith(("MOVED", "ASK"))
 
 

@@ -302,3 +302,53 @@ def test_replicated_appends_survive_their_primary_killed_right_after(
         client.close()
     verdict.check()
     assert verdict.acknowledged == 40 and verdict.stored == 40
+
+
+async def test_the_asyncio_store_waits_for_the_replica_on_a_cluster_too(
+    cluster: FaultCluster,
+) -> None:
+    """``durability="replicated"`` on redis-py's asyncio cluster client (no per-node client
+    there): the script, the touch and ``WAIT`` go on one connection of the keys' primary,
+    so a stopped replica makes the append an unknown outcome, and the retry with the same
+    turn id is answered as a duplicate once the replica is back."""
+    from memtier import AsyncConversationStore, AvatarMessage, OutcomeUnknownError
+
+    namespace = "c" + uuid.uuid4().hex[:8]
+    _, replicas = cluster.owner_of(_slot(namespace))
+    assert replicas, "the fixture's cluster has a replica per primary"
+    config = MemtierConfig.load(
+        redis_url=cluster.url,
+        namespace=namespace,
+        redis={"durability": "replicated", "wait_replicas": 1, "wait_timeout_ms": 1000},
+    )
+    key = ledger_key(0)
+    replica = cluster.node(replicas[0])
+    assert replica.proc is not None
+    async with AsyncConversationStore.from_config(config, recover=False) as store:
+        first = await store.append(key, AvatarMessage(text="a", turn_id="t1"))
+        assert first.seq == 1 and not first.duplicate
+        os.kill(replica.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(OutcomeUnknownError):
+                await store.append(key, AvatarMessage(text="b", turn_id="t2"))
+        finally:
+            os.kill(replica.proc.pid, signal.SIGCONT)
+        retried = await store.append(key, AvatarMessage(text="b", turn_id="t2"))
+        assert retried.duplicate and retried.seq == 2
+        context = await store.context(key)
+        assert [t.fields["text"] for t in context.turns] == ["a", "b"]
+    cluster.wait_healthy()
+
+
+def test_a_parsed_moved_or_ask_reply_counts_as_moved() -> None:
+    """redis-py's parser strips "MOVED"/"ASK" from the message of the exceptions it makes;
+    the replicated path must still see the redirect (and retry on the new owner)."""
+    from redis._parsers.base import BaseParser
+
+    from memtier.scripts import _is_moved
+
+    for reply in ("MOVED 3999 127.0.0.1:6381", "ASK 3999 127.0.0.1:6381"):
+        parsed = BaseParser.parse_error(reply)
+        assert isinstance(parsed, redis.ResponseError) and _is_moved(parsed), parsed
+    assert not _is_moved(BaseParser.parse_error("ERR something else"))
+    assert not _is_moved(BaseParser.parse_error("NOSCRIPT No matching script"))
