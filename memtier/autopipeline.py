@@ -43,6 +43,7 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memtier import limits
 from memtier.errors import TransientBackendError
@@ -109,6 +110,36 @@ def _settle(call: _Call, reply: Any = None, error: BaseException | None = None) 
         call.future.set_result(reply)
     else:
         call.future.set_exception(error)
+
+
+async def _write(conn: Any, chunks: list[bytes]) -> None:
+    """``conn.send_packed_command(chunks)`` without its ``asyncio.wait_for`` around every
+    write (a task and a timer per batch, ~20 us): the chunks go to the transport at once,
+    and only a write the transport could not take whole waits -- for the buffer to drain,
+    under the socket timeout.  Failures as redis-py raises them (the connection dropped,
+    then ``ConnectionError`` / ``TimeoutError``).  A connection not yet connected, or with
+    a health-check interval, takes redis-py's own path."""
+    writer = getattr(conn, "_writer", None)
+    checks_health = bool(getattr(conn, "health_check_interval", None))
+    if writer is None or not conn.is_connected or checks_health:
+        await conn.send_packed_command(chunks)
+        return
+    try:
+        writer.writelines(chunks)
+        if writer.transport.get_write_buffer_size() == 0:
+            return  # all of it is in the kernel already: drain() would return at once
+        timeout = conn.socket_timeout
+        async with asyncio.timeout(timeout if timeout else None):
+            await writer.drain()
+    except TimeoutError:  # asyncio's timeout (TimeoutError in 3.11): redis-py's type
+        await conn.disconnect(nowait=True)
+        raise RedisTimeoutError("Timeout writing to socket") from None
+    except OSError as exc:
+        await conn.disconnect(nowait=True)
+        raise RedisConnectionError(f"Error while writing to socket. {exc}.") from exc
+    except BaseException:
+        await conn.disconnect(nowait=True)
+        raise
 
 
 def _lost(written: bool, exc: BaseException) -> Exception:
@@ -216,7 +247,7 @@ class AutoPipeline:
             if not calls:
                 return
             # From here on any failure may come after Redis read (and ran) some calls.
-            await conn.send_packed_command([chunk for call in calls for chunk in call.packed])
+            await _write(conn, [chunk for call in calls for chunk in call.packed])
             self.batches += 1
             self.calls += len(calls)
             for call in calls:

@@ -683,3 +683,95 @@ async def test_a_send_task_cancelled_before_it_ran_leaves_no_caller_waiting(
         assert _in_use(client) == 0
     finally:
         await client.aclose()
+
+
+# --- the batch write: no wait_for per write, redis-py's failures ---------------------
+
+
+class _Conn:
+    """The parts of a redis-py asyncio connection :func:`memtier.autopipeline._write`
+    uses, on a real loopback socket (a server that reads, or one that never reads)."""
+
+    def __init__(self, writer: asyncio.StreamWriter, timeout: float | None) -> None:
+        self._writer = writer
+        self.is_connected = True
+        self.health_check_interval = 0
+        self.socket_timeout = timeout
+        self.disconnects = 0
+
+    async def disconnect(self, nowait: bool = False) -> None:
+        self.disconnects += 1
+        self._writer.close()
+
+    async def send_packed_command(self, chunks: list[bytes]) -> None:  # pragma: no cover
+        raise AssertionError("the connected path must not fall back to redis-py's write")
+
+
+async def _sink(reads: bool) -> tuple[asyncio.Server, int, list[bytes]]:
+    received: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if not reads:
+                await asyncio.sleep(30)  # never reads: the sender's buffers fill up
+                return
+            while chunk := await reader.read(1 << 16):
+                received.append(chunk)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, port, received
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    chunks=st.lists(
+        st.one_of(st.binary(max_size=64), st.integers(0, 3 << 20).map(lambda n: b"x" * n)),
+        min_size=1,
+        max_size=6,
+    )
+)
+@example(chunks=[b"*1\r\n$4\r\nPING\r\n"])
+@example(chunks=[b"a" * (3 << 20), b"", b"b"])  # more than the transport takes at once
+def test_a_batch_write_delivers_exactly_its_bytes(chunks: list[bytes]) -> None:
+    from memtier.autopipeline import _write
+
+    async def run() -> bytes:
+        server, port, received = await _sink(reads=True)
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            conn = _Conn(writer, timeout=10.0)
+            await _write(conn, list(chunks))
+            writer.close()
+            await writer.wait_closed()
+            expected = sum(len(c) for c in chunks)
+            for _ in range(2000):  # bounded: until the server read it all (or 20 s)
+                if sum(len(c) for c in received) >= expected:
+                    break
+                await asyncio.sleep(0.01)
+            assert conn.disconnects == 0
+            return b"".join(received)
+        finally:
+            server.close()
+
+    assert asyncio.run(run()) == b"".join(chunks)
+
+
+def test_a_batch_write_the_server_never_reads_times_out_as_redis_py_does() -> None:
+    from memtier.autopipeline import _write
+
+    async def run() -> _Conn:
+        server, port, _ = await _sink(reads=False)
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            conn = _Conn(writer, timeout=0.5)
+            with pytest.raises(redis.TimeoutError):
+                await _write(conn, [b"x" * (64 << 20)])  # far past the socket buffers
+            return conn
+        finally:
+            server.close()
+
+    conn = asyncio.run(run())
+    assert conn.disconnects == 1  # dropped: part of the batch may be on the wire
