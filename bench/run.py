@@ -275,7 +275,7 @@ def _run_sections(
                     *base.read_measures(size, text),
                     base.floor_read_measure(size, text),
                     mem.read_sync(size, hist),
-                    mem.read_sync_cold(size, hist),
+                    mem.read_sync(size, hist, cold=True),
                     *peer_measures(size, "read20", True),
                 ]
                 b = f"base.read20.{size}.redispy"

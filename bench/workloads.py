@@ -784,8 +784,17 @@ class MemtierBench:
             lambda n: float(self.loop.run(go(n))),
         )
 
-    def read_sync(self, size: str, pool: KeyPool) -> Measure:
+    def read_sync(self, size: str, pool: KeyPool, *, cold: bool = False) -> Measure:
+        """``store.context(limit=20)`` over ``pool``.  With ``cold``, on a store whose
+        per-key decode cache is off: every read decodes its 20 records, as a read of
+        records this process has not read before does (the sessions here do not change
+        between reads, so after the first round the warm row hits that cache)."""
         store = self.store
+        if cold:
+            from memtier.memory.contextdecode import ReadCache
+
+            store = ConversationStore(self.client, self.config)
+            store.core._read_cache = ReadCache(max_keys=0)
 
         def run(n: int) -> None:
             for _ in range(n):
@@ -793,28 +802,9 @@ class MemtierBench:
                 assert len(ctx.messages) == READ_LAST
 
         return Measure(
-            f"memtier.read20.{size}.sync",
-            f"memtier context (last 20 of 100), sync [{size}]",
-            timed(run),
-        )
-
-    def read_sync_cold(self, size: str, pool: KeyPool) -> Measure:
-        """:meth:`read_sync` with the per-key decode cache off: every read decodes its 20
-        records, as a read of records this process has not read before does (the rows
-        above read unchanged sessions, so after the first round they hit that cache)."""
-        from memtier.memory.contextdecode import ReadCache
-
-        store = ConversationStore(self.client, self.config)
-        store.core._read_cache = ReadCache(max_keys=0)
-
-        def run(n: int) -> None:
-            for _ in range(n):
-                ctx = store.context(pool.next(), limit=READ_LAST)
-                assert len(ctx.messages) == READ_LAST
-
-        return Measure(
-            f"memtier.read20.{size}.sync-cold",
-            f"memtier context (last 20 of 100), sync, decode cache off [{size}]",
+            f"memtier.read20.{size}.sync" + ("-cold" if cold else ""),
+            f"memtier context (last 20 of 100), sync{', decode cache off' if cold else ''}"
+            f" [{size}]",
             timed(run),
         )
 

@@ -96,21 +96,7 @@ class GenerationWriter:
 
     def add(self, line: Mapping[str, Any]) -> None:
         """Append one session line (already validated by the caller)."""
-        data = orjson.dumps(line) + b"\n"
-        if HEADER_BLOCK + self.payload_bytes + len(data) > self.dir.max_bytes:
-            raise SnapshotError(
-                "this flush alone would exceed max_snapshot_bytes"
-                f" ({self.dir.max_bytes} bytes); older generations are kept",
-                limit_bytes=self.dir.max_bytes,
-            )
-        try:
-            self._file.write(data)
-        except OSError as exc:
-            self.abort()
-            raise oserror("cannot write snapshot file", exc) from exc
-        self._sha.update(data)
-        self.payload_bytes += len(data)
-        self.sessions += 1
+        self.add_lines((line,))
 
     def add_lines(self, lines: Sequence[Mapping[str, Any]]) -> None:
         """Append several session lines (already validated by the caller) in one write
