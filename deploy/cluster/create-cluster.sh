@@ -48,17 +48,24 @@ cli() {
     "$REDIS_CLI" -h "$host" -p "$port" "$@"
 }
 
-# wait_for DESCRIPTION COMMAND...: poll COMMAND until it succeeds, at most WAIT_TRIES times.
-wait_for() {
-    local what="$1" i
-    shift
+# waited COMMAND...: poll COMMAND until it succeeds, at most WAIT_TRIES times (status 1
+# when it never did).
+waited() {
+    local i
     for ((i = 0; i < WAIT_TRIES; i++)); do
         if "$@" >/dev/null 2>&1; then
             return 0
         fi
         sleep 0.1
     done
-    die "timed out waiting for $what"
+    return 1
+}
+
+# wait_for DESCRIPTION COMMAND...: waited, or die naming what never happened.
+wait_for() {
+    local what="$1"
+    shift
+    waited "$@" || die "timed out waiting for $what"
 }
 
 node_answers() { [[ "$(cli "$1" "$2" ping 2>/dev/null)" == "PONG" ]]; }
@@ -162,7 +169,14 @@ stop() {
         fi
     done
     for port in "${lines[@]:1}"; do
-        wait_for "node $port to exit" node_gone "$dir/$port/redis.pid"
+        if ! waited node_gone "$dir/$port/redis.pid"; then
+            # SHUTDOWN accepted but the node still runs after 30 s (an AOF fsync or a
+            # replica catch-up on a loaded machine): SIGTERM by its own pid file, which
+            # is the same clean shutdown, then wait once more.
+            pid="$(cat "$dir/$port/redis.pid" 2>/dev/null || true)"
+            [[ -n "$pid" ]] && kill "$pid" 2>/dev/null || true
+            wait_for "node $port to exit" node_gone "$dir/$port/redis.pid"
+        fi
     done
     echo "cluster in $dir stopped"
 }
