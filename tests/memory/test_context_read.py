@@ -20,6 +20,7 @@ on the session's slot -- and decodes the records client-side.  Here an adversary
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -306,26 +307,32 @@ def test_transactional_read_matches_the_model_and_the_old_script(backend: Any) -
 
 # --- one round trip ---------------------------------------------------------------------------
 class Writes:
-    """Counts writes to Redis (``send_packed_command``: one per round trip) of every
-    sync and asyncio redis-py connection, Cluster nodes included."""
+    """Counts writes to Redis (one per round trip): ``send_packed_command`` of every sync
+    redis-py connection, Cluster nodes included, and every write to an asyncio stream --
+    where redis-py's asyncio connections and memtier's auto-pipeline (which writes a
+    batch to the transport itself, ``memtier.autopipeline._write``) both write."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
         sync_send = redis.connection.AbstractConnection.send_packed_command
-        async_send = redis.asyncio.connection.AbstractConnection.send_packed_command
+        stream_writelines = asyncio.StreamWriter.writelines
+        stream_write = asyncio.StreamWriter.write
 
         def counted(conn: Any, *args: Any, **kwargs: Any) -> Any:
             self.count += 1
             return sync_send(conn, *args, **kwargs)
 
-        async def counted_async(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        def counted_writelines(writer: asyncio.StreamWriter, data: Any) -> None:
             self.count += 1
-            return await async_send(conn, *args, **kwargs)
+            stream_writelines(writer, data)
+
+        def counted_write(writer: asyncio.StreamWriter, data: Any) -> None:
+            self.count += 1
+            stream_write(writer, data)
 
         monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
-        monkeypatch.setattr(
-            redis.asyncio.connection.AbstractConnection, "send_packed_command", counted_async
-        )
+        monkeypatch.setattr(asyncio.StreamWriter, "writelines", counted_writelines)
+        monkeypatch.setattr(asyncio.StreamWriter, "write", counted_write)
 
 
 READS = 5
