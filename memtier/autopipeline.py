@@ -37,9 +37,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -48,6 +48,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from memtier import limits
 from memtier.errors import TransientBackendError
 
+try:  # the parser redis-py's asyncio connections use when hiredis is installed
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+    from redis._parsers.hiredis import _AsyncHiredisParser
+except ImportError:  # pragma: no cover - another redis-py layout: its read_response is used
+    _AsyncHiredisParser = None  # type: ignore[assignment, misc]
+    _NOT_ENOUGH_DATA = None
+
 __all__ = ["AutoPipeline", "PipelineBounds"]
 
 _hiredis_pack: Any
@@ -55,6 +62,9 @@ try:  # hiredis packs a command in C; redis-py's asyncio connection packs in Pyt
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
     _hiredis_pack = None
+
+# What _reply_reader uses of redis-py's asyncio hiredis parser (private: checked each time).
+_PARSER_PARTS = ("_reader", "_stream", "_read_size", "_connected", "_hiredis_PushNotificationType")
 
 # Argument types hiredis packs exactly as redis-py's encoder does (str as UTF-8, int by
 # its decimal repr); anything else (float, bool, memoryview...) goes through redis-py.
@@ -140,6 +150,69 @@ async def _write(conn: Any, chunks: list[bytes]) -> None:
     except BaseException:
         await conn.disconnect(nowait=True)
         raise
+
+
+def _reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
+    """What reads one reply of a batch: ``conn.read_response`` as redis-py would, or, on
+    a connection redis-py reads with hiredis and no health checks (what the pipeline gets
+    from a plain client), the same replies straight from its hiredis reader.
+
+    redis-py's ``read_response`` puts every reply under its own ``asyncio.timeout`` (a
+    timer, ~4 us) and three layers of calls; a batch's replies mostly arrive in one
+    socket read, so here only a socket read waits, under the connection's socket timeout
+    read at that moment (so a timeout relaxed by a maintenance notification applies).
+    The timeout is per read that makes no progress, where redis-py's is per reply.
+    Otherwise as ``_AsyncHiredisParser.read_response`` and ``Connection.read_response``:
+    a RESP3 push notification goes to the parser's push handler and the next reply is
+    read; an error reply is raised as its ``ResponseError``; a lost connection, a timeout
+    or a protocol error is raised as redis-py raises it (the caller disconnects).
+    """
+    parser = getattr(conn, "_parser", None)
+    if (
+        _AsyncHiredisParser is None
+        or type(parser) is not _AsyncHiredisParser
+        or getattr(conn, "health_check_interval", None)
+        or not all(hasattr(parser, a) for a in _PARSER_PARTS)
+    ):
+        return cast("Callable[[], Awaitable[Any]]", conn.read_response)
+    reader: Any = parser._reader
+    stream: Any = parser._stream
+    size: int = parser._read_size
+    push_type: Any = parser._hiredis_PushNotificationType
+
+    async def read() -> Any:
+        while True:
+            reply = reader.gets()
+            while reply is _NOT_ENOUGH_DATA:
+                if not parser._connected:
+                    raise RedisConnectionError("Connection closed by server.")
+                timeout = conn.socket_timeout
+                try:
+                    if timeout is None:
+                        data = await stream.read(size)
+                    else:
+                        async with asyncio.timeout(timeout):
+                            data = await stream.read(size)
+                except TimeoutError:  # asyncio's (3.11): redis-py's type
+                    raise RedisTimeoutError(f"Timeout reading from {conn._host_error()}") from None
+                except OSError as exc:
+                    raise RedisConnectionError(
+                        f"Error while reading from {conn._host_error()} : {exc.args}"
+                    ) from exc
+                if not data:
+                    raise RedisConnectionError("Connection closed by server.")
+                reader.feed(data)
+                reply = reader.gets()
+            if push_type is not None and isinstance(reply, push_type):
+                await parser.handle_push_response(reply)  # type: ignore[no-untyped-call]
+                continue  # not our reply: the next one is
+            if isinstance(reply, (ResponseError, RedisConnectionError)):
+                raise reply
+            if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
+                raise reply[0]
+            return reply
+
+    return read
 
 
 def _lost(written: bool, exc: BaseException) -> Exception:
@@ -250,17 +323,18 @@ class AutoPipeline:
             await _write(conn, [chunk for call in calls for chunk in call.packed])
             self.batches += 1
             self.calls += len(calls)
+            read = _reply_reader(conn)
             for call in calls:
                 # A transaction's queueing replies first: a refused command (its whole
                 # error read) aborts the EXEC, and that first refusal is the call's error.
                 refused: ResponseError | None = None
                 for _ in range(call.replies - 1):
                     try:
-                        await conn.read_response()
+                        await read()
                     except ResponseError as exc:
                         refused = refused or exc
                 try:
-                    reply = await conn.read_response()
+                    reply = await read()
                 except ResponseError as exc:  # a whole error reply: only this call fails
                     _settle(call, error=refused or exc)
                 else:

@@ -179,6 +179,39 @@ async def test_concurrent_store_calls_share_round_trips(redis_server: Any) -> No
         assert _in_use(store.client) == 0
 
 
+async def test_a_plain_clients_batches_are_read_without_redis_pys_read_response(
+    redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On memtier's own asyncio client (RESP3 by redis-py 8's default) and on a caller's
+    plain RESP2 client, appends and context reads answer with redis-py's per-reply
+    ``read_response`` forbidden once the connections are open: the batch reader took it."""
+    for protocol in (3, 2):
+        store = AsyncConversationStore.from_config(_config(redis_server.url))
+        if protocol == 2:
+            plain = redis.asyncio.Redis.from_url(redis_server.url, protocol=2)
+            store = AsyncConversationStore(plain, _config(redis_server.url))
+        async with store:
+            key = ConversationKey(uuid.uuid4(), "public")
+            await store.append(key, AvatarMessage(text="warm", turn_id="w"))  # connects
+
+            async def forbidden(*args: Any, **kwargs: Any) -> Any:
+                raise AssertionError("read_response called on the pipelined path")
+
+            with monkeypatch.context() as patch:
+                patch.setattr(redis.asyncio.Connection, "read_response", forbidden)
+                receipts = await asyncio.gather(
+                    *(
+                        store.append(key, AvatarMessage(text=f"t{i}", turn_id=f"t{i}"))
+                        for i in range(8)
+                    )
+                )
+                context = await store.context(key)
+            assert sorted(r.seq for r in receipts) == list(range(2, 10))
+            assert context.turns[0].turn_id == "w" and len(context.turns) == 9
+        if protocol == 2:
+            await plain.aclose()
+
+
 async def test_standalone_pipelines_and_cluster_keeps_the_generic_path(
     backend_no_fake: Any,
 ) -> None:
@@ -775,3 +808,166 @@ def test_a_batch_write_the_server_never_reads_times_out_as_redis_py_does() -> No
 
     conn = asyncio.run(run())
     assert conn.disconnects == 1  # dropped: part of the batch may be on the wire
+
+
+# --- the batch read: replies straight from hiredis, redis-py's results -----------------
+
+# RESP2 replies as Redis writes them, each with what redis-py's read_response makes of it.
+_REPLY = st.recursive(
+    st.one_of(
+        st.binary(max_size=40).map(lambda b: b"$%d\r\n%s\r\n" % (len(b), b)),
+        st.integers(-(2**63), 2**63 - 1).map(lambda i: b":%d\r\n" % i),
+        st.sampled_from([b"+OK\r\n", b"+QUEUED\r\n", b"$-1\r\n", b"*-1\r\n", b"*0\r\n"]),
+        st.sampled_from(
+            [
+                b"-ERR unknown command\r\n",
+                b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
+                b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+                b"-BUSY Redis is busy running a script.\r\n",
+                b"-ERR memtier:session_full bounds reached\r\n",
+                b"-EXECABORT Transaction discarded because of previous errors.\r\n",
+            ]
+        ),
+    ),
+    lambda inner: st.lists(inner, max_size=4).map(
+        lambda items: b"*%d\r\n%s" % (len(items), b"".join(items))
+    ),
+    max_leaves=8,
+)
+
+
+async def _replier(stream: bytes, cuts: list[int], end: str) -> tuple[asyncio.Server, int]:
+    """A loopback server that writes ``stream`` to each connection in pieces cut at
+    ``cuts`` (each piece its own write, a loop tick apart), then closes (``end`` =
+    "close") or stays silent (``end`` = "stall")."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            start = 0
+            for cut in [*sorted(c % (len(stream) + 1) for c in cuts), len(stream)]:
+                if cut > start:
+                    writer.write(stream[start:cut])
+                    await writer.drain()
+                    await asyncio.sleep(0.001)
+                    start = cut
+            if end == "stall":
+                await asyncio.sleep(30)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def _comparable(reply: Any) -> Any:
+    """A reply comparable by value: errors (also those nested in arrays) as type and text."""
+    if isinstance(reply, Exception):
+        return (type(reply).__name__, str(reply))
+    if isinstance(reply, list):
+        return [_comparable(r) for r in reply]
+    return reply
+
+
+def _outcomes(replies: list[Any]) -> list[Any]:
+    return [_comparable(r) for r in replies]
+
+
+async def _read_all(read: Any, count: int) -> list[Any]:
+    out: list[Any] = []
+    for _ in range(count):
+        try:
+            out.append(await read())
+        except redis.ResponseError as exc:  # an error reply: the connection is in step
+            out.append(exc)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # the end of it
+            out.append(exc)
+            break
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    replies=st.lists(_REPLY, min_size=1, max_size=12),
+    cuts=st.lists(st.integers(0, 10_000), max_size=6),
+    extra=st.integers(0, 2),
+    end=st.sampled_from(["close", "stall"]),
+    protocol=st.sampled_from([2, 3]),
+)
+@example(replies=[b"+OK\r\n"], cuts=[], extra=0, end="close", protocol=3)
+@example(
+    replies=[b"$3\r\nabc\r\n", b"-NOSCRIPT x\r\n"],
+    cuts=[1, 2, 3, 9],
+    extra=1,
+    end="close",
+    protocol=2,
+)
+@example(replies=[b"*2\r\n:1\r\n-ERR in an array\r\n"], cuts=[5], extra=1, end="stall", protocol=3)
+def test_the_batch_reader_gives_what_redis_pys_read_response_gives(
+    replies: list[bytes], cuts: list[int], extra: int, end: str, protocol: int
+) -> None:
+    """The pipeline's reply reader and redis-py's ``read_response`` on two real
+    connections to the same byte stream (cut anywhere, then closed or stalled past the
+    socket timeout), reading as many replies as there are plus ``extra``: the same
+    replies, the same error replies raised, the same end (ConnectionError / TimeoutError)."""
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    from memtier.autopipeline import _reply_reader
+
+    # RESP3: the HELLO on connect reads its reply first (then RESP3's own types).
+    hello = b"%1\r\n$6\r\nserver\r\n$5\r\nredis\r\n" if protocol == 3 else b""
+    resp3 = [b"_\r\n", b"#t\r\n", b",3.5\r\n", b"%1\r\n+a\r\n:1\r\n"] if protocol == 3 else []
+    replies = [*replies, *resp3]
+    stream = hello + b"".join(replies)
+
+    async def run() -> tuple[list[Any], list[Any], bool]:
+        server, port = await _replier(stream, cuts, end)
+        try:
+            results = []
+            for fast in (True, False):
+                # driver_info=None: no CLIENT SETINFO on connect (the server only replies).
+                conn = redis.asyncio.Connection(
+                    host="127.0.0.1",
+                    port=port,
+                    socket_timeout=0.2,
+                    driver_info=None,
+                    protocol=protocol,
+                    maint_notifications_config=MaintNotificationsConfig(enabled=False),
+                )
+                await conn.connect()
+                read = _reply_reader(conn) if fast else conn.read_response
+                results.append(await _read_all(read, len(replies) + extra))
+                took_fast = _reply_reader(conn) != conn.read_response
+                await conn.disconnect()
+            return results[0], results[1], took_fast
+        finally:
+            server.close()
+
+    fast, slow, took_fast = asyncio.run(run())
+    assert took_fast  # a plain connection reads through hiredis directly
+    assert [type(r) for r in fast] == [type(r) for r in slow]
+    # Replies and error replies (type and text) are the same; the end differs only in
+    # the wording of its message.
+    ends = (redis.ConnectionError, redis.TimeoutError)
+    assert [o for o, r in zip(_outcomes(fast), fast, strict=True) if not isinstance(r, ends)] == [
+        o for o, r in zip(_outcomes(slow), slow, strict=True) if not isinstance(r, ends)
+    ]
+    if extra and end == "stall":
+        assert isinstance(fast[-1], redis.TimeoutError)
+    elif extra:
+        assert isinstance(fast[-1], redis.ConnectionError)
+
+
+def test_the_batch_reader_falls_back_to_redis_py_where_it_must() -> None:
+    """Health checks (redis-py does work per reply for them), a parser that is not
+    redis-py's hiredis one, and a connection not connected yet keep redis-py's
+    read_response (a connected plain one does not: the test above asserts it)."""
+    from redis._parsers import _AsyncRESP3Parser
+
+    from memtier.autopipeline import _reply_reader
+
+    checked = redis.asyncio.Connection(health_check_interval=5)
+    assert _reply_reader(checked) == checked.read_response
+    python_parser = redis.asyncio.Connection(parser_class=_AsyncRESP3Parser)
+    assert _reply_reader(python_parser) == python_parser.read_response
+    unconnected = redis.asyncio.Connection()  # its parser has no hiredis reader yet
+    assert _reply_reader(unconnected) == unconnected.read_response
