@@ -221,6 +221,7 @@ def _run_sections(
                     base.floor_append_measure(size, text),
                     mem.append_sync(size, text),
                     mem.append_lean(size, text),
+                    mem.append_script_socket(size, text),
                     mem.append_batched(size, text),
                     *peer_measures(size, "append", True),
                 ]

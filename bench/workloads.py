@@ -741,6 +741,38 @@ class MemtierBench:
             note="not the public API: the retry/metrics shell left out",
         )
 
+    def append_script_socket(self, size: str, text: str) -> Measure:
+        """memtier's own ``append_turn`` from a pre-encoded socket: each call's ARGV
+        prepared (validated, redacted, a fresh turn id: every call stores) and packed
+        before the clock starts, so the row is the script's Redis cost plus one round trip
+        and nothing else.  No Python client of these semantics can be faster: the
+        distance between this row and the baseline is all the room memtier's own client
+        work has (the Python floor of "append vs raw", beside the C floor)."""
+        pool, core = self.pool(APPEND_POOL), self.store.core
+        script = self.store.scripts["append_turn"]
+        self.client.script_load(script.source)
+        raw = RawSocket(self.server.port)
+
+        def run(n: int) -> float:
+            packed = []
+            for _ in range(n):
+                call = core.append_call(core.prepare_turn(pool.next(), AvatarMessage(text=text)))
+                packed.append(_resp("EVALSHA", script.sha, script.num_keys, *call.keys, *call.args))
+            started = time.perf_counter()
+            for one in packed:
+                reply = raw.call(one)
+            elapsed = time.perf_counter() - started
+            if isinstance(reply, Exception):  # a refused call would make the row meaningless
+                raise RuntimeError(f"append_turn refused a prepared call: {reply}")
+            return elapsed
+
+        return Measure(
+            f"memtier.append.{size}.script-socket",
+            f"memtier's append_turn script, pre-encoded socket, ARGV prepared untimed [{size}]",
+            run,
+            note="not the public API: the Python floor, the script and one round trip only",
+        )
+
     def append_batched(self, size: str, text: str, batch: int = 50) -> Measure:
         """memtier's core and script, ``batch`` appends pipelined per round trip."""
         pool, core = self.pool(APPEND_POOL), self.store.core
