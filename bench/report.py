@@ -200,6 +200,7 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
         base_read = g(f"base.read20.{size}.redispy")
         r = _ratio(g(f"memtier.read20.{size}.sync"), base_read)
         cold = _ratio(g(f"memtier.read20.{size}.sync-cold"), base_read)
+        py_floor = _ratio(g(f"memtier.read20.{size}.script-socket"), base_read)
         out.append(
             _target(
                 f"context vs redis-py LRANGE 20 + orjson [{size}]",
@@ -207,7 +208,13 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
                 r,
                 lambda v: v >= 0.8,
                 "memtier context(limit=20) / raw LRANGE+orjson"
-                + ("" if cold is None else f"; decode cache off: x{cold[0]:.2f}"),
+                + ("" if cold is None else f"; decode cache off: x{cold[0]:.2f}")
+                + (
+                    ""
+                    if py_floor is None
+                    else f"; Python floor (memtier's read transaction, pre-encoded socket, "
+                    f"not decoded): x{py_floor[0]:.2f}"
+                ),
                 _floor(_ratio(g(f"floor.read20.{size}.redis-benchmark"), base_read)),
             )
         )

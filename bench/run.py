@@ -277,6 +277,7 @@ def _run_sections(
                     base.floor_read_measure(size, text),
                     mem.read_sync(size, hist),
                     mem.read_sync(size, hist, cold=True),
+                    mem.read_script_socket(size, hist),
                     *peer_measures(size, "read20", True),
                 ]
                 b = f"base.read20.{size}.redispy"

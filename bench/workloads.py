@@ -635,6 +635,10 @@ class RawSocket:
 
     def call(self, packed: bytes) -> Any:
         self.sock.sendall(packed)
+        return self.read()
+
+    def read(self) -> Any:
+        """The next reply (an error reply as its exception object)."""
         while True:
             reply = self.reader.gets()
             if reply is not False:
@@ -838,6 +842,46 @@ class MemtierBench:
             f"memtier context (last 20 of 100), sync{', decode cache off' if cold else ''}"
             f" [{size}]",
             timed(run),
+        )
+
+    def read_script_socket(self, size: str, pool: KeyPool) -> Measure:
+        """memtier's context read transaction (``MULTI``, ``context_head``, ``LRANGE`` 20,
+        ``EXEC``) from a pre-encoded socket, packed before the clock starts, its reply not
+        decoded: the Redis cost of the read's semantics plus one round trip.  What is left
+        between this row and the baseline is all the room memtier's decoding and call
+        path have (the Python floor of "context vs LRANGE", beside the C floor)."""
+        core, script = self.store.core, self.store.scripts["context_head"]
+        self.client.script_load(script.source)
+        raw = RawSocket(self.server.port)
+        packed = []
+        for key in pool.keys:
+            tx = core.context_call(key, READ_LAST)
+            call = tx.script
+            commands = (
+                ("MULTI",),
+                ("EVALSHA", script.sha, script.num_keys, *call.keys, *call.args),
+                *tx.reads,
+                ("EXEC",),
+            )
+            packed.append((b"".join(_resp(*c) for c in commands), len(commands)))
+        state = {"i": 0}
+
+        def run(n: int) -> None:
+            i = state["i"]
+            for j in range(i, i + n):
+                one, replies = packed[j % len(packed)]
+                raw.sock.sendall(one)
+                for _ in range(replies):
+                    reply = raw.read()
+            state["i"] = i + n
+            if not (isinstance(reply, list) and len(reply[1]) == READ_LAST):
+                raise RuntimeError(f"the read transaction did not answer 20 records: {reply!r}")
+
+        return Measure(
+            f"memtier.read20.{size}.script-socket",
+            f"memtier's read transaction, pre-encoded socket, not decoded [{size}]",
+            timed(run),
+            note="not the public API: the Python floor, the transaction and one round trip only",
         )
 
     def read_async(self, size: str, pool: KeyPool) -> Measure:
