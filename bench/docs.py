@@ -161,7 +161,18 @@ def _analysis(run: Run) -> list[str]:
         "caller's wake-up).  The pipeline now writes each batch straight to the "
         "transport: redis-py's asyncio `send_packed_command` wraps every write in "
         "`asyncio.wait_for` (a task and a timer), about 30 % of the client CPU of a "
-        "sequential asyncio append here.",
+        "sequential asyncio append here, and reads the batch's replies from redis-py's "
+        "hiredis reader itself (one timer per socket read instead of one per reply).  "
+        "**The Python floor:** memtier's own `append_turn` sent from a pre-encoded "
+        "socket, its ARGV prepared before the clock starts (so every call still "
+        "stores a new turn), is "
+        f"x{r('memtier.append.300B.script-socket'):.2f} / "
+        f"x{r('memtier.append.4KiB.script-socket'):.2f} of the baseline: the script "
+        "and one round trip already take about as long as the minimal script through "
+        "redis-py's whole client, so the 1.0x goal would leave memtier's validation, "
+        "redaction, ids, packing, retry, metrics and receipt no time at all.  The C "
+        "floor row is higher only because its script runs the commands without the "
+        "checks the semantics need.",
         "",
         "Profile of `store.append` (300 B, pyinstrument, wall time; the time inside "
         "the socket calls is mostly waiting while Redis runs the script):",
@@ -179,7 +190,11 @@ def _analysis(run: Run) -> list[str]:
         f"{r('floor.read20.300B.redis-benchmark'):.2f} of the raw `LRANGE`+orjson row.  "
         "What keeps context below 0.8x of `LRANGE`+orjson is the client: decoding 20 "
         "records into `TurnRecord`s, the datetimes, and the untrusted-data marking of "
-        "the projection -- work the raw row does not do at all.  Profile of "
+        "the projection -- work the raw row does not do at all.  The Python floor row "
+        "(memtier's read transaction from a pre-encoded socket, its reply not decoded) "
+        f"is x{r('memtier.read20.300B.script-socket'):.2f} / "
+        f"x{r('memtier.read20.4KiB.script-socket'):.2f} of the baseline: here the gap "
+        "is the client's decode and call path, not Redis.  Profile of "
         "`store.context(limit=20)`:",
         "",
         "```",
