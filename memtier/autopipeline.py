@@ -39,7 +39,7 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -55,7 +55,7 @@ except ImportError:  # pragma: no cover - another redis-py layout: its read_resp
     _AsyncHiredisParser = None  # type: ignore[assignment, misc]
     _NOT_ENOUGH_DATA = None
 
-__all__ = ["AutoPipeline", "PipelineBounds"]
+__all__ = ["AutoPipeline", "PipelineBounds", "Slots"]
 
 _hiredis_pack: Any
 try:  # hiredis packs a command in C; redis-py's asyncio connection packs in Python
@@ -93,6 +93,16 @@ class PipelineBounds:
         if not settings.auto_pipelining:
             return None
         return cls(int(settings.pipeline_max_calls), int(settings.pipeline_max_bytes))
+
+
+class Slots(Protocol):
+    """What bounds the connections the pipeline holds at once (the client's guard,
+    :class:`~memtier.connection.AsyncClientGuard`): a batch holds one slot while it holds
+    its connection; ``acquire`` waits bounded and raises (``backend_busy``)."""
+
+    async def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
 
 
 class _Call:
@@ -239,11 +249,13 @@ class AutoPipeline:
         "bounds",
         "calls",
         "pool",
+        "slots",
     )
 
-    def __init__(self, pool: Any, bounds: PipelineBounds) -> None:
+    def __init__(self, pool: Any, bounds: PipelineBounds, slots: Slots | None = None) -> None:
         self.pool = pool
         self.bounds = bounds
+        self.slots = slots
         # redis-py < 5.3 wants the command name; later versions deprecate passing it.
         parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
         self._named = parameter is not None and parameter.default is inspect.Parameter.empty
@@ -304,9 +316,18 @@ class AutoPipeline:
         calls = [call for call in queued if not call.future.done()]
         if not calls:
             return
-        pool = self.pool
+        pool, slots = self.pool, self.slots
         try:
-            conn = await (pool.get_connection("EVALSHA") if self._named else pool.get_connection())
+            if slots is not None:
+                await slots.acquire()  # one slot for the batch's one connection
+            try:
+                conn = await (
+                    pool.get_connection("EVALSHA") if self._named else pool.get_connection()
+                )
+            except BaseException:
+                if slots is not None:
+                    slots.release()
+                raise
         except BaseException as exc:
             for call in calls:
                 _settle(call, error=_lost(False, exc))
@@ -352,4 +373,8 @@ class AutoPipeline:
             if not isinstance(exc, Exception):
                 raise
         finally:
-            await pool.release(conn)
+            try:
+                await pool.release(conn)
+            finally:
+                if slots is not None:
+                    slots.release()

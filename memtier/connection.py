@@ -216,7 +216,8 @@ class AsyncClientGuard:
       slot map stale (a connection error during a failover) the next call re-opens it,
       under the same lock.
     * :meth:`call` bounds the commands in flight as :class:`SyncClientGuard` does (the
-      asyncio cluster client has no blocking pool: it raises MaxConnectionsError).
+      asyncio cluster client has no blocking pool: it raises MaxConnectionsError); an
+      auto-pipelined batch takes one slot for all its calls (:meth:`call_pipelined`).
     """
 
     def __init__(self, client: Any, settings: RedisConfig) -> None:
@@ -256,6 +257,25 @@ class AsyncClientGuard:
     async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
         if self._stale():
             await self.open()
+        await self.acquire()
+        try:
+            return await fn()
+        finally:
+            self.release()
+
+    async def call_pipelined(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """A call that rides an auto-pipelined batch: the client opened as for
+        :meth:`call`, but no slot of its own -- the batch's send task takes one slot for
+        the one connection it holds (:class:`~memtier.autopipeline.AutoPipeline`), so
+        ``max_connections`` still bounds this client's connections in use while any
+        number of callers share a batch (a slot per caller made callers beyond the
+        limit wait for a later batch: more round trips, not fewer connections)."""
+        if self._stale():
+            await self.open()
+        return await fn()
+
+    async def acquire(self) -> None:
+        """Take one slot: wait at most ``pool_timeout_seconds``, then BackendBusyError."""
         if self._slots.locked():  # wait, bounded; the free path skips the timer
             try:
                 async with asyncio.timeout(self.timeout_s):
@@ -264,10 +284,10 @@ class AsyncClientGuard:
                 raise _busy(self.limit, self.timeout_s) from None
         else:
             await self._slots.acquire()
-        try:
-            return await fn()
-        finally:
-            self._slots.release()
+
+    def release(self) -> None:
+        """Give back the slot :meth:`acquire` took."""
+        self._slots.release()
 
     async def aclose(self) -> None:
         """Close the client; a later call opens it again."""

@@ -180,9 +180,7 @@ class SyncExecutor:
         and re-sent as the same bytes by every retry (same guard, hooks and metrics)."""
         client, keys, args = self.client, call.keys, call.args
         packed: list[Any] = []
-        return self._lean_attempt(
-            call, lambda: script.call_lean(lean, client, keys, args, packed)
-        )
+        return self._lean_attempt(call, lambda: script.call_lean(lean, client, keys, args, packed))
 
     def _lean_cluster_script(
         self, call: ScriptCall, script: LuaScript, lean: ClusterLean
@@ -232,9 +230,7 @@ class SyncExecutor:
         def send() -> list[Any]:
             if lean is not None:
                 self.lean_calls += 1
-                return script.call_transaction_lean(
-                    lean, client, keys, args, reads, packed, slot
-                )
+                return script.call_transaction_lean(lean, client, keys, args, reads, packed, slot)
             return script.call_transaction(client, keys, args, reads)
 
         def attempt() -> Any:
@@ -256,9 +252,7 @@ class SyncExecutor:
     def _overlap(self, overlap: Overlap, operation: str | None) -> Any:
         """The request in a helper thread (its socket waits release the GIL) while the
         plan's work runs here; both finish before this returns."""
-        future: Future[Any] = _overlap_threads().submit(
-            self.execute, overlap.request, operation
-        )
+        future: Future[Any] = _overlap_threads().submit(self.execute, overlap.request, operation)
         try:
             overlap.work()
         except BaseException:
@@ -325,7 +319,9 @@ class AsyncExecutor:
             return None
         if self._pipeline_client is not client:
             pool = lean_async_pool(client)
-            self._pipeline = None if pool is None else AutoPipeline(pool, self.pipeline_bounds)
+            self._pipeline = (
+                None if pool is None else AutoPipeline(pool, self.pipeline_bounds, self.guard)
+            )
             self._pipeline_client = client
         return self._pipeline
 
@@ -410,10 +406,12 @@ class AsyncExecutor:
                 )
             return script.call_transaction_async(client, keys, args, reads)
 
+        guarded = self.guard.call if pipeline is None else self.guard.call_pipelined
+
         async def attempt() -> Any:
             if call.attempts is not None:
                 call.attempts[0] += 1
-            replies = await self.guard.call(send)
+            replies = await guarded(send)
             for hook in self.on_script:
                 hook(call.script, args, replies[0])
             return replies
@@ -425,7 +423,8 @@ class AsyncExecutor:
     ) -> Callable[[], Awaitable[Any]]:
         """``attempt`` for a standalone asyncio client: the EVALSHA packed on the first
         attempt, queued in the loop tick's batch, and re-queued as the same bytes by every
-        retry (same guard, hooks and metrics as the generic path)."""
+        retry (same hooks and metrics as the generic path; its batch holds the guard's slot).
+        """
         client, keys, args = self.client, call.keys, call.args
         hooks, guard = self.on_script, self.guard
         packed: list[bytes] = []
@@ -436,7 +435,7 @@ class AsyncExecutor:
         async def attempt() -> Any:
             if call.attempts is not None:
                 call.attempts[0] += 1
-            reply = await guard.call(send)
+            reply = await guard.call_pipelined(send)  # the batch takes the slot
             for hook in hooks:
                 hook(call.script, args, reply)
             return reply

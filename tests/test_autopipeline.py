@@ -186,10 +186,11 @@ async def test_a_plain_clients_batches_are_read_without_redis_pys_read_response(
     plain RESP2 client, appends and context reads answer with redis-py's per-reply
     ``read_response`` forbidden once the connections are open: the batch reader took it."""
     for protocol in (3, 2):
-        store = AsyncConversationStore.from_config(_config(redis_server.url))
+        plain = redis.asyncio.Redis.from_url(redis_server.url, protocol=2)
         if protocol == 2:
-            plain = redis.asyncio.Redis.from_url(redis_server.url, protocol=2)
             store = AsyncConversationStore(plain, _config(redis_server.url))
+        else:
+            store = AsyncConversationStore.from_config(_config(redis_server.url))
         async with store:
             key = ConversationKey(uuid.uuid4(), "public")
             await store.append(key, AvatarMessage(text="warm", turn_id="w"))  # connects
@@ -208,8 +209,104 @@ async def test_a_plain_clients_batches_are_read_without_redis_pys_read_response(
                 context = await store.context(key)
             assert sorted(r.seq for r in receipts) == list(range(2, 10))
             assert context.turns[0].turn_id == "w" and len(context.turns) == 9
-        if protocol == 2:
-            await plain.aclose()
+        await plain.aclose()
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    limit=st.integers(1, 4),
+    appends=st.integers(1, 80),
+    reads=st.integers(0, 20),
+    listings=st.integers(0, 3),
+)
+@example(limit=1, appends=64, reads=0, listings=0)
+@example(limit=2, appends=80, reads=20, listings=3)
+def test_max_connections_bounds_connections_not_the_callers_of_a_batch(
+    redis_server: Any, limit: int, appends: int, reads: int, listings: int
+) -> None:
+    """``max_connections`` = k on the pipelined path: any number of concurrent appends
+    and context reads (with generic commands mixed in: ``list_metadata`` pages) all
+    answer, the pool never has more than k connections out at once, and callers beyond
+    k share batches instead of waiting for a slot each (fewer batches than calls)."""
+
+    async def run() -> None:
+        config = _config(redis_server.url, max_connections=limit)
+        async with AsyncConversationStore.from_config(config) as store:
+            pool = store.client.connection_pool
+            out = {"now": 0, "max": 0}
+            get, give = pool.get_connection, pool.release
+
+            async def counted_get(*args: Any, **kwargs: Any) -> Any:
+                conn = await get(*args, **kwargs)
+                out["now"] += 1
+                out["max"] = max(out["max"], out["now"])
+                return conn
+
+            async def counted_release(conn: Any) -> None:
+                out["now"] -= 1
+                await give(conn)
+
+            pool.get_connection, pool.release = counted_get, counted_release  # type: ignore[method-assign]
+            keys = [ConversationKey(uuid.uuid4(), "im") for _ in range(8)]
+            work = [
+                *(
+                    store.append(keys[i % 8], AvatarMessage(text=f"t{i}", turn_id=f"t{i}"))
+                    for i in range(appends)
+                ),
+                *(store.context(keys[i % 8]) for i in range(reads)),
+                *(store.list_metadata(limit=10) for _ in range(listings)),
+            ]
+            results = await asyncio.gather(*work)
+            receipts = results[:appends]
+            assert not any(r.duplicate for r in receipts)
+            stored = {k.member: await store.context(k) for k in keys}
+            assert sorted(t.turn_id for c in stored.values() for t in c.turns) == sorted(
+                f"t{i}" for i in range(appends)
+            )
+            for c in stored.values():  # gapless per session
+                assert [t.seq for t in c.turns] == list(range(1, len(c.turns) + 1))
+            assert out["max"] <= limit and out["now"] == 0
+            pipeline = store.executor.pipeline_for(store.client)
+            assert pipeline is not None
+            if appends + reads > 2 * limit:  # more callers than slots: they share batches
+                assert pipeline.batches < pipeline.calls
+
+    asyncio.run(run())
+
+
+async def _evalsha_calls(client: Any) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_a_batch_that_gets_no_slot_in_time_fails_its_calls_busy(
+    redis_server: Any, tmp_path: Path
+) -> None:
+    """With every slot held elsewhere for longer than ``pool_timeout_seconds``, a
+    pipelined call fails as ``backend_busy`` (retryable) having sent nothing; once a slot
+    is free it answers, and the slot comes back."""
+    config = _config(redis_server.url, max_connections=1, pool_timeout_seconds=0.2)
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    guard = AsyncClientGuard(client, config.redis)
+    executor = AsyncExecutor(
+        client,
+        _registry(tmp_path),
+        guard,
+        RetryPolicy(horizon_s=0.0, max_attempts=1),
+        pipeline=PipelineBounds.from_settings(config.redis),
+    )
+    try:
+        assert await _outcome(executor, _call("str", "warm")) == ("reply", b"warm", [1])
+        sent = await _evalsha_calls(client)
+        await guard.acquire()  # the only slot, held by "someone else"
+        outcome = await _outcome(executor, _call("str", "first"))
+        assert outcome[0] == "error" and outcome[2] == "backend_busy"
+        assert await _evalsha_calls(client) == sent  # nothing was sent
+        guard.release()
+        assert await _outcome(executor, _call("str", "second")) == ("reply", b"second", [1])
+        assert not guard._slots.locked()
+    finally:
+        await client.aclose()
 
 
 async def test_standalone_pipelines_and_cluster_keeps_the_generic_path(
