@@ -210,3 +210,12 @@ def test_ctxdecode_quick(tmp_path: Path) -> None:
             for way in ("fast", "general (before)"):
                 row = rows[f"{workload} {way}"]
                 assert row["n"] == data["meta"]["rounds"] and row["median"] > 0, (size, workload)
+
+
+def test_coldcache_quick(tmp_path: Path) -> None:
+    data = _run("bench.coldcache", tmp_path)
+    rows = data["rows"]
+    assert set(rows) == {"hot", "after_sleep", "after_round_trip"}
+    for name, row in rows.items():
+        assert row["n"] == data["meta"]["rounds"] and row["median"] > 0, name
+    assert set(data["ratio_to_hot"]) == {"after_sleep", "after_round_trip"}
