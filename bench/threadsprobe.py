@@ -1,6 +1,6 @@
 """Probe of the threads service's continue / replay / export (issue 12, "Threads").
 
-``python -m bench.threadsprobe [--rounds N] [--ops N] [--out FILE] [--profile FILE]``
+``python -m bench.threadsprobe [--rounds N] [--ops N] [--prefill N] [--out FILE] [--profile FILE]``
 
 One private ``redis-server`` (free loopback port, temp dir, stopped on exit).  Rows,
 interleaved round by round so that the machine's load hits them alike:
@@ -9,6 +9,8 @@ interleaved round by round so that the machine's load hits them alike:
   ``evalsha``, 300 B -- the target's baseline (``bench.run``'s threads group);
 * ``continue``: ``ConversationService.continue_`` with the echo runner over 200 threads
   (as ``bench.workers_threads.run_threads``), 300 B messages;
+  (``--prefill N``: N turns on each of them first, as the full run's threads have grown
+  to by its last rounds: a cost that grows with the history shows);
 * ``replay`` / ``export``: the first page of a 40-turn thread, its export.
 
 Each row records wall us/op and this process's CPU us/op (user + system, every thread:
@@ -49,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.threadsprobe")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--ops", type=int, default=200, help="continue calls per round")
+    p.add_argument("--prefill", type=int, default=0, help="turns per pool thread first")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile", type=Path, default=None)
     args = p.parse_args(argv)
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
 
         service.executor.execute = counting  # type: ignore[method-assign]
         pool = [service.create(owner, title=f"t{i}").id for i in range(THREADS)]
+        for _ in range(args.prefill):
+            for tid in pool:
+                service.continue_(owner, tid, text)
         history = service.create(owner, title="history").id
         for _ in range(HISTORY_TURNS):
             service.continue_(owner, history, text)
@@ -157,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": _git(tree),
         "rounds": args.rounds,
         "ops": args.ops,
+        "prefill": args.prefill,
         "load_average": list(Path("/proc/loadavg").read_text().split()[:3]),
         "rows": {
             k: {

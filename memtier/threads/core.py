@@ -32,6 +32,7 @@ from memtier.errors import ConfigurationError, ConversationError, ErrorCode
 from memtier.keys import ThreadKeys, ThreadKeyspace
 from memtier.threads import ledger, turns
 from memtier.threads.cursor import CursorCodec, CursorKind
+from memtier.threads.historycache import HistoryCache
 from memtier.threads.models import (
     MARKER,
     AgentIdentity,
@@ -124,6 +125,7 @@ class ThreadsCore:
         if run_limits is not None and not isinstance(run_limits, RunLimits):
             raise ConfigurationError("run_limits must be a RunLimits")
         self.run_limits = run_limits
+        self.history_cache = HistoryCache()  # decoded history entries, by their bytes
         self._codec: CursorCodec | None = None
         if cursor_secret is not None:
             raw = cursor_secret.encode("utf-8") if isinstance(cursor_secret, str) else cursor_secret
