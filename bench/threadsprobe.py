@@ -11,7 +11,9 @@ interleaved round by round so that the machine's load hits them alike:
   (as ``bench.workers_threads.run_threads``), 300 B messages;
   (``--prefill N``: N turns on each of them first, as the full run's threads have grown
   to by its last rounds: a cost that grows with the history shows);
-* ``replay`` / ``export``: the first page of a 40-turn thread, its export.
+* ``replay`` / ``export``: the first page of a 40-turn thread, its export (read again
+  and again: from the second read on, rows come from the served-rows memo where the tree
+  has one); ``replay_cold``: the same page with that memo emptied before each read.
 
 Each row records wall us/op and this process's CPU us/op (user + system, every thread:
 the load of other processes cannot inflate it), and the requests per op the service's
@@ -111,12 +113,21 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(n):
                 service.export(owner, history)
 
+        def replay_cold(n: int) -> None:  # every row redacted again: a first read
+            from memtier.threads.servedrows import ServedRows
+
+            for _ in range(n):
+                service.core.served_rows = ServedRows()
+                service.replay(owner, history)
+
         rows: dict[str, tuple[Callable[[int], None], int]] = {
             "raw": (raw, args.ops),
             "continue": (continue_, args.ops),
             "replay": (replay, max(1, args.ops // 20)),
             "export": (export, max(1, args.ops // 40)),
         }
+        if hasattr(service.core, "served_rows"):  # trees with the served-rows memo
+            rows["replay_cold"] = (replay_cold, max(1, args.ops // 20))
         wall: dict[str, list[float]] = {k: [] for k in rows}
         cpu: dict[str, list[float]] = {k: [] for k in rows}
         server_cpu: dict[str, list[float]] = {k: [] for k in rows}
