@@ -28,7 +28,7 @@ from memtier.threads.records import entry_from_json
 __all__ = ["MAX_BYTES", "MAX_ENTRY_BYTES", "MAX_THREADS", "HistoryCache"]
 
 MAX_THREADS: Final = 256  # thread keys kept (least recently claimed dropped first)
-MAX_BYTES: Final = 8 * 2**20  # entry bytes kept in all (about 3x that with the models)
+MAX_BYTES: Final = 8 * 2**20  # entry bytes kept in all (plus the models decoded from them)
 MAX_ENTRY_BYTES: Final = 16 * 2**10  # a longer entry is decoded each time, never kept
 
 
