@@ -299,6 +299,14 @@ def _server_and_concurrency_targets(h: Harness) -> list[Target]:
             _ratio(g("threads.continue"), g("threads.base.append.300B.redispy")),
             lambda v: v >= 0.33,
             "continue_() op/s / minimal-script EVALSHA op/s, same group",
+            # the three scripts' required commands from a C client (bench/floor_claim-6.lua,
+            # floor_emit-3.lua, floor_commit-6.lua): whether 0.33x is reachable at all
+            _floor(
+                _ratio(
+                    g("threads.floor.continue.redis-benchmark"),
+                    g("threads.base.append.300B.redispy"),
+                )
+            ),
         )
     )
     base = g("base.append.300B.redispy")

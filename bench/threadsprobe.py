@@ -1,6 +1,6 @@
 """Probe of the threads service's continue / replay / export (issue 12, "Threads").
 
-``python -m bench.threadsprobe [--rounds N] [--ops N] [--out FILE] [--profile FILE]``
+``python -m bench.threadsprobe [--rounds N] [--ops N] [--prefill N] [--out FILE] [--profile FILE]``
 
 One private ``redis-server`` (free loopback port, temp dir, stopped on exit).  Rows,
 interleaved round by round so that the machine's load hits them alike:
@@ -9,7 +9,11 @@ interleaved round by round so that the machine's load hits them alike:
   ``evalsha``, 300 B -- the target's baseline (``bench.run``'s threads group);
 * ``continue``: ``ConversationService.continue_`` with the echo runner over 200 threads
   (as ``bench.workers_threads.run_threads``), 300 B messages;
-* ``replay`` / ``export``: the first page of a 40-turn thread, its export.
+  (``--prefill N``: N turns on each of them first, as the full run's threads have grown
+  to by its last rounds: a cost that grows with the history shows);
+* ``replay`` / ``export``: the first page of a 40-turn thread, its export (read again
+  and again: from the second read on, rows come from the served-rows memo where the tree
+  has one); ``replay_cold``: the same page with that memo emptied before each read.
 
 Each row records wall us/op and this process's CPU us/op (user + system, every thread:
 the load of other processes cannot inflate it), and the requests per op the service's
@@ -49,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.threadsprobe")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--ops", type=int, default=200, help="continue calls per round")
+    p.add_argument("--prefill", type=int, default=0, help="turns per pool thread first")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile", type=Path, default=None)
     args = p.parse_args(argv)
@@ -76,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
 
         service.executor.execute = counting  # type: ignore[method-assign]
         pool = [service.create(owner, title=f"t{i}").id for i in range(THREADS)]
+        for _ in range(args.prefill):
+            for tid in pool:
+                service.continue_(owner, tid, text)
         history = service.create(owner, title="history").id
         for _ in range(HISTORY_TURNS):
             service.continue_(owner, history, text)
@@ -105,12 +113,21 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(n):
                 service.export(owner, history)
 
+        def replay_cold(n: int) -> None:  # every row redacted again: a first read
+            from memtier.threads.servedrows import ServedRows
+
+            for _ in range(n):
+                service.core.served_rows = ServedRows()
+                service.replay(owner, history)
+
         rows: dict[str, tuple[Callable[[int], None], int]] = {
             "raw": (raw, args.ops),
             "continue": (continue_, args.ops),
             "replay": (replay, max(1, args.ops // 20)),
             "export": (export, max(1, args.ops // 40)),
         }
+        if hasattr(service.core, "served_rows"):  # trees with the served-rows memo
+            rows["replay_cold"] = (replay_cold, max(1, args.ops // 20))
         wall: dict[str, list[float]] = {k: [] for k in rows}
         cpu: dict[str, list[float]] = {k: [] for k in rows}
         server_cpu: dict[str, list[float]] = {k: [] for k in rows}
@@ -157,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": _git(tree),
         "rounds": args.rounds,
         "ops": args.ops,
+        "prefill": args.prefill,
         "load_average": list(Path("/proc/loadavg").read_text().split()[:3]),
         "rows": {
             k: {

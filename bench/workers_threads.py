@@ -23,6 +23,14 @@ __all__ = ["run_threads", "run_workers"]
 
 THREAD_POOL = 200  # threads the continue benchmark rotates over
 HISTORY_TURNS = 40  # turns of the thread that replay and export read
+# The continue floor's threads: each holds FLOOR_TURNS turns (2 entries each), about the
+# middle of what the continue row's threads hold during a full run (0 -> ~60 entries).
+FLOOR_THREADS = 50
+FLOOR_TURNS = 20
+FLOOR_SCRIPTS = tuple(
+    Path(__file__).with_name(name)
+    for name in ("floor_claim-6.lua", "floor_emit-3.lua", "floor_commit-6.lua")
+)
 
 
 # (flush sessions, flush rounds, disk-rate bytes, compaction sessions, writer baseline s)
@@ -292,10 +300,12 @@ def run_threads(h: Harness, server: BenchRedis, baseline: Measure) -> None:
             result = service.export(owner, history)
             assert result.events
 
+    floor = continue_floor_measure(server, service, text)
     h.group(
         "threads",
         [
             baseline,
+            floor,
             Measure("threads.create", "threads create", timed(create)),
             Measure("threads.continue", "threads continue, echo runner [300B]", timed(continue_)),
             Measure(
@@ -313,7 +323,122 @@ def run_threads(h: Harness, server: BenchRedis, baseline: Measure) -> None:
         ],
         ratios={
             k: baseline.key
-            for k in ("threads.create", "threads.continue", "threads.replay", "threads.export")
+            for k in (
+                floor.key,
+                "threads.create",
+                "threads.continue",
+                "threads.replay",
+                "threads.export",
+            )
         },
     )
     client.close()
+
+
+def continue_floor_measure(server: BenchRedis, service: Any, text: str) -> Measure:
+    """The floor of a continue: the Redis commands its three scripts require (claim with
+    the history, one runner event, commit), one script each with no Lua logic
+    (``bench/floor_{claim-6,emit-3,commit-6}.lua``), sent by ``redis-benchmark -c 1``.
+
+    Its threads are real ones (``FLOOR_THREADS`` threads of ``FLOOR_TURNS`` turns, written
+    by ``service``), named so that redis-benchmark's ``__rand_int__`` picks one per call;
+    the rows and entries it writes have the sizes of a real turn's.  ``run(n)`` is the time
+    of ``n`` calls of each script: ``n`` continues.
+    """
+    import orjson
+
+    from bench.workloads import redis_benchmark
+    from memtier.threads.ledger import message_event
+    from memtier.threads.models import Ownership
+    from memtier.threads.records import entry_row
+
+    owner = Ownership("bench", "floor")
+    for i in range(FLOOR_THREADS):
+        tid = f"{i:012d}"
+        service.create(owner, thread_id=tid)
+        for _ in range(FLOOR_TURNS):
+            service.continue_(owner, tid, text)
+    keys = service.core.keyspace.owner(owner.tenant_id, owner.user_id).thread("__rand_int__")
+    client = server.client()
+    shas = [str(client.script_load(path.read_text(encoding="utf-8"))) for path in FLOOR_SCRIPTS]
+    client.close()
+    n_entries = 2 * FLOOR_TURNS
+    rid = "req_" + "f" * 28 + "__rand_int__"
+    reply = f"echo ({n_entries} earlier entries): {text}"
+
+    def dumps(value: Any) -> str:
+        return orjson.dumps(value).decode()
+
+    record = dumps({"s": "running", "tok": "t" * 32, "fp": "f" * 64, "at": 1_700_000_000_000})
+    done = dumps(
+        {
+            "s": "done",
+            "tok": "t" * 32,
+            "fp": "f" * 64,
+            "at": 1_700_000_000_000,
+            "res": {"status": "completed", "leafId": "e42", "entryIds": ["e41", "e42"]},
+        }
+    )
+    claim = [
+        "EVALSHA",
+        shas[0],
+        "6",
+        keys.thread,
+        keys.runs,
+        keys.lease,
+        keys.parents,
+        keys.events,
+        keys.entries,
+        rid,
+        "t" * 32,
+        record,
+        dumps({"requestId": rid, "leafId": f"e{n_entries}"}),
+        dumps(message_event(f"e{n_entries + 1}", text, False)),
+        *(f"e{i}" for i in range(1, n_entries + 1)),
+    ]
+    emit = [
+        "EVALSHA",
+        shas[1],
+        "3",
+        keys.thread,
+        keys.events,
+        keys.lease,
+        rid,
+        "echo.reply",
+        dumps({"chars": len(reply)}),
+    ]
+    user_id, asst_id = f"e{n_entries + 1}", f"e{n_entries + 2}"
+    commit = [
+        "EVALSHA",
+        shas[2],
+        "6",
+        keys.thread,
+        keys.entries,
+        keys.parents,
+        keys.runs,
+        keys.lease,
+        keys.events,
+        rid,
+        done,
+        user_id,
+        f"e{n_entries}",
+        dumps(entry_row(user_id, f"e{n_entries}", "user", text, 1_700_000_000_000, rid, False)),
+        asst_id,
+        dumps(entry_row(asst_id, user_id, "assistant", reply, 1_700_000_000_000, rid, False)),
+        " ".join(f"e{i}" for i in range(1, n_entries + 3)),
+        dumps(message_event(asst_id, reply, False)),
+        dumps({"requestId": rid, "leafId": asst_id, "entryIds": [user_id, asst_id]}),
+    ]
+    port = server.port
+
+    def run(n: int) -> float:
+        return sum(redis_benchmark(port, n, args, FLOOR_THREADS) for args in (claim, emit, commit))
+
+    return Measure(
+        "threads.floor.continue.redis-benchmark",
+        f"floor: continue's required commands, 3 scripts, redis-benchmark -c 1 [300B, "
+        f"{n_entries} entries]",
+        run,
+        note="C client, no Lua logic: claim (17 commands, the history by one HMGET), one "
+        "event (6), commit (11); op/s of whole continues",
+    )

@@ -26,6 +26,8 @@ def test_threadsprobe_runs_and_reports_round_trips(tmp_path: Path) -> None:
             "1",
             "--ops",
             "4",
+            "--prefill",
+            "1",
             "--out",
             str(out),
         ],
@@ -38,7 +40,9 @@ def test_threadsprobe_runs_and_reports_round_trips(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
-    assert set(rows) == {"raw", "continue", "replay", "export"}
+    # replay_cold: the same page with the served-rows memo emptied before each read
+    assert set(rows) == {"raw", "continue", "replay", "export", "replay_cold"}
+    assert data["prefill"] == 1
     # the echo runner's continue: claim, its one emit, commit (the hand-off is no request)
     assert rows["continue"]["requests"] == {
         "Handoff": 1.0,
@@ -47,6 +51,7 @@ def test_threadsprobe_runs_and_reports_round_trips(tmp_path: Path) -> None:
         "run_commit": 1.0,
     }
     assert rows["replay"]["requests"] == {"read_events": 1.0}
+    assert rows["replay_cold"]["requests"] == {"read_events": 1.0}
     for row in rows.values():
         assert row["wall_us"]["median"] > 0 and row["cpu_us"]["median"] >= 0
     assert data["continue_vs_raw"]["median"] > 0

@@ -115,3 +115,16 @@ local function thread_int(value)
   end
   return nil
 end
+
+-- The parents hash caches the path root -> one leaf as "id id ... leaf" under this field
+-- (not an entry id: ids match [A-Za-z0-9_.-]), so that a turn on that leaf reads its
+-- history without walking one HGET per entry.  An entry's parent never changes, so a
+-- cached path is the path of the id it ends with for as long as the thread exists.
+local THREAD_PATH_FIELD = '~path'
+
+-- True when the cached path ``cached`` ends at entry ``leaf``.
+local function thread_path_ends_at(cached, leaf)
+  local n = #leaf
+  return #cached >= n and string.sub(cached, -n) == leaf
+    and (#cached == n or string.sub(cached, -n - 1, -n - 1) == ' ')
+end

@@ -66,7 +66,9 @@
     turn (same first) and writes nothing again.
 
   Side effects: lease SET PX lease_ms; run record; the two opening rows agent_started and
-  user_message (emit batch 1: eseq = 1; bytes counter); eidseq advanced by turn_entries.
+  user_message (emit batch 1: eseq = 1; bytes counter); eidseq advanced by turn_entries;
+  the parents hash's path cache (field "~path", not an entry id) set to the path root ->
+  base when it did not end at base (run_commit extends it; see thread_path_ends_at).
 ]]
 --- @include "thread_common"
 
@@ -191,21 +193,42 @@ reply[#reply + 1] = #hash
 for i = 1, #hash do
   reply[#reply + 1] = hash[i]
 end
+-- The path root -> base.  The parents hash caches the path of one leaf (the last turn's,
+-- usually the head) under PATH_FIELD as "id id ... leaf": entries never change parent,
+-- so the cache is valid exactly when it ends at base.  Otherwise walk the parents (one
+-- HGET per entry) and cache the walked path for the commit to extend.
 local path = {}
-local cursor = base
-while cursor and cursor ~= '' and #path < count do  -- a path is never longer than count
-  path[#path + 1] = cursor
-  cursor = rcall('HGET', parents_key, cursor)
+if base and base ~= '' then
+  local cached = rcall('HGET', parents_key, THREAD_PATH_FIELD)
+  if cached and thread_path_ends_at(cached, base) then
+    for id in string.gmatch(cached, '[^ ]+') do
+      path[#path + 1] = id
+    end
+  end
+  if #path == 0 or #path > count then  -- a miss (or a cache longer than any path): walk
+    local walked, cursor = {}, base
+    while cursor and cursor ~= '' and #walked < count do  -- never longer than count
+      walked[#walked + 1] = cursor
+      cursor = rcall('HGET', parents_key, cursor)
+    end
+    path = {}
+    for i = #walked, 1, -1 do
+      path[#path + 1] = walked[i]
+    end
+    if cursor == '' then  -- reached the root: a whole path, worth caching
+      rcall('HSET', parents_key, THREAD_PATH_FIELD, table.concat(path, ' '))
+    end
+  end
 end
 reply[#reply + 1] = #path
-for i = #path, 1, -1 do
+for i = 1, #path do
   reply[#reply + 1] = path[i]
 end
 -- The history inline, root first, while it fits (HMGET in chunks: bounded arguments).
-local sent, i = 0, #path
-while i >= 1 and sent < inline_bytes do
+local sent, i = 0, 1
+while i <= #path and sent < inline_bytes do
   local chunk = {}
-  for j = i, math.max(1, i - 499), -1 do
+  for j = i, math.min(#path, i + 499) do
     chunk[#chunk + 1] = path[j]
   end
   local values = rcall('HMGET', entries_key, unpack(chunk))
@@ -219,6 +242,6 @@ while i >= 1 and sent < inline_bytes do
     end
     reply[#reply + 1] = value
   end
-  i = i - #chunk
+  i = i + #chunk
 end
 return reply

@@ -32,7 +32,8 @@
     { -11 }  CANCELLED: the run was cancelled: nothing is committed (it closes with run_abort)
 
   Side effects: entries, parents, head, entries count, bytes, updated, ledger rows,
-  run record; the lease is deleted.
+  run record; the lease is deleted; the parents hash's path cache ("~path") extended to
+  new_head when the turn's entries are a chain off its leaf (or off the root).
 
   Ownership: this script writes only for the holder of the lease token, which run_claim
   hands out after checking the row's stored owner (thread_owned), so it cannot write a row
@@ -70,11 +71,35 @@ if tonumber(rcall('HGET', thread_key, 'entries')) ~= expected_count then
 end
 
 local added = 0
+-- The path cache (see thread_path_ends_at): when this turn's entries hang off the cached
+-- path's leaf (or off the root), as a chain, the new head's path is the cache plus them.
+local cached = nil
+if n_entries > 0 and new_head ~= '' then
+  local parent = ARGV[12]
+  if parent == '' then
+    cached = ''
+  else
+    cached = rcall('HGET', parents_key, THREAD_PATH_FIELD)
+    if cached and not thread_path_ends_at(cached, parent) then
+      cached = nil
+    end
+  end
+end
+local tip = ARGV[12]
 for i = 0, n_entries - 1 do
   local id, parent, entry = ARGV[11 + 3 * i], ARGV[12 + 3 * i], ARGV[13 + 3 * i]
   rcall('HSET', entries_key, id, entry)
   rcall('HSET', parents_key, id, parent)
   added = added + #entry
+  if cached and parent == tip then
+    cached = (cached == '' and id) or (cached .. ' ' .. id)
+    tip = id
+  else
+    cached = nil
+  end
+end
+if cached and tip == new_head then
+  rcall('HSET', parents_key, THREAD_PATH_FIELD, cached)
 end
 local base = 11 + 3 * n_entries
 for i = 0, n_events - 1 do

@@ -32,6 +32,7 @@ from memtier.errors import ConfigurationError, ConversationError, ErrorCode
 from memtier.keys import ThreadKeys, ThreadKeyspace
 from memtier.threads import ledger, turns
 from memtier.threads.cursor import CursorCodec, CursorKind
+from memtier.threads.historycache import HistoryCache
 from memtier.threads.models import (
     MARKER,
     AgentIdentity,
@@ -47,6 +48,7 @@ from memtier.threads.models import (
 from memtier.threads.records import pairs, text, thread_from_fields, thread_of
 from memtier.threads.runlimits import RunLimits
 from memtier.threads.runoptions import check_schema
+from memtier.threads.servedrows import ServedRows
 from memtier.threads.specs import ARCHIVE, BRANCH, CREATE, DELETE, HOLD, thread_call
 from memtier.threads.status import ThreadStatus, status_error
 from memtier.threads.turns import TurnCancelled, TurnState
@@ -124,6 +126,8 @@ class ThreadsCore:
         if run_limits is not None and not isinstance(run_limits, RunLimits):
             raise ConfigurationError("run_limits must be a RunLimits")
         self.run_limits = run_limits
+        self.history_cache = HistoryCache()  # decoded history entries, by their bytes
+        self.served_rows = ServedRows()  # what ledger rows were served as, by their data
         self._codec: CursorCodec | None = None
         if cursor_secret is not None:
             raw = cursor_secret.encode("utf-8") if isinstance(cursor_secret, str) else cursor_secret

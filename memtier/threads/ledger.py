@@ -36,6 +36,7 @@ from memtier.threads.models import (
     ms_to_datetime,
 )
 from memtier.threads.records import text, thread_of
+from memtier.threads.servedrows import NOT_SERVABLE
 from memtier.threads.specs import READ_EVENTS, thread_call
 from memtier.threads.status import ThreadStatus, status_error
 from memtier.threads.validation import dumps, page_size, sanitized, thread_keys
@@ -53,6 +54,7 @@ __all__ = [
     "message_event",
     "replay",
     "row_args",
+    "served_payload",
 ]
 
 Code = ErrorCode
@@ -153,13 +155,9 @@ def _summarize(node: Any, depth: int) -> Any:
 # --- decoding --------------------------------------------------------------------------------
 
 
-def decode_row(
-    row_id: str, etype: str, data: str, run: str, redacted: str, thread_id: str
-) -> EventRecord | None:
-    """A stored row -> record, or None when it may not be served (not written through the
-    redactor, not a JSON object, or not redactable)."""
-    if redacted != "1":
-        return None  # rows not written through the redactor are never served
+def served_payload(data: str) -> dict[str, Any] | None:
+    """A stored row's data JSON as it may be served, or None when it may not be (not a
+    JSON object, or not redactable).  A pure function of ``data``."""
     try:
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -169,9 +167,26 @@ def decode_row(
     try:
         # Checked on read too: a row written by an older version or by hand may
         # still hold a secret or a local path; it is redacted before it is served.
-        payload = served_json(payload, scrub=True)
+        served = served_json(payload, scrub=True)
     except (MemtierValidationError, TypeError, ValueError):
         return None
+    return served if isinstance(served, dict) else None
+
+
+def decode_row(
+    row_id: str, etype: str, data: str, run: str, redacted: str, thread_id: str
+) -> EventRecord | None:
+    """A stored row -> record, or None when it may not be served (not written through the
+    redactor, not a JSON object, or not redactable)."""
+    if redacted != "1":
+        return None  # rows not written through the redactor are never served
+    payload = served_payload(data)
+    return None if payload is None else _record(row_id, etype, payload, run, thread_id)
+
+
+def _record(
+    row_id: str, etype: str, payload: dict[str, Any], run: str, thread_id: str
+) -> EventRecord:
     return EventRecord(
         id=row_id,
         thread_id=thread_id,
@@ -197,7 +212,9 @@ def exported_thread(thread: ConversationThread) -> ConversationThread:
 _Page = tuple[list[EventRecord], bool, str | None, bool, str]
 
 
-def _read_page(owner: Ownership, keys: ThreadKeys, position: str | None, count: int) -> Plan[_Page]:
+def _read_page(
+    core: ThreadsCore, owner: Ownership, keys: ThreadKeys, position: str | None, count: int
+) -> Plan[_Page]:
     """One page: (records, more, last position, a turn is running, newest row's type)."""
     start = "-" if position is None else "(" + position
     reply = yield thread_call(
@@ -218,14 +235,28 @@ def _read_page(owner: Ownership, keys: ThreadKeys, position: str | None, count: 
     records: list[EventRecord] = []
     last = position
     thread_id = keys.thread.rsplit(":t:", 1)[1]
+    served_rows = core.served_rows
+    memo = served_rows.memo(keys.thread)
     for i in range(min(total, count)):
         row_id, etype, data, run, redacted = (
             text(x) for x in rows[_ROW_FIELDS * i : _ROW_FIELDS * (i + 1)]
         )
         last = row_id
-        record = decode_row(row_id, etype, data, run, redacted, thread_id)
-        if record is not None:
-            records.append(record)
+        if redacted != "1":
+            continue  # rows not written through the redactor are never served
+        # decode_row, with what this thread's rows were served as before (ServedRows: the
+        # same pure function of the row's data, computed once per distinct row)
+        known = memo.get(data)
+        if known is None:
+            payload = served_payload(data)
+            served = NOT_SERVABLE if payload is None else orjson.dumps(payload)
+            served_rows.keep(keys.thread, memo, data, served)
+        elif known == NOT_SERVABLE:
+            payload = None
+        else:
+            payload = orjson.loads(known)  # a new dict for each record
+        if payload is not None:
+            records.append(_record(row_id, etype, payload, run, thread_id))
     return records, more, last, running, newest_type
 
 
@@ -271,7 +302,8 @@ def replay(
     keys = thread_keys(core.keyspace, owner, thread_id)
     n = page_size(limit, core.config.replay_page_rows)
     position, cursor_error = yield from _position(core, owner, thread_id, cursor)
-    records, more, last, running, newest_type = yield from _read_page(owner, keys, position, n)
+    page = yield from _read_page(core, owner, keys, position, n)
+    records, more, last, running, newest_type = page
     if cursor_error is not None:
         raise cursor_error
     # More may come while rows remain or a turn still holds the lease (it is writing).
@@ -300,7 +332,7 @@ def export(
     more = False
     for page in range(config.export_pages):
         records, more, last, _, _ = yield from _read_page(
-            owner, keys, position, config.replay_page_rows
+            core, owner, keys, position, config.replay_page_rows
         )
         size = sum(len(orjson.dumps(r.to_wire())) + 1 for r in records)
         if used + size > cap:

@@ -211,7 +211,9 @@ def continue_(
 
     claimed = _claimed(reply)
     thread = thread_from_fields(claimed.fields, owner, thread_id)
-    history = [_entry(value) for value in claimed.inline]
+    if any(value is None for value in claimed.inline):  # the thread was deleted meanwhile
+        raise status_error(ThreadStatus.NOT_FOUND)
+    history = core.history_cache.decode(keys.entries, claimed.inline)
     rest = yield from _load_entries(keys, claimed.path[len(history) :])
     history += rest
     state = TurnState(
