@@ -38,17 +38,29 @@ from memtier.memory.snapshot.validation import check_session_line
 from memtier.memory.snapshot.writer import GenerationWriter
 from memtier.wire import text as _b
 
-__all__ = ["PAGE_BYTES", "PAGE_SESSIONS", "FlushResult", "flush_plan", "snapshot_page_call"]
+__all__ = [
+    "MAX_PAGE_SESSIONS",
+    "PAGE_BYTES",
+    "PAGE_SESSIONS",
+    "FlushResult",
+    "flush_plan",
+    "snapshot_page_call",
+]
 
 log = logging.getLogger("memtier.persistence")
 
 # One snapshot_page call reads at most this many sessions (the script's own cap is 256)...
 PAGE_SESSIONS: Final = 64
 # ...and stops adding sessions once their indexed bytes pass this (one big session still
-# goes alone): bounds how long one call blocks the shard.  Measured with bench.flushprobe
-# (SLOWLOG): 128 KiB pages held the shard p50 1.5 ms / p99 6 ms, over the 2 ms target;
-# a quarter of that keeps a page near a millisecond at the cost of more round trips.
+# goes alone): bounds how long one call blocks the shard.  Both are hard ceilings:
+# flush_plan's arguments may only lower them.  Measured with bench.flushprobe --bounds
+# (SLOWLOG; 20k sessions of 4 turns, interleaved rounds, docs/performance.md "The page
+# hold against its floor"): 128 KiB pages held the shard p99 6 ms; 32 KiB p99 ~1.1-2 ms,
+# p50 ~0.6 ms.  Smaller pages (16/8 KiB, 8/4 KiB) cut p50 and p99 but not the longest
+# call, which on a loaded machine is redis-server preempted mid-script (2-9 ms even for
+# 0.1 ms pages), and cost 35-55 % of the flush rate in round trips.
 PAGE_BYTES: Final = 32 * 1024
+MAX_PAGE_SESSIONS: Final = 256  # snapshot_page-2.lua's MAX_MEMBERS
 # HSCAN pages per partition: a flush of the largest allowed partition finishes well within.
 MAX_SCAN_ROUNDS: Final = 4 * int(limits.MAX_ACTIVE_SESSIONS.ceiling) // 10 + 10_000
 
@@ -131,9 +143,13 @@ def flush_plan(
 
     Pipelined with bounded memory: each page reply is held (at most one) and written
     while the next request (page or ``HSCAN``) is in flight (:class:`Overlap`).
+    ``page_sessions`` / ``page_bytes`` may only lower :data:`PAGE_SESSIONS` /
+    :data:`PAGE_BYTES` (larger values are clamped to them).
     """
     started = time.monotonic()
-    page_sessions = max(1, min(page_sessions, 256))
+    # Hard ceilings (callers may only lower them): the page bounds of the 2 ms hold.
+    page_sessions = max(1, min(page_sessions, PAGE_SESSIONS, MAX_PAGE_SESSIONS))
+    page_bytes = max(1, min(page_bytes, PAGE_BYTES))
     verified = directory.ensure()
     if not verified:
         yield emit_event_call(core, ReasonCode.PERMISSIONS_NOT_VERIFIED, str(directory.path))
