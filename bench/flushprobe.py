@@ -154,7 +154,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--bounds",
         default="",
-        help="compare page bounds instead: SESSIONS/BYTES,... (e.g. 64/32768,32/16384);"
+        help="compare page bounds instead: SESSIONS/BYTES,... (e.g. 64/32768,32/16384)"
+        " or 'default';"
         " each round flushes once per bound, interleaved, with a hold-floor caller",
     )
     p.add_argument("--rounds", type=int, default=3, help="rounds of --bounds (3)")
@@ -236,6 +237,11 @@ def _sched(pid: int | None) -> dict[str, int]:
 
 
 def _parse_bounds(text: str) -> list[tuple[int, int]]:
+    """``S/B,S/B,...``; ``default`` = the flush's own defaults (of the tree run)."""
+    if text.strip().lower() == "default":
+        from memtier.memory.persistence.flush import PAGE_BYTES, PAGE_SESSIONS
+
+        return [(int(PAGE_SESSIONS), int(PAGE_BYTES))]
     out = []
     for part in text.split(","):
         n, _, b = part.strip().partition("/")
@@ -271,6 +277,7 @@ def _sweep(args: argparse.Namespace, sessions: int, turns: int) -> int:
             meta = machine_meta(client)
             meta.update(
                 tool="bench.flushprobe --bounds",
+                server_pid=server.pid(),
                 sessions=sessions,
                 turns=turns,
                 payload_bytes=300,
@@ -285,16 +292,16 @@ def _sweep(args: argparse.Namespace, sessions: int, turns: int) -> int:
                 for bound in order:
                     script = workerbench.HOLD_FLOOR_SCRIPT.format(token=os.urandom(4).hex())
                     floor_sha = hashlib.sha1(script.encode()).hexdigest()
-                    stop, out = ctx.Event(), ctx.Queue()
-                    start = time.time() + 1.5
+                    stop, out, ready = ctx.Event(), ctx.Queue(), ctx.Event()
                     proc = ctx.Process(
                         target=workerbench._hold_floor_caller,
-                        args=(server.url, script, start, stop, out, 0.001),
+                        args=(server.url, script, 0.0, stop, out, 0.001, ready),
                     )
                     proc.start()
                     try:
-                        while time.time() < start + 0.05:
-                            time.sleep(0.01)
+                        if not ready.wait(120):  # bounded: the caller imported, connected
+                            raise RuntimeError("the hold-floor caller did not start")
+                        time.sleep(0.05)  # its first calls are in flight
                         before = _sched(server.pid())
                         res = _flush(store, client, sha, bounds=bound)
                         after = _sched(server.pid())

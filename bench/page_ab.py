@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 if replies["this"][2:] != replies["other"][2:]:
                     mismatches += 1
         meta = machine_meta(client)
+        meta["server_pid"] = server.pid()
         store.close()
         client.close()
     summary = {
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "this_over_other_median": ratio,
         "reply_mismatches": mismatches,
     }
-    out = write_json(args.out / f"page_ab{args.tag}{'-quick' if args.quick else ''}.json", data)
+    out = write_json(args.out / f"page-ab{args.tag}{'-quick' if args.quick else ''}.json", data)
     for name, s in summary.items():
         print(
             f"{name:>6}: {s['median']:.0f} us per page call (p10 {s['p10_us']}, p90"

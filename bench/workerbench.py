@@ -126,17 +126,26 @@ HOLD_FLOOR_INTERVAL_S = 0.001  # one call per ms: ~1,000 samples per second of f
 
 
 def _hold_floor_caller(
-    redis_url: str, script: str, start: float, stop_at: Any, out: Any, interval_s: float
+    redis_url: str,
+    script: str,
+    start: float,
+    stop_at: Any,
+    out: Any,
+    interval_s: float,
+    ready: Any = None,
 ) -> None:
-    """Call ``script`` (no keys) every ``interval_s`` until ``stop_at`` is set."""
+    """Call ``script`` (no keys) every ``interval_s`` from ``start`` until ``stop_at`` is
+    set (at least once); ``ready`` (an Event) is set once the script is loaded."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
     sha = client.script_load(script)
+    if ready is not None:
+        ready.set()
     calls = 0
     while time.time() < start:
         time.sleep(0.001)
-    while not stop_at.is_set():
+    while calls == 0 or not stop_at.is_set():
         client.evalsha(sha, 0)
         calls += 1
         time.sleep(interval_s)

@@ -1,12 +1,15 @@
 """The page bounds of the flush are hard ceilings (issue 12: no page holds a shard long).
 
-A flush asked for pages of any size -- far larger than the defaults included -- sends no
-``snapshot_page`` call with more than :data:`~memtier.memory.persistence.flush.PAGE_SESSIONS`
-members (or the smaller number asked for), nor members whose indexed bytes pass
-:data:`~memtier.memory.persistence.flush.PAGE_BYTES` (or the smaller bound asked for)
-unless one session is alone in its call; and every session is still written (nothing
-dropped to keep a bound).  Generated sessions of 1-3 turns of up to 12 KiB, so that 64
-sessions pass 32 KiB and single sessions pass the small bounds.  Fakeredis and real Redis.
+A flush asked for pages of any size -- far larger than the ceilings included -- sends no
+``snapshot_page`` call with more than
+:data:`~memtier.memory.persistence.flush.MAX_PAGE_SESSIONS` members (or the smaller
+number asked for; :data:`~memtier.memory.persistence.flush.PAGE_SESSIONS` by default),
+nor members whose indexed bytes pass
+:data:`~memtier.memory.persistence.flush.MAX_PAGE_BYTES` (or the smaller bound asked for;
+:data:`~memtier.memory.persistence.flush.PAGE_BYTES` by default) unless one session is
+alone in its call; and every session is still written (nothing dropped to keep a bound).
+Generated sessions of 1-3 turns of up to 12 KiB, so that 64 sessions pass 32 KiB and
+single sessions pass the small bounds.  Fakeredis, real Redis and the real cluster.
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from workhelpers import Clock, key, persistent_store, snaps
 from memtier import AgentResponse, AvatarMessage, ConversationStore
 from memtier.engine import Overlap, ScriptCall
 from memtier.memory.persistence import flush_plan
-from memtier.memory.persistence.flush import PAGE_BYTES, PAGE_SESSIONS
+from memtier.memory.persistence.flush import (
+    MAX_PAGE_BYTES,
+    MAX_PAGE_SESSIONS,
+    PAGE_BYTES,
+    PAGE_SESSIONS,
+)
 from memtier.wire import text as _b
 
 # (turns, text bytes per turn)
@@ -52,18 +60,19 @@ def _indexed_bytes(store: ConversationStore) -> dict[str, int]:
 )
 @given(
     sessions=st.lists(_SESSION, min_size=1, max_size=90),
-    page_sessions=st.integers(1, 10_000),
-    page_bytes=st.integers(1, 64 * 1024 * 1024),
+    page_sessions=st.none() | st.integers(1, 10_000),
+    page_bytes=st.none() | st.integers(1, 64 * 1024 * 1024),
 )
 @example(sessions=[(3, 12 * 1024)] * 70, page_sessions=10_000, page_bytes=64 * 1024 * 1024)
-@example(sessions=[(1, 100)] * 90, page_sessions=256, page_bytes=PAGE_BYTES)
+@example(sessions=[(1, 100)] * 90, page_sessions=256, page_bytes=MAX_PAGE_BYTES)
+@example(sessions=[(3, 12 * 1024)] * 70, page_sessions=None, page_bytes=None)
 @example(sessions=[(2, 5000), (1, 1), (3, 12 * 1024)], page_sessions=2, page_bytes=1)
 def test_no_page_passes_the_ceilings_whatever_is_asked(
     backend: Any,
     tmp_path: Path,
     sessions: list[tuple[int, int]],
-    page_sessions: int,
-    page_bytes: int,
+    page_sessions: int | None,
+    page_bytes: int | None,
 ) -> None:
     store = persistent_store(
         backend,
@@ -90,16 +99,17 @@ def test_no_page_passes_the_ceilings_whatever_is_asked(
             return execute(request, operation)
 
         store.executor.execute = recording  # type: ignore[method-assign]
+        asked: dict[str, int] = {}
+        if page_sessions is not None:
+            asked["page_sessions"] = page_sessions
+        if page_bytes is not None:
+            asked["page_bytes"] = page_bytes
         try:
-            result = store.executor.run(
-                flush_plan(
-                    store.core, snaps(store), page_sessions=page_sessions, page_bytes=page_bytes
-                )
-            )
+            result = store.executor.run(flush_plan(store.core, snaps(store), **asked))
         finally:
             del store.executor.execute
-        max_members = min(page_sessions, PAGE_SESSIONS)
-        max_bytes = min(page_bytes, PAGE_BYTES)
+        max_members = min(page_sessions or PAGE_SESSIONS, MAX_PAGE_SESSIONS)
+        max_bytes = min(page_bytes or PAGE_BYTES, MAX_PAGE_BYTES)
         for members in pages:
             assert len(members) <= max_members, (len(members), max_members)
             if len(members) > 1:
