@@ -251,7 +251,7 @@ def _analysis(run: Run) -> list[str]:
         "`return 1` script called every ms in the same flush (the hold floor) took up to "
         f"{m('workers.flush_hold_floor'):.1f} ms: what redis-server preempted on this "
         "loaded 2-CPU machine adds to any script, not page work (docs/performance.md, "
-        "\"The page hold against its floor\").  Appends from two other "
+        '"The page hold against its floor").  Appends from two other '
         f"processes saw their longest latency grow by {m('workers.flush_blocked'):.1f} ms "
         "(goal < 5 ms; the spread is wide, the same appends without a flush already show "
         "multi-ms outliers here).",

@@ -219,23 +219,6 @@ def _pct(values: list[int], q: float) -> int:
     return values[min(len(values) - 1, int(len(values) * q))] if values else 0
 
 
-def _sched(pid: int | None) -> dict[str, int]:
-    """redis-server's main thread: involuntary context switches (preempted while
-    runnable) and the ns it spent waiting on a run queue (/proc; zeros if unreadable)."""
-    if pid is None:
-        return {"nonvoluntary": 0, "runqueue_wait_ns": 0}
-    try:
-        status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
-        sched = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
-    except OSError:
-        return {"nonvoluntary": 0, "runqueue_wait_ns": 0}
-    nonvol = 0
-    for line in status.splitlines():
-        if line.startswith("nonvoluntary_ctxt_switches:"):
-            nonvol = int(line.split()[1])
-    return {"nonvoluntary": nonvol, "runqueue_wait_ns": int(sched[1])}
-
-
 def _parse_bounds(text: str) -> list[tuple[int, int]]:
     """``S/B,S/B,...``; ``default`` = the flush's own defaults (of the tree run)."""
     if text.strip().lower() == "default":
@@ -302,9 +285,9 @@ def _sweep(args: argparse.Namespace, sessions: int, turns: int) -> int:
                         if not ready.wait(120):  # bounded: the caller imported, connected
                             raise RuntimeError("the hold-floor caller did not start")
                         time.sleep(0.05)  # its first calls are in flight
-                        before = _sched(server.pid())
+                        before = workerbench.server_sched(server.pid())
                         res = _flush(store, client, sha, bounds=bound)
-                        after = _sched(server.pid())
+                        after = workerbench.server_sched(server.pid())
                     finally:
                         stop.set()
                     calls = out.get(timeout=60)

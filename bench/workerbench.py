@@ -43,6 +43,7 @@ __all__ = [
     "bench_recovery_validation",
     "populate_sessions",
     "sequential_write_rate",
+    "server_sched",
 ]
 
 TEXT = "The quick brown fox jumps over the lazy dog while the avatar waits for a reply. "
@@ -153,6 +154,23 @@ def _hold_floor_caller(
     client.close()
 
 
+def server_sched(pid: int | None) -> dict[str, int]:
+    """redis-server's main thread: involuntary context switches (preempted while
+    runnable) and the ns it spent waiting on a run queue (/proc; zeros if unreadable)."""
+    if pid is None:
+        return {"nonvoluntary": 0, "runqueue_wait_ns": 0}
+    try:
+        status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+        sched = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except OSError:
+        return {"nonvoluntary": 0, "runqueue_wait_ns": 0}
+    nonvol = 0
+    for line in status.splitlines():
+        if line.startswith("nonvoluntary_ctxt_switches:"):
+            nonvol = int(line.split()[1])
+    return {"nonvoluntary": nonvol, "runqueue_wait_ns": int(sched[1])}
+
+
 def _summary(latencies: list[float]) -> dict[str, float]:
     if not latencies:
         return {"n": 0, "p50_s": float("nan"), "p99_s": float("nan"), "max_s": float("nan")}
@@ -228,11 +246,14 @@ def bench_flush_blocking(
     storage_path: str | Path | None = None,
     namespace: str | None = None,
     page_bounds: tuple[int, int] | None = None,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
     """Append latency from other processes while a flush of ``sessions`` sessions runs.
 
     ``page_bounds``: (sessions, bytes) per ``snapshot_page`` call instead of the flush's
-    defaults (to compare bounds; the flush clamps them to its ceilings).
+    defaults (to compare bounds; the flush clamps them to its ceilings).  ``server_pid``
+    (a server on this host): also ``server_preempted`` / ``server_runqueue_wait_ms``,
+    how often redis-server was preempted during the flush and how long it waited to run.
 
     Returns ``flush_s``, ``flush_bytes``, ``flush_bytes_per_s``, ``sessions``,
     ``floor_s`` (:func:`bench.flushfloor.flush_floor` of the same sessions, right after),
@@ -277,6 +298,7 @@ def bench_flush_blocking(
 
         def flush() -> None:
             assert store.snapshots is not None
+            before = server_sched(server_pid)
             t0 = time.perf_counter()
             bounds = {}
             if page_bounds is not None:
@@ -285,6 +307,11 @@ def bench_flush_blocking(
             result["flush_s"] = time.perf_counter() - t0
             result["flush_bytes"] = res.bytes
             result["sessions"] = res.sessions
+            after = server_sched(server_pid)
+            result["server_preempted"] = after["nonvoluntary"] - before["nonvoluntary"]
+            result["server_runqueue_wait_ms"] = (
+                after["runqueue_wait_ns"] - before["runqueue_wait_ns"]
+            ) / 1e6
 
         floor_script = HOLD_FLOOR_SCRIPT.format(token=os.urandom(4).hex())
         floor_sha = hashlib.sha1(floor_script.encode()).hexdigest()

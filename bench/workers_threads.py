@@ -55,6 +55,7 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
     hold_ms: list[float] = []  # the longest page inside Redis (SLOWLOG): the shard held
     hold_p99_ms: list[float] = []
     floor_hold_ms: list[float] = []  # the same for a `return 1` script, same flush
+    preempted: list[float] = []  # redis-server preempted during the flush (/proc)
     floor: list[float] = []  # the flush's bytes over the floor's seconds, MiB/s
     floor_disk: list[float] = []
     vs_floor: list[float] = []  # floor seconds / flush seconds
@@ -72,6 +73,7 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
                 namespace=f"bflush{r}",
                 writers=2,
                 baseline_s=baseline_s,
+                server_pid=server.pid() if hasattr(server, "pid") else None,
             )
             disk.append(rate["bytes_per_s"] / mib)
             flush.append(res["flush_bytes_per_s"] / mib)
@@ -89,6 +91,8 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
                     f"{res['during_flush']['n']} during it"
                 )
             page_ms.append(res["longest_page_call_s"] * 1000)
+            if res.get("server_preempted") is not None:
+                preempted.append(res["server_preempted"])
             if res.get("server_max_page_us"):  # None without CONFIG, 0 with no page logged
                 hold_ms.append(res["server_max_page_us"] / 1000)
                 hold_p99_ms.append(res.get("server_page_p99_us", 0) / 1000)
@@ -224,6 +228,12 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
             note=(
                 f"p99 of the pages {statistics.median(hold_p99_ms):.2f} ms"
                 f" [{min(hold_p99_ms):.2f}-{max(hold_p99_ms):.2f}]"
+                + (
+                    f"; redis-server preempted {statistics.median(preempted):,.0f} times"
+                    " during the flush (/proc, median of the rounds)"
+                    if preempted
+                    else ""
+                )
                 if hold_ms
                 else "no SLOWLOG (CONFIG not allowed?)"
             ),
