@@ -261,13 +261,15 @@ def _analysis(run: Run) -> list[str]:
         f"(x{r('workers.flush_floor'):.3f} of the disk): the 0.5x goal is out of reach "
         "with pages bounded for the 2 ms hold, whatever the client does.  The longest "
         "single `snapshot_page` call held the shard "
-        f"{m('workers.flush_page_call'):.1f} ms (goal 2 ms), and appends from two other "
+        f"{m('workers.flush_page_hold'):.1f} ms inside Redis (SLOWLOG; goal 2 ms; the "
+        f"flusher saw {m('workers.flush_page_call'):.1f} ms round trips), while a "
+        "`return 1` script called every ms in the same flush (the hold floor) took up to "
+        f"{m('workers.flush_hold_floor'):.1f} ms: what redis-server preempted on this "
+        "loaded 2-CPU machine adds to any script, not page work (docs/performance.md, "
+        '"The page hold against its floor").  Appends from two other '
         f"processes saw their longest latency grow by {m('workers.flush_blocked'):.1f} ms "
         "(goal < 5 ms; the spread is wide, the same appends without a flush already show "
-        "multi-ms outliers here).  With the flush writing while Redis runs the next "
-        "page, client and server compete for this machine's 2 CPUs: the page hold got "
-        "longer under load (p99 4.9 -> 6.4 ms in `bench/results/flushperf-probes.json`), "
-        "so the pipelining that speeds the flush works against this target here.",
+        "multi-ms outliers here).",
         "",
         "**8. Threads.** A successful `continue` with the echo runner is 3 round trips "
         "(claim with the opening rows and the history, the runner's emit, commit; "

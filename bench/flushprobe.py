@@ -94,12 +94,28 @@ def _page_durations(client: Any, sha: str) -> list[int]:
     return sorted(out)
 
 
-def _flush(store: ConversationStore, client: Any, sha: str, profiler: Any = None) -> dict[str, Any]:
+def _flush(
+    store: ConversationStore,
+    client: Any,
+    sha: str,
+    profiler: Any = None,
+    bounds: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """One flush (``bounds``: sessions / bytes per page instead of the defaults)."""
+    from memtier.memory.persistence import flush_plan
+
     client.slowlog_reset()
     if profiler is not None:
         profiler.start()
     t0, cpu0 = time.perf_counter(), time.process_time()
-    res = store.flush()
+    if bounds is None:
+        res = store.flush()
+    else:
+        assert store.snapshots is not None
+        plan = flush_plan(
+            store.core, store.snapshots, page_sessions=bounds[0], page_bytes=bounds[1]
+        )
+        res = store.executor.run(plan)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     if profiler is not None:
         profiler.stop()
@@ -116,6 +132,7 @@ def _flush(store: ConversationStore, client: Any, sha: str, profiler: Any = None
         "sessions_per_s": res.sessions / elapsed,
         "page_calls": len(pages),
         "page_max_us": pages[-1] if pages else 0,
+        "page_p90_us": pages[min(len(pages) - 1, int(len(pages) * 0.9))] if pages else 0,
         "page_p50_us": pages[len(pages) // 2] if pages else 0,
         "page_p99_us": pages[min(len(pages) - 1, int(len(pages) * 0.99))] if pages else 0,
         "pages_over_target": sum(1 for d in pages if d > TARGET_PAGE_US),
@@ -134,6 +151,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--py-spy", action="store_true", help="also sample one flush with py-spy (a child run)"
     )
+    p.add_argument(
+        "--bounds",
+        default="",
+        help="compare page bounds instead: SESSIONS/BYTES,... (e.g. 64/32768,32/16384)"
+        " or 'default';"
+        " each round flushes once per bound, interleaved, with a hold-floor caller",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="rounds of --bounds (3)")
     p.add_argument("--spy-child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -185,6 +210,156 @@ def _config(url: str, storage: Path) -> MemtierConfig:
     )
 
 
+def _durations_of(client: Any, sha: str) -> list[int]:
+    """SLOWLOG durations (us) of every call of the script ``sha``, sorted."""
+    return _page_durations(client, sha)
+
+
+def _pct(values: list[int], q: float) -> int:
+    return values[min(len(values) - 1, int(len(values) * q))] if values else 0
+
+
+def _parse_bounds(text: str) -> list[tuple[int, int]]:
+    """``S/B,S/B,...``; ``default`` = the flush's own defaults (of the tree run)."""
+    if text.strip().lower() == "default":
+        from memtier.memory.persistence.flush import PAGE_BYTES, PAGE_SESSIONS
+
+        return [(int(PAGE_SESSIONS), int(PAGE_BYTES))]
+    out = []
+    for part in text.split(","):
+        n, _, b = part.strip().partition("/")
+        out.append((int(n), int(b)))
+    return out
+
+
+def _sweep(args: argparse.Namespace, sessions: int, turns: int) -> int:
+    """Flush once per page bound per round (order rotated each round), each with the
+    hold-floor caller (:func:`bench.workerbench._hold_floor_caller`: a ``return 1``
+    script every ms from another process) running, so the page hold and what the machine
+    adds to a script of no cost are measured in the same flush."""
+    import hashlib
+    import multiprocessing
+
+    from bench import workerbench
+
+    bounds = _parse_bounds(args.bounds)
+    tag = "-quick" if args.quick else ""
+    args.out.mkdir(parents=True, exist_ok=True)
+    storage = Path(tempfile.mkdtemp(prefix="memtier-flushprobe-"))
+    extra = {"slowlog-log-slower-than": "0", "slowlog-max-len": "1000000"}
+    runs: list[dict[str, Any]] = []
+    ctx = multiprocessing.get_context("spawn")
+    try:
+        with BenchRedis(extra=extra) as server:
+            client = server.client()
+            store = ConversationStore.from_config(_config(server.url, storage), recover=False)
+            keys = KeyPool(71, sessions).keys
+            print(f"flushprobe --bounds: {sessions} sessions x {turns} turns; load {loadavg()}")
+            failed = populate(store, keys, chat_text(300), turns=turns, batch=1000)
+            sha = store.scripts["snapshot_page"].sha
+            meta = machine_meta(client)
+            meta.update(
+                tool="bench.flushprobe --bounds",
+                server_pid=server.pid(),
+                sessions=sessions,
+                turns=turns,
+                payload_bytes=300,
+                populate_failures=failed,
+                bounds=bounds,
+                rounds=args.rounds,
+                page_target_us=TARGET_PAGE_US,
+                hold_floor_interval_s=workerbench.HOLD_FLOOR_INTERVAL_S,
+            )
+            for r in range(args.rounds):
+                order = bounds[r % len(bounds) :] + bounds[: r % len(bounds)]
+                for bound in order:
+                    script = workerbench.HOLD_FLOOR_SCRIPT.format(token=os.urandom(4).hex())
+                    floor_sha = hashlib.sha1(script.encode()).hexdigest()
+                    stop, out, ready = ctx.Event(), ctx.Queue(), ctx.Event()
+                    proc = ctx.Process(
+                        target=workerbench._hold_floor_caller,
+                        args=(server.url, script, 0.0, stop, out, 0.001, ready),
+                    )
+                    proc.start()
+                    try:
+                        if not ready.wait(120):  # bounded: the caller imported, connected
+                            raise RuntimeError("the hold-floor caller did not start")
+                        time.sleep(0.05)  # its first calls are in flight
+                        before = workerbench.server_sched(server.pid())
+                        res = _flush(store, client, sha, bounds=bound)
+                        after = workerbench.server_sched(server.pid())
+                    finally:
+                        stop.set()
+                    calls = out.get(timeout=60)
+                    proc.join(timeout=30)
+                    floor = _durations_of(client, floor_sha)
+                    res.update(
+                        round=r,
+                        page_sessions=bound[0],
+                        page_bytes=bound[1],
+                        load=loadavg(),
+                        hold_floor_calls=calls,
+                        hold_floor_logged=len(floor),
+                        hold_floor_p50_us=_pct(floor, 0.5),
+                        hold_floor_p99_us=_pct(floor, 0.99),
+                        hold_floor_max_us=floor[-1] if floor else 0,
+                        page_top_us=_durations_of(client, sha)[-5:],
+                        # how often redis-server was preempted during the flush, and
+                        # the run-queue wait that added to whatever it was running
+                        server_preempted=after["nonvoluntary"] - before["nonvoluntary"],
+                        server_runqueue_wait_ms=(
+                            after["runqueue_wait_ns"] - before["runqueue_wait_ns"]
+                        )
+                        / 1e6,
+                    )
+                    runs.append(res)
+                    print(
+                        f"  round {r} {bound[0]}/{bound[1]}: {res['bytes_per_s'] / 2**20:.1f}"
+                        f" MiB/s, {res['page_calls']} pages, p50/p99/max"
+                        f" {res['page_p50_us']}/{res['page_p99_us']}/{res['page_max_us']} us;"
+                        f" hold floor p99/max {res['hold_floor_p99_us']}/"
+                        f"{res['hold_floor_max_us']} us ({calls} calls); top {res['page_top_us']};"
+                        f" redis preempted {res['server_preempted']}x,"
+                        f" {res['server_runqueue_wait_ms']:.0f} ms waiting; load {res['load']}",
+                        flush=True,
+                    )
+            store.close()
+            client.close()
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+    summary = {}
+    for n, b in bounds:
+        mine = [x for x in runs if (x["page_sessions"], x["page_bytes"]) == (n, b)]
+        summary[f"{n}/{b}"] = {
+            key: spread([x[key] for x in mine])
+            for key in (
+                "bytes_per_s",
+                "cpu_seconds",
+                "page_calls",
+                "page_p50_us",
+                "page_p90_us",
+                "page_p99_us",
+                "page_max_us",
+                "pages_over_target",
+                "hold_floor_p99_us",
+                "hold_floor_max_us",
+            )
+        }
+    data = {"meta": {**meta, "load_at_end": loadavg()}, "summary": summary, "runs": runs}
+    path = write_json(args.out / f"flushprobe-bounds{tag}.json", data)
+    mib = 2**20
+    for name, row in summary.items():
+        rate = row["bytes_per_s"]
+        print(
+            f"{name:>12}: flush {rate['median'] / mib:.1f} [{rate['min'] / mib:.1f}-"
+            f"{rate['max'] / mib:.1f}] MiB/s; page p50 {row['page_p50_us']['median']:.0f}"
+            f" p99 {fmt(row['page_p99_us'], 0)} max {fmt(row['page_max_us'], 0)} us;"
+            f" hold floor max {fmt(row['hold_floor_max_us'], 0)} us"
+        )
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     exit_on_sigterm()
@@ -192,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     turns = args.turns or (2 if args.quick else 4)
     if args.spy_child:
         return _spy_child(sessions, turns)
+    if args.bounds:
+        return _sweep(args, sessions, turns)
     tag = "-quick" if args.quick else ""
     args.out.mkdir(parents=True, exist_ok=True)
     storage = Path(tempfile.mkdtemp(prefix="memtier-flushprobe-"))

@@ -284,6 +284,30 @@ def evaluate_targets(h: Harness, round_trips: float | None) -> list[Target]:
             else _workers_note(h),
         )
     )
+    hold = g("workers.flush_page_hold")
+    r = None
+    if hold is not None and hold.values:
+        hsum = hold.summary
+        r = (hsum["median"], hsum["min"], hsum["max"])
+    floor_hold = g("workers.flush_hold_floor")
+    detail = "longest snapshot_page call inside Redis (SLOWLOG) during the flush, ms"
+    if floor_hold is not None and floor_hold.values:
+        fs = floor_hold.summary
+        detail += (
+            f"; hold floor (a `return 1` script, same flush, same load):"
+            f" {fs['median']:.2f} [{fs['min']:.2f}-{fs['max']:.2f}] ms"
+        )
+    out.append(
+        _target(
+            "longest snapshot_page hold of the shard (ms)",
+            "< 2 ms",
+            r,
+            lambda v: v < 2.0,
+            detail if r is not None else hold.note if hold is not None else _workers_note(h),
+            # what the machine adds to a script of no cost in the same flush
+            floor_hold.summary["median"] if floor_hold is not None and floor_hold.values else None,
+        )
+    )
     out += _server_and_concurrency_targets(h)
     return out
 

@@ -6,6 +6,11 @@ Bench code, not part of the package: nothing under ``memtier/`` imports it.
   while a flush of N sessions (100k by default) runs, next to the same appends without
   a flush (same run, same server); plus the flush's own write rate and the longest
   single ``snapshot_page`` call (the longest the flush holds the shard).
+  Next to it, the *hold floor* of the same run: the longest SLOWLOG duration of a
+  script of fixed, tiny cost (:data:`HOLD_FLOOR_SCRIPT`, ``return 1``) called at a
+  steady rate by one more process during the same flush under the same load.  Whatever
+  it shows above its few microseconds is this machine (redis-server descheduled while
+  the script runs), not script work: how far a page hold can come down here at all.
 * :func:`bench_compaction` -- sessions compacted per second by one worker.
 * :func:`bench_recovery_validation` -- records validated per second (pass 1 of recovery).
 * :func:`bench_flush_restore` -- one flush of N sessions, then the full restore of that
@@ -21,6 +26,7 @@ bytes, counts); none asserts anything about speed.
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import statistics
@@ -37,6 +43,7 @@ __all__ = [
     "bench_recovery_validation",
     "populate_sessions",
     "sequential_write_rate",
+    "server_sched",
 ]
 
 TEXT = "The quick brown fox jumps over the lazy dog while the avatar waits for a reply. "
@@ -112,6 +119,58 @@ def _writer(redis_url: str, namespace: str, start: float, stop_at: Any, out: Any
     store.close()
 
 
+# A script of fixed, tiny cost: its own work is a few microseconds, so its longest SLOWLOG
+# duration under the flush's load is what the machine adds (preemption of redis-server),
+# not work.  The token makes its SHA unique to the run (told apart from any other script).
+HOLD_FLOOR_SCRIPT = "return 1 -- memtier bench hold floor {token}"
+HOLD_FLOOR_INTERVAL_S = 0.001  # one call per ms: ~1,000 samples per second of flush
+
+
+def _hold_floor_caller(
+    redis_url: str,
+    script: str,
+    start: float,
+    stop_at: Any,
+    out: Any,
+    interval_s: float,
+    ready: Any = None,
+) -> None:
+    """Call ``script`` (no keys) every ``interval_s`` from ``start`` until ``stop_at`` is
+    set (at least once); ``ready`` (an Event) is set once the script is loaded."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    sha = client.script_load(script)
+    if ready is not None:
+        ready.set()
+    calls = 0
+    while time.time() < start:
+        time.sleep(0.001)
+    while calls == 0 or not stop_at.is_set():
+        client.evalsha(sha, 0)
+        calls += 1
+        time.sleep(interval_s)
+    out.put(calls)
+    client.close()
+
+
+def server_sched(pid: int | None) -> dict[str, int]:
+    """redis-server's main thread: involuntary context switches (preempted while
+    runnable) and the ns it spent waiting on a run queue (/proc; zeros if unreadable)."""
+    if pid is None:
+        return {"nonvoluntary": 0, "runqueue_wait_ns": 0}
+    try:
+        status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+        sched = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except OSError:
+        return {"nonvoluntary": 0, "runqueue_wait_ns": 0}
+    nonvol = 0
+    for line in status.splitlines():
+        if line.startswith("nonvoluntary_ctxt_switches:"):
+            nonvol = int(line.split()[1])
+    return {"nonvoluntary": nonvol, "runqueue_wait_ns": int(sched[1])}
+
+
 def _summary(latencies: list[float]) -> dict[str, float]:
     if not latencies:
         return {"n": 0, "p50_s": float("nan"), "p99_s": float("nan"), "max_s": float("nan")}
@@ -125,16 +184,33 @@ def _summary(latencies: list[float]) -> dict[str, float]:
 
 
 def _run_writers(
-    redis_url: str, namespace: str, writers: int, seconds: float | None, during: Any = None
+    redis_url: str,
+    namespace: str,
+    writers: int,
+    seconds: float | None,
+    during: Any = None,
+    hold_floor_script: str | None = None,
+    calls_out: list[int] | None = None,
 ) -> list[float]:
+    """Appends from ``writers`` processes (their latencies) while ``during`` runs (or for
+    ``seconds``); with ``hold_floor_script``, one more process calls it at a steady rate
+    (its call count goes to ``calls_out``)."""
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     out = ctx.Queue()
+    floor_out = ctx.Queue()
     start = time.time() + 2.0  # every writer imported and connected
     procs = [
         ctx.Process(target=_writer, args=(redis_url, namespace, start, stop, out, n))
         for n in range(writers)
     ]
+    floor_proc = None
+    if hold_floor_script is not None:
+        floor_proc = ctx.Process(
+            target=_hold_floor_caller,
+            args=(redis_url, hold_floor_script, start, stop, floor_out, HOLD_FLOOR_INTERVAL_S),
+        )
+        floor_proc.start()
     for p in procs:
         p.start()
     try:
@@ -151,6 +227,11 @@ def _run_writers(
         latencies += [lat for _, lat in out.get(timeout=120)]
     for p in procs:
         p.join(timeout=60)
+    if floor_proc is not None:
+        calls = floor_out.get(timeout=120)
+        if calls_out is not None:
+            calls_out.append(calls)
+        floor_proc.join(timeout=60)
     return latencies
 
 
@@ -164,14 +245,27 @@ def bench_flush_blocking(
     baseline_s: float = 3.0,
     storage_path: str | Path | None = None,
     namespace: str | None = None,
+    page_bounds: tuple[int, int] | None = None,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
     """Append latency from other processes while a flush of ``sessions`` sessions runs.
+
+    ``page_bounds``: (sessions, bytes) per ``snapshot_page`` call instead of the flush's
+    defaults (to compare bounds; the flush clamps them to its ceilings).  ``server_pid``
+    (a server on this host): also ``server_preempted`` / ``server_runqueue_wait_ms``,
+    how often redis-server was preempted during the flush and how long it waited to run.
 
     Returns ``flush_s``, ``flush_bytes``, ``flush_bytes_per_s``, ``sessions``,
     ``floor_s`` (:func:`bench.flushfloor.flush_floor` of the same sessions, right after),
     ``longest_page_call_s`` (the longest ``snapshot_page`` round trip seen by the
-    flusher), ``server_max_page_us`` (the longest one ran inside Redis, from SLOWLOG: the
-    longest the flush blocked other clients), ``server_max_other_us``, ``baseline`` and
+    flusher, of the calls not overlapped with page work: client time included),
+    ``server_max_page_us`` (the longest one ran inside Redis, from SLOWLOG: the
+    longest the flush blocked other clients) with ``server_page_p50_us`` /
+    ``server_page_p99_us`` / ``server_page_calls``, ``hold_floor_max_us`` (the longest
+    SLOWLOG duration of :data:`HOLD_FLOOR_SCRIPT`, called every
+    :data:`HOLD_FLOOR_INTERVAL_S` by one more process during the flush; 0 = none above
+    the SLOWLOG threshold ``slowlog_threshold_us``) and ``hold_floor_calls``,
+    ``server_max_other_us``, ``baseline`` and
     ``during_flush`` latency summaries
     (``n``, ``p50_s``, ``p99_s``, ``max_s``) and ``blocked_extra_max_s`` (max during the
     flush minus max without).  The namespace's keys are deleted at the end.
@@ -204,15 +298,35 @@ def bench_flush_blocking(
 
         def flush() -> None:
             assert store.snapshots is not None
+            before = server_sched(server_pid)
             t0 = time.perf_counter()
-            res = drive_sync(flush_plan(store.core, store.snapshots), execute)
+            bounds = {}
+            if page_bounds is not None:
+                bounds = {"page_sessions": page_bounds[0], "page_bytes": page_bounds[1]}
+            res = drive_sync(flush_plan(store.core, store.snapshots, **bounds), execute)
             result["flush_s"] = time.perf_counter() - t0
             result["flush_bytes"] = res.bytes
             result["sessions"] = res.sessions
+            after = server_sched(server_pid)
+            result["server_preempted"] = after["nonvoluntary"] - before["nonvoluntary"]
+            result["server_runqueue_wait_ms"] = (
+                after["runqueue_wait_ns"] - before["runqueue_wait_ns"]
+            ) / 1e6
 
+        floor_script = HOLD_FLOOR_SCRIPT.format(token=os.urandom(4).hex())
+        floor_sha = hashlib.sha1(floor_script.encode()).hexdigest()
+        floor_calls: list[int] = []
         slowlog = _SlowLog(store.client)
-        during = _run_writers(redis_url, namespace, writers, None, during=flush)
-        server = slowlog.collect(store.scripts["snapshot_page"].sha)
+        during = _run_writers(
+            redis_url,
+            namespace,
+            writers,
+            None,
+            during=flush,
+            hold_floor_script=floor_script,
+            calls_out=floor_calls,
+        )
+        server = slowlog.collect(store.scripts["snapshot_page"].sha, floor_sha)
         # The floor of that flush (bench/flushfloor.py): the same page calls, replies
         # written raw, right after it (the writers have stopped).
         floor = flush_floor(store, Path(storage_path))
@@ -225,6 +339,7 @@ def bench_flush_blocking(
             "flush_bytes_per_s": result["flush_bytes"] / result["flush_s"],
             "longest_page_call_s": max(page_times, default=0.0),
             "page_calls": len(page_times),
+            "hold_floor_calls": sum(floor_calls),
             "baseline": base,
             "during_flush": under,
             "blocked_extra_max_s": under["max_s"] - base["max_s"],
@@ -236,12 +351,18 @@ def bench_flush_blocking(
             owned_dir.cleanup()
 
 
+SLOWLOG_THRESHOLD_US = 100  # every page (~0.5-2 ms) is logged; most appends (~50 us) not
+
+
 class _SlowLog:
-    """Server-side durations from SLOWLOG (threshold 1 ms while the flush runs; restored).
+    """Server-side durations from SLOWLOG (threshold :data:`SLOWLOG_THRESHOLD_US` while
+    the flush runs; restored).
 
     ``server_max_page_us``: the longest one ``snapshot_page`` call ran inside Redis --
-    how long the flush blocked every other client at most; ``server_max_other_us``: the
-    longest other command (appends) above 1 ms.  None where CONFIG is not allowed.
+    how long the flush blocked every other client at most -- with its p50 / p99 over the
+    page calls logged; ``hold_floor_max_us``: the longest call of the hold-floor script
+    (0 = none above the threshold); ``server_max_other_us``: the longest other command
+    (appends) above the threshold.  None where CONFIG is not allowed.
     """
 
     def __init__(self, client: Any) -> None:
@@ -253,31 +374,50 @@ class _SlowLog:
                 "slowlog-log-slower-than": cfg["slowlog-log-slower-than"],
                 "slowlog-max-len": cfg["slowlog-max-len"],
             }
-            client.config_set("slowlog-log-slower-than", 1000)
+            client.config_set("slowlog-log-slower-than", SLOWLOG_THRESHOLD_US)
             client.config_set("slowlog-max-len", 100_000)
             client.slowlog_reset()
         except Exception:  # managed Redis without CONFIG: no server-side figure
             self.saved = None
 
-    def collect(self, page_sha: str) -> dict[str, Any]:
+    def collect(self, page_sha: str, floor_sha: str = "") -> dict[str, Any]:
         if self.saved is None:
-            return {"server_max_page_us": None, "server_max_other_us": None}
+            return {
+                "server_max_page_us": None,
+                "server_max_other_us": None,
+                "hold_floor_max_us": None,
+            }
         try:
             entries = self.client.slowlog_get(100_000)
         finally:
             for name, value in self.saved.items():
                 self.client.config_set(name, value)
-        page = other = 0
+        pages: list[int] = []
+        floor = other = 0
         for entry in entries:
             command = entry.get("command", b"")
             text = (
                 command.decode("utf-8", "replace") if isinstance(command, bytes) else str(command)
             )
+            duration = int(entry["duration"])
             if page_sha in text:
-                page = max(page, int(entry["duration"]))
+                pages.append(duration)
+            elif floor_sha and floor_sha in text:
+                floor = max(floor, duration)
             else:
-                other = max(other, int(entry["duration"]))
-        return {"server_max_page_us": page, "server_max_other_us": other}
+                other = max(other, duration)
+        pages.sort()
+        return {
+            "server_max_page_us": pages[-1] if pages else 0,
+            "server_page_p50_us": pages[len(pages) // 2] if pages else 0,
+            "server_page_p99_us": pages[min(len(pages) - 1, int(len(pages) * 0.99))]
+            if pages
+            else 0,
+            "server_page_calls": len(pages),
+            "hold_floor_max_us": floor,
+            "slowlog_threshold_us": SLOWLOG_THRESHOLD_US,
+            "server_max_other_us": other,
+        }
 
 
 def _delete_namespace(store: Any, namespace: str) -> None:

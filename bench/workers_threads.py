@@ -59,7 +59,11 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
     unpaired: list[str] = []  # rounds where one of the two windows had no append
     during_max_ms: list[float] = []
     base_max_ms: list[float] = []
-    page_ms: list[float] = []
+    page_ms: list[float] = []  # the longest page round trip the flusher saw
+    hold_ms: list[float] = []  # the longest page inside Redis (SLOWLOG): the shard held
+    hold_p99_ms: list[float] = []
+    floor_hold_ms: list[float] = []  # the same for a `return 1` script, same flush
+    preempted: list[float] = []  # redis-server preempted during the flush (/proc)
     floor: list[float] = []  # the flush's bytes over the floor's seconds, MiB/s
     floor_disk: list[float] = []
     vs_floor: list[float] = []  # floor seconds / flush seconds
@@ -77,6 +81,7 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
                 namespace=f"bflush{r}",
                 writers=2,
                 baseline_s=baseline_s,
+                server_pid=server.pid() if hasattr(server, "pid") else None,
             )
             disk.append(rate["bytes_per_s"] / mib)
             flush.append(res["flush_bytes_per_s"] / mib)
@@ -94,6 +99,16 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
                     f"{res['during_flush']['n']} during it"
                 )
             page_ms.append(res["longest_page_call_s"] * 1000)
+            if res.get("server_preempted") is not None:
+                preempted.append(res["server_preempted"])
+            if res.get("server_max_page_us"):  # None without CONFIG, 0 with no page logged
+                hold_ms.append(res["server_max_page_us"] / 1000)
+                hold_p99_ms.append(res.get("server_page_p99_us", 0) / 1000)
+                # 0 = no call of it above the SLOWLOG threshold: the floor is below that
+                floor_hold_ms.append(
+                    max(res.get("hold_floor_max_us") or 0, 0) / 1000
+                    or res.get("slowlog_threshold_us", 0) / 1000
+                )
             if res.get("floor_s") and res.get("flush_s"):
                 floor.append(res["flush_bytes"] / res["floor_s"] / mib)
                 floor_disk.append(disk[-1])
@@ -107,6 +122,11 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
                 f"{flush[-1]:,.1f} MiB/s vs disk {disk[-1]:,.1f} MiB/s; longest append "
                 f"{during_ms:.1f} ms during, {base_ms:.1f} ms without; "
                 f"longest page call {page_ms[-1]:.1f} ms"
+                + (
+                    f", inside Redis {hold_ms[-1]:.1f} ms (hold floor {floor_hold_ms[-1]:.1f} ms)"
+                    if hold_ms and len(hold_ms) == r + 1
+                    else ""
+                )
             )
             if r == rounds - 1:
                 files = sorted(
@@ -195,10 +215,52 @@ def run_workers(h: Harness, server: BenchRedis) -> None:
         Result(
             "workers.flush_page_call",
             sec,
-            "longest single snapshot_page script call (shard held)",
+            "longest single snapshot_page round trip seen by the flusher",
             "ms",
             values=page_ms,
             higher_is_better=False,
+            note="client wall time of the page calls not overlapped with page work:"
+            " the round trip, reply parsing and the flusher's own scheduling, not only"
+            " the shard's hold (workers.flush_page_hold)",
+        )
+    )
+    h.add(
+        Result(
+            "workers.flush_page_hold",
+            sec,
+            "longest single snapshot_page call inside Redis (SLOWLOG: the shard held)",
+            "ms",
+            values=hold_ms,
+            higher_is_better=False,
+            status="ok" if hold_ms else "unavailable",
+            note=(
+                f"p99 of the pages {statistics.median(hold_p99_ms):.2f} ms"
+                f" [{min(hold_p99_ms):.2f}-{max(hold_p99_ms):.2f}]"
+                + (
+                    f"; redis-server preempted {statistics.median(preempted):,.0f} times"
+                    " during the flush (/proc, median of the rounds)"
+                    if preempted
+                    else ""
+                )
+                if hold_ms
+                else "no SLOWLOG (CONFIG not allowed?)"
+            ),
+        )
+    )
+    h.add(
+        Result(
+            "workers.flush_hold_floor",
+            sec,
+            "hold floor: longest `return 1` script call inside Redis during the same flush",
+            "ms",
+            values=floor_hold_ms,
+            higher_is_better=False,
+            status="ok" if floor_hold_ms else "unavailable",
+            note="a script of fixed, few-us cost called every ms by one more process under"
+            " the same load: what it shows above that is the machine (redis-server"
+            " preempted), not work; it runs few us per call, so it is hit less often"
+            " than a page and is a lower bound of what preemption adds to one; a round where"
+            " no call of it passed the SLOWLOG threshold counts as that threshold (0.1 ms)",
         )
     )
     if recovery is not None:

@@ -157,6 +157,41 @@ def test_flushprobe_quick(tmp_path: Path) -> None:
     assert data["summary"]["disk_bytes_per_s"]["median"] > 0
 
 
+@pytest.mark.real
+def test_flushprobe_bounds_quick(tmp_path: Path) -> None:
+    """``--bounds``: one flush per bound and round, each with the hold-floor caller."""
+    require_real_redis("redis-server")
+    bounds = ["--bounds", "64/32768,4/2048", "--rounds", "1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.flushprobe", "--quick", "--out", str(tmp_path), *bounds],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "flushprobe-bounds-quick.json").read_text())
+    assert not _alive(data["meta"]["server_pid"]), "the probe left its redis-server running"
+    runs = data["runs"]
+    assert sorted((r["page_sessions"], r["page_bytes"]) for r in runs) == [(4, 2048), (64, 32768)]
+    for run in runs:
+        assert run["sessions"] == data["meta"]["sessions"] and not run["skipped"], run
+        assert run["page_calls"] >= 1 and run["page_max_us"] > 0, run
+        assert run["hold_floor_calls"] >= 1, run
+    small, large = sorted(runs, key=lambda r: r["page_bytes"])
+    assert small["page_calls"] > large["page_calls"]  # the bound was applied
+    assert set(data["summary"]) == {"64/32768", "4/2048"}
+
+
+@pytest.mark.real
+def test_page_ab_quick(tmp_path: Path) -> None:
+    """Both scripts ran on every page and gave the same replies."""
+    data = _run("bench.page_ab", tmp_path, "--other", str(ROOT / "lua"))
+    assert data["reply_mismatches"] == 0
+    assert data["summary"]["this"]["n"] == data["summary"]["other"]["n"] == data["meta"]["pages"]
+
+
 @pytest.mark.cluster
 def test_clusterlean_quick(tmp_path: Path) -> None:
     require_real_redis("redis-server", "redis-cli")

@@ -24,7 +24,8 @@ THREADS = "threads continue (echo runner) vs raw minimal script"
 CPU = "Redis CPU per append vs the minimal script [300B]"
 CPU_STRETCH = "Redis CPU per append, stretch [300B]"
 PROCS = "8 processes appending, one shard, vs raw minimal script from 8"
-NEW = (THREADS, CPU, CPU_STRETCH, PROCS)
+HOLD = "longest snapshot_page hold of the shard (ms)"
+NEW = (THREADS, CPU, CPU_STRETCH, PROCS, HOLD)
 
 rounds_st = st.integers(min_value=1, max_value=9)
 positive = st.floats(min_value=0.5, max_value=5_000.0, allow_nan=False, allow_infinity=False)
@@ -309,6 +310,87 @@ def test_run_workers_gives_no_blocked_figure_when_a_window_is_empty(
     assert t.met is None and t.value is None
     flush = _by_name(evaluate_targets(h, None))["flush vs disk sequential write rate"]
     assert flush.value == 0.02 and flush.met is False  # the other figures still count
+
+
+def _patched_workers(monkeypatch: pytest.MonkeyPatch, rounds: list[dict[str, float]]) -> Harness:
+    """run_workers of the "full" profile over synthetic flush rounds (no server)."""
+    from types import SimpleNamespace
+
+    from bench import workerbench, workers_threads
+
+    queue = list(rounds)
+
+    def flush_blocking(*_a: object, **_k: object) -> dict[str, object]:
+        r = queue.pop(0)
+        return {
+            "flush_bytes_per_s": 2.0 * 2**20,
+            "sessions": 300,
+            "during_flush": {"n": 40, "p50_s": 0.001, "p99_s": 0.002, "max_s": 0.003},
+            "baseline": {"n": 40, "p50_s": 0.001, "p99_s": 0.002, "max_s": 0.002},
+            "blocked_extra_max_s": 0.001,
+            "longest_page_call_s": r["round_trip_s"],
+            "server_max_page_us": r["page_us"],
+            "server_page_p99_us": r["page_us"] / 2,
+            "hold_floor_max_us": r["floor_us"],
+            "slowlog_threshold_us": 100,
+        }
+
+    monkeypatch.setattr(workerbench, "bench_flush_blocking", flush_blocking)
+    monkeypatch.setattr(
+        workerbench, "sequential_write_rate", lambda _dir, _n: {"bytes_per_s": 100.0 * 2**20}
+    )
+    monkeypatch.setattr(workerbench, "bench_compaction", lambda *_a, **_k: {"sessions_per_s": 1.0})
+    monkeypatch.setattr(
+        workerbench,
+        "bench_flush_restore",
+        lambda *_a, **_k: {
+            "sessions": 300,
+            "flush_sessions_per_s": 100.0,
+            "restore_sessions_per_s": 50.0,
+            "flush_bytes_per_s": 2.0 * 2**20,
+            "restore_bytes_per_s": 1.0 * 2**20,
+        },
+    )
+    monkeypatch.setattr(workerbench, "bench_recovery_validation", lambda *_a, **_k: None)
+    h = Harness(Settings.named("full"), None, lambda _msg: None)
+    workers_threads.run_workers(h, SimpleNamespace(url="redis://unused"))  # type: ignore[arg-type]
+    return h
+
+
+hold_rounds = st.lists(
+    st.fixed_dictionaries(
+        {
+            "page_us": st.integers(1, 20_000),
+            "floor_us": st.sampled_from([0, 150, 900, 4_000]),
+            "round_trip_s": st.floats(0.0001, 0.05),
+        }
+    ),
+    min_size=3,
+    max_size=3,
+)
+
+
+@given(hold_rounds)
+@example([{"page_us": 1999, "floor_us": 0, "round_trip_s": 0.009}] * 3)
+@example([{"page_us": 2000, "floor_us": 4000, "round_trip_s": 0.001}] * 3)
+def test_page_hold_target_is_the_slowlog_max_with_its_hold_floor(
+    data: list[dict[str, float]],
+) -> None:
+    """The 2 ms target reads the page's time inside Redis (SLOWLOG), never the flusher's
+    round trip; its floor is the `return 1` script's longest call of the same flushes (a
+    round with none above the SLOWLOG threshold counts as the threshold, never 0)."""
+    with pytest.MonkeyPatch.context() as mp:
+        h = _patched_workers(mp, data)
+    pages_ms = [d["page_us"] / 1000 for d in data]
+    floors_ms = [(d["floor_us"] or 100) / 1000 for d in data]
+    t = _by_name(evaluate_targets(h, None))[HOLD]
+    assert t.value == statistics.median(pages_ms)
+    assert t.low == min(pages_ms) and t.high == max(pages_ms)
+    assert t.met is (statistics.median(pages_ms) < 2.0)
+    assert t.floor == statistics.median(floors_ms)
+    assert "hold floor" in t.detail
+    trip = h.get("workers.flush_page_call")
+    assert trip is not None and trip.values == [d["round_trip_s"] * 1000 for d in data]
 
 
 PEER_APPEND = "append vs OpenAI Agents RedisSession [300B]"

@@ -46,11 +46,15 @@ local n, copied = 0, 0
 for i = 5, #ARGV do
   local member = ARGV[i]
   local s_key, t_key = memtier_session_keys(prefix, member)
-  if rcall('HEXISTS', index_key, member) == 1
-      and memtier_session_live(s_key, memtier_ttl_of(member, public_ttl, im_ttl), now) then
-    copied = copied + memtier_read_session(s_key, t_key, member, out)
-    n = n + 1
-    if copied >= MAX_ELEMENTS then break end
+  if rcall('HEXISTS', index_key, member) == 1 then
+    -- live (hash present, deadline not passed) is checked on the session's one HGETALL
+    local added = memtier_read_live_session(
+      s_key, t_key, member, memtier_ttl_of(member, public_ttl, im_ttl), now, out)
+    if added then
+      copied = copied + added
+      n = n + 1
+      if copied >= MAX_ELEMENTS then break end
+    end
   end
 end
 out[3] = n

@@ -38,17 +38,33 @@ from memtier.memory.snapshot.validation import check_session_line
 from memtier.memory.snapshot.writer import GenerationWriter
 from memtier.wire import text as _b
 
-__all__ = ["PAGE_BYTES", "PAGE_SESSIONS", "FlushResult", "flush_plan", "snapshot_page_call"]
+__all__ = [
+    "MAX_PAGE_BYTES",
+    "MAX_PAGE_SESSIONS",
+    "PAGE_BYTES",
+    "PAGE_SESSIONS",
+    "FlushResult",
+    "flush_plan",
+    "snapshot_page_call",
+]
 
 log = logging.getLogger("memtier.persistence")
 
-# One snapshot_page call reads at most this many sessions (the script's own cap is 256)...
-PAGE_SESSIONS: Final = 64
+# One snapshot_page call reads at most this many sessions (and HSCAN asks for as many)...
+PAGE_SESSIONS: Final = 32
 # ...and stops adding sessions once their indexed bytes pass this (one big session still
 # goes alone): bounds how long one call blocks the shard.  Measured with bench.flushprobe
-# (SLOWLOG): 128 KiB pages held the shard p50 1.5 ms / p99 6 ms, over the 2 ms target;
-# a quarter of that keeps a page near a millisecond at the cost of more round trips.
-PAGE_BYTES: Final = 32 * 1024
+# --bounds (SLOWLOG; 20k sessions of 4 turns, bounds interleaved in one run; docs/
+# performance.md, "The page hold against its floor"): 64 / 32 KiB held the shard p50
+# 0.6-0.75 ms, p99 1.1-2.9 ms under load; 32 / 16 KiB p50 0.3 ms, p99 0.76-1.07 ms in
+# every run at the same flush rate (-3 % to +12 %); 16 / 8 KiB and 8 / 4 KiB cut p99
+# further but cost 20-45 % of the rate in round trips.  The longest call is the same for
+# every bound (2-9 ms even for 0.1 ms pages): redis-server preempted mid-script on this
+# loaded machine, which a `return 1` script in the same flush shows too.
+PAGE_BYTES: Final = 16 * 1024
+# Hard ceilings: flush_plan's arguments may lower the bounds, never pass these.
+MAX_PAGE_SESSIONS: Final = 64  # snapshot_page-2.lua caps its members at 256
+MAX_PAGE_BYTES: Final = 32 * 1024
 # HSCAN pages per partition: a flush of the largest allowed partition finishes well within.
 MAX_SCAN_ROUNDS: Final = 4 * int(limits.MAX_ACTIVE_SESSIONS.ceiling) // 10 + 10_000
 
@@ -131,9 +147,14 @@ def flush_plan(
 
     Pipelined with bounded memory: each page reply is held (at most one) and written
     while the next request (page or ``HSCAN``) is in flight (:class:`Overlap`).
+    ``page_sessions`` / ``page_bytes`` (default :data:`PAGE_SESSIONS` /
+    :data:`PAGE_BYTES`) are clamped to the hard ceilings :data:`MAX_PAGE_SESSIONS` /
+    :data:`MAX_PAGE_BYTES`.
     """
     started = time.monotonic()
-    page_sessions = max(1, min(page_sessions, 256))
+    # Hard ceilings (arguments may not pass them): the page bounds of the 2 ms hold.
+    page_sessions = max(1, min(page_sessions, MAX_PAGE_SESSIONS))
+    page_bytes = max(1, min(page_bytes, MAX_PAGE_BYTES))
     verified = directory.ensure()
     if not verified:
         yield emit_event_call(core, ReasonCode.PERMISSIONS_NOT_VERIFIED, str(directory.path))
