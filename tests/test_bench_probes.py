@@ -35,7 +35,8 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split()[2] == "Z")
 
 
-def _run(module: str, out: Path, *extra: str) -> dict[str, Any]:
+def _run(module: str, out: Path, *extra: str, name: str | None = None) -> dict[str, Any]:
+    """Run ``module --quick`` and read its ``<name>-quick.json`` (name: the module's)."""
     require_real_redis("redis-server")
     proc = subprocess.run(
         [sys.executable, "-m", module, "--quick", "--out", str(out), *extra],
@@ -46,7 +47,7 @@ def _run(module: str, out: Path, *extra: str) -> dict[str, Any]:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    name = module.rsplit(".", 1)[1].replace("_", "-")
+    name = name or module.rsplit(".", 1)[1].replace("_", "-")
     data: dict[str, Any] = json.loads((out / f"{name}-quick.json").read_text())  # strict JSON
     pid = data["meta"]["server_pid"]
     assert isinstance(pid, int) and not _alive(pid), "the probe left its redis-server running"
@@ -160,19 +161,8 @@ def test_flushprobe_quick(tmp_path: Path) -> None:
 @pytest.mark.real
 def test_flushprobe_bounds_quick(tmp_path: Path) -> None:
     """``--bounds``: one flush per bound and round, each with the hold-floor caller."""
-    require_real_redis("redis-server")
     bounds = ["--bounds", "64/32768,4/2048", "--rounds", "1"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.flushprobe", "--quick", "--out", str(tmp_path), *bounds],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads((tmp_path / "flushprobe-bounds-quick.json").read_text())
-    assert not _alive(data["meta"]["server_pid"]), "the probe left its redis-server running"
+    data = _run("bench.flushprobe", tmp_path, *bounds, name="flushprobe-bounds")
     runs = data["runs"]
     assert sorted((r["page_sessions"], r["page_bytes"]) for r in runs) == [(4, 2048), (64, 32768)]
     for run in runs:
@@ -211,6 +201,7 @@ def test_clusterlean_quick(tmp_path: Path) -> None:
     assert set(data["ratios_same_round"]) >= {"append_lean_vs_raw_evalsha"}
     # the lean store went the lean way on every script call, the generic one never
     assert data["meta"]["lean_calls"] > 0 and data["meta"]["generic_lean_calls"] == 0
+
 
 @pytest.mark.real
 def test_aiopipe_probe_quick(tmp_path: Path) -> None:

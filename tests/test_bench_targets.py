@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict
+from typing import Any
 
 import pytest
 from hypothesis import example, given
@@ -53,6 +54,17 @@ def _row(
 
 def _figure_rows(targets: list[Target]) -> dict[str, object]:
     return {p.name: p for p in target_points({"targets": [asdict(t) for t in targets]})}
+
+
+def _fake_flush_restore(*_args: Any, **_kwargs: Any) -> dict[str, float]:
+    """What workerbench.bench_flush_restore reports, without a server (fixed figures)."""
+    return {
+        "sessions": 300,
+        "flush_sessions_per_s": 100.0,
+        "restore_sessions_per_s": 50.0,
+        "flush_bytes_per_s": 2.0 * 2**20,
+        "restore_bytes_per_s": 1.0 * 2**20,
+    }
 
 
 def test_no_data_means_not_measured_for_every_target() -> None:
@@ -290,17 +302,7 @@ def test_run_workers_gives_no_blocked_figure_when_a_window_is_empty(
         },
     )
     monkeypatch.setattr(workerbench, "bench_compaction", lambda *_a, **_k: {"sessions_per_s": 10.0})
-    monkeypatch.setattr(
-        workerbench,
-        "bench_flush_restore",
-        lambda *_a, **_k: {
-            "sessions": 300,
-            "flush_sessions_per_s": 100.0,
-            "restore_sessions_per_s": 50.0,
-            "flush_bytes_per_s": 2.0 * 2**20,
-            "restore_bytes_per_s": 1.0 * 2**20,
-        },
-    )
+    monkeypatch.setattr(workerbench, "bench_flush_restore", _fake_flush_restore)
     h = Harness(Settings.named("tiny"), None, lambda _msg: None)
     workers_threads.run_workers(h, SimpleNamespace(url="redis://unused"))  # type: ignore[arg-type]
     blocked = h.get("workers.flush_blocked")
@@ -340,17 +342,7 @@ def _patched_workers(monkeypatch: pytest.MonkeyPatch, rounds: list[dict[str, flo
         workerbench, "sequential_write_rate", lambda _dir, _n: {"bytes_per_s": 100.0 * 2**20}
     )
     monkeypatch.setattr(workerbench, "bench_compaction", lambda *_a, **_k: {"sessions_per_s": 1.0})
-    monkeypatch.setattr(
-        workerbench,
-        "bench_flush_restore",
-        lambda *_a, **_k: {
-            "sessions": 300,
-            "flush_sessions_per_s": 100.0,
-            "restore_sessions_per_s": 50.0,
-            "flush_bytes_per_s": 2.0 * 2**20,
-            "restore_bytes_per_s": 1.0 * 2**20,
-        },
-    )
+    monkeypatch.setattr(workerbench, "bench_flush_restore", _fake_flush_restore)
     monkeypatch.setattr(workerbench, "bench_recovery_validation", lambda *_a, **_k: None)
     h = Harness(Settings.named("full"), None, lambda _msg: None)
     workers_threads.run_workers(h, SimpleNamespace(url="redis://unused"))  # type: ignore[arg-type]
