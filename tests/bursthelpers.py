@@ -131,7 +131,11 @@ def failover_to(cluster: RedisClusterServers, replica: int) -> None:
         wait_for(f"node {replica}'s replication link", lambda: _linked(cluster, replica))
         # After two coordinated tries, FORCE: no handshake with the (busy) primary, still an
         # election by the primaries; nothing is writing by then, so the replica is in sync.
-        options = ("FORCE",) if attempt >= 2 else ()
+        # The last try is TAKEOVER (no election): a primary that voted for a replica of
+        # the same primary refuses to vote again for twice the node timeout (30 s here),
+        # so repeated elections can all be denied (seen in CI: "never became primary").
+        last = attempt == FAILOVER_ATTEMPTS - 1
+        options = ("TAKEOVER",) if last else ("FORCE",) if attempt >= 2 else ()
         with cluster.node_client(replica) as conn:
             conn.execute_command("CLUSTER", "FAILOVER", *options)
         with contextlib.suppress(AssertionError):

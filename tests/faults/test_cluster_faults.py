@@ -150,11 +150,30 @@ def _wait_first_acks(ledgers: list[Path], count: int = 30) -> None:
     """
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        acks = [p.read_text().count('"s":"ack"') if p.exists() else 0 for p in ledgers]
+        acks = _acks(ledgers)
         if min(acks) >= 1 and sum(acks) >= count:
             return
         time.sleep(0.05)
     raise AssertionError("the writers acknowledged nothing before the fault")
+
+
+def _acks(ledgers: list[Path]) -> list[int]:
+    return [p.read_text().count('"s":"ack"') if p.exists() else 0 for p in ledgers]
+
+
+def _wait_every_writer_moved_on(writers: Any) -> None:
+    """Until every writer acknowledged a write after this call began, or exited."""
+    before = _acks(writers.ledgers)
+    deadline = time.monotonic() + 60  # a writer's timed-out call is retried within ~10 s
+    while time.monotonic() < deadline:
+        now = _acks(writers.ledgers)
+        if all(
+            n > b or proc.poll() is not None
+            for n, b, proc in zip(now, before, writers.procs, strict=True)
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError("a writer made no progress on the new primary")
 
 
 def test_manual_failover_under_load(cluster: FaultCluster, tmp_path: Path) -> None:
@@ -208,10 +227,16 @@ def test_primary_paused_past_the_node_timeout(cluster: FaultCluster, tmp_path: P
         os.kill(node.proc.pid, signal.SIGSTOP)
         try:
             _wait_primary_changed(cluster, slot, primary)
+            # Wake it only once every writer has moved on to the new primary (a new
+            # acknowledgement, or done): a node woken while a writer still waits on it
+            # answers that call before it learns it was failed over, and that
+            # acknowledged write is then lost with it (seen in CI: 4 lost).
+            _wait_every_writer_moved_on(writers)
         finally:
             os.kill(node.proc.pid, signal.SIGCONT)
         wait_writers(writers)
     verdict = _settle_and_judge(cluster, namespace, writers.ledgers, lossy=True)
+    # Asynchronous replication: at most the writes acknowledged just before the stop.
     assert verdict.lost_unreplicated <= 3, verdict
 
 
