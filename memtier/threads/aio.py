@@ -312,11 +312,18 @@ async def _run_in_task(
                 control.check_emit(await executor.execute(call, "emit"))
 
     async def heartbeat() -> None:
+        # Beats keep to a fixed schedule, and each renew is bounded by the next one's due
+        # time: a renew stuck on a dead connection or in retry back-off does not hold up
+        # the beats behind it (the lease would expire while it waits).
+        loop, interval = asyncio.get_running_loop(), control.beat_interval
+        due = loop.time()
         while True:
-            await asyncio.sleep(control.beat_interval)
+            due = max(due + interval, loop.time())  # a stalled loop resumes from now
+            await asyncio.sleep(due - loop.time())
             try:
-                reply = await executor.execute(control.renew_call(), "lease_renew")
-            except Exception:  # a missed beat is retried at the next interval
+                async with asyncio.timeout_at(due + interval):
+                    reply = await executor.execute(control.renew_call(), "lease_renew")
+            except Exception:  # a missed or superseded beat: the next one is due already
                 continue
             if not control.renewed(reply):
                 return  # cancelled by the caller, or lost / deleted: the runner's task was

@@ -403,6 +403,9 @@ def _run_in_thread(
                 control.check_emit(executor.execute(call, "emit"))
 
     def heartbeat() -> None:
+        # Beats keep to a fixed schedule (a slow renew does not push the next one back).
+        interval = control.beat_interval
+        due = time.monotonic()
         while not stopped.is_set():
             try:
                 reply = executor.execute(control.renew_call(), "lease_renew")
@@ -410,7 +413,8 @@ def _run_in_thread(
                 reply = None
             if reply is not None and not control.renewed(reply):
                 return  # cancelled by the caller, or lost / deleted: the runner was told
-            if stopped.wait(control.beat_interval):
+            due = max(due + interval, time.monotonic())
+            if stopped.wait(due - time.monotonic()):
                 return
 
     beat = threading.Thread(target=heartbeat, name="memtier-lease", daemon=True)

@@ -14,10 +14,12 @@ keeps every promise of the continue protocol.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -26,7 +28,7 @@ import threadfixtures
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from threadfixtures import Service
-from threadhelpers import OWNER
+from threadhelpers import OWNER, ServiceMaker
 
 from memtier.engine import Batch, Command, Handoff, ScriptCall
 from memtier.errors import ConversationError
@@ -137,26 +139,121 @@ def test_a_history_beyond_the_inline_budget_is_read_by_id(
 def test_a_turn_longer_than_its_lease_is_kept_alive_by_heartbeats(
     make_service: MakeService,
 ) -> None:
-    # The lease is 1 s; the runner takes 2.5 s: only renewals keep run_commit's lease.
+    # The lease is 2 s; the runner takes 5 s: only renewals keep run_commit's lease.  At
+    # 3 s (past 1.5 leases) the thread must still be busy; the renews seen by then are
+    # in the failure message (when, and what each answered), so a miss says whether
+    # beats went out late, failed, or were answered "lost".
+    lease_s = 2.0
+
+    def slow(turn: RunnerTurn) -> RunnerReply:
+        deadline = time.monotonic() + 2.5 * lease_s
+        while time.monotonic() < deadline and not turn.cancelled.is_set():
+            time.sleep(0.05)
+        return RunnerReply("slow reply")
+
+    service = make_service(runner=slow, lease_ms=int(lease_s * 1000), busy_wait_s=0)
+    other = make_service(lease_ms=int(lease_s * 1000), busy_wait_s=0)
+    tid = service.create(OWNER).id
+    started = time.monotonic()
+    beats = record_renews(service, started)
+    outcome: list[Any] = []
+    worker = threading.Thread(target=lambda: outcome.append(service.continue_(OWNER, tid, "go")))
+    worker.start()
+    time.sleep(1.5 * lease_s)  # past the first lease: still held, by renewals
+    with pytest.raises(ConversationError) as busy:
+        other.continue_(OWNER, tid, "meanwhile")
+    assert busy.value.code == "thread_busy", beats
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    assert outcome and outcome[0].entries[1].content == "slow reply", beats
+    sent = [at for at, _, _ in beats]
+    assert len(sent) >= 3 and max(b - a for a, b in itertools.pairwise(sent)) < lease_s, beats
+
+
+@pytest.fixture
+def make_asyncio_service(backend: Any) -> Iterator[ServiceMaker]:
+    """The asyncio service only (behind its adapter), for a test of its heartbeat task."""
+    maker = ServiceMaker("async", backend)
+    try:
+        yield maker
+    finally:
+        maker.shutdown()
+
+
+def test_a_stuck_renew_does_not_hold_up_the_beats_behind_it(
+    make_asyncio_service: MakeService,
+) -> None:
+    # The first renew never answers (a dead connection, a retry back-off): the asyncio
+    # heartbeat abandons it when the next beat is due, and that beat keeps the lease.
     def slow(turn: RunnerTurn) -> RunnerReply:
         deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline and not turn.cancelled.is_set():
             time.sleep(0.05)
         return RunnerReply("slow reply")
 
-    service = make_service(runner=slow, lease_ms=1_000, busy_wait_s=0)
-    other = make_service(lease_ms=1_000, busy_wait_s=0)
+    service = make_asyncio_service(runner=slow, lease_ms=1_000, busy_wait_s=0)
+    executor = service.async_service.executor
+    original = executor.execute
+    stuck: list[Any] = []
+
+    async def first_renew_hangs(request: Any, operation: str | None = None) -> Any:
+        if operation == "lease_renew" and not stuck:
+            stuck.append(request)
+            await asyncio.Event().wait()  # until cancelled
+        return await original(request, operation)
+
+    executor.execute = first_renew_hangs  # type: ignore[method-assign]
     tid = service.create(OWNER).id
-    outcome: list[Any] = []
-    worker = threading.Thread(target=lambda: outcome.append(service.continue_(OWNER, tid, "go")))
-    worker.start()
-    time.sleep(1.8)  # past the first lease: still held, by renewals
-    with pytest.raises(ConversationError) as busy:
-        other.continue_(OWNER, tid, "meanwhile")
-    assert busy.value.code == "thread_busy"
-    worker.join(timeout=60)
-    assert not worker.is_alive()
-    assert outcome and outcome[0].entries[1].content == "slow reply"
+    beats = record_renews(service, time.monotonic())
+    result = service.continue_(OWNER, tid, "go")
+    assert result.entries[1].content == "slow reply", beats
+    assert stuck and "CancelledError" in beats[0][2], beats
+    assert [outcome for _, _, outcome in beats[1:]] and all(
+        outcome == "[0]" for _, _, outcome in beats[1:]
+    ), beats
+
+
+def record_renews(service: Any, started: float) -> list[tuple[float, float, str]]:
+    """Each ``lease_renew`` the service's executor performs (either API), as (seconds
+    after ``started`` it was sent, seconds it took, its reply or exception)."""
+    executor = getattr(service, "async_service", service).executor
+    beats: list[tuple[float, float, str]] = []
+    original = executor.execute
+
+    def note(sent: float, outcome: str) -> None:
+        beats.append((round(sent - started, 3), round(time.monotonic() - sent, 3), outcome))
+
+    if inspect.iscoroutinefunction(original):
+
+        async def execute_async(request: Any, operation: str | None = None) -> Any:
+            if operation != "lease_renew":
+                return await original(request, operation)
+            sent = time.monotonic()
+            try:
+                reply = await original(request, operation)
+            except BaseException as exc:
+                note(sent, repr(exc))
+                raise
+            note(sent, repr(reply))
+            return reply
+
+        executor.execute = execute_async
+    else:
+
+        def execute(request: Any, operation: str | None = None) -> Any:
+            if operation != "lease_renew":
+                return original(request, operation)
+            sent = time.monotonic()
+            try:
+                reply = original(request, operation)
+            except BaseException as exc:
+                note(sent, repr(exc))
+                raise
+            note(sent, repr(reply))
+            return reply
+
+        executor.execute = execute
+    return beats
 
 
 def test_short_turns_start_no_heartbeat_thread(make_sync_service: MakeService) -> None:
