@@ -9,13 +9,14 @@ for the shape ``append_turn`` writes today (records of the current format, see
 * the models are built like :func:`~memtier.memory.models.trusted` builds them (no
   validation: every value is checked or converted to its declared type here), with the
   slot setters bound once and the fields set copied from a prebuilt one;
-* a conversation is read again and again with the same 19 of its 20 turns, so what the
-  records of a key's last read decoded to is kept (:class:`ReadCache`, one per store,
-  bounded) and looked up by each record's exact bytes: the values are a pure function of
-  those bytes, and every read still gets new model instances and a new ``fields`` dict
-  (a caller that changes one cannot change what the next read returns).  It holds only
-  what the last reply of the key held (stored, already redacted content); a read that
-  finds the session expired or gone, a drop and a pop of the key drop its entry;
+* a conversation is read again and again with the same 19 of its 20 turns, so the
+  models the records of a key's last read decoded to are kept (:class:`ReadCache`, one
+  per store, bounded) and looked up by each record's exact bytes: they are a pure
+  function of those bytes, and immutable (frozen models; a record's ``fields`` is a
+  :class:`~memtier.memory.models.FrozenFields`), so the next read of the same record
+  hands out the same instances and no caller can change what another read returns.  It
+  holds only what the last reply of the key held (stored, already redacted content); a
+  read that finds the session expired or gone, a drop and a pop of the key drop its entry;
 * the untrusted-data wrapping takes the same fast path as
   :func:`~memtier.memory.delimiters.escape_delimiters` (ASCII text without ``<`` is
   returned unchanged by it), and otherwise calls it.
@@ -44,7 +45,7 @@ from memtier.memory.delimiters import (
     escape_delimiters,
     untrusted_opening,
 )
-from memtier.memory.models import ContextMessage, Role, TurnRecord
+from memtier.memory.models import ContextMessage, FrozenFields, Role, TurnRecord
 
 __all__ = [
     "MAX_CACHED_CHARS",
@@ -73,8 +74,8 @@ MAX_CACHED_KEYS: Final = 256
 MAX_CACHED_TURNS: Final = 64
 MAX_CACHED_CHARS: Final = 4 * 1024 * 1024
 
-# A decoded record: its TurnRecord values (``fields`` included) and its message values.
-_Decoded = tuple[dict[str, Any], dict[str, Any]]
+# A decoded record: its TurnRecord and its ContextMessage (both immutable, shared by reads).
+_Decoded = tuple[TurnRecord, ContextMessage]
 
 
 class ReadCache:
@@ -187,21 +188,31 @@ def _decode(raw: Any) -> _Decoded | None:
     else:
         return None
     clock = parts[1]
-    values = {
-        "seq": int(parts[0]),
-        "timestamp": _fromtimestamp(int(parts[2] or clock) / 1000, UTC),
-        "clock_ms": int(clock),
-        "kind": kind,
-        "role": role,
-        "turn_id": turn_id,
-        "fields": fields,
-    }
-    message = {
-        "role": "assistant" if code == 1 else "user",
-        "content": content,
-        "untrusted": untrusted,
-    }
-    return values, message
+    turn = _new(TurnRecord)
+    _SET_DICT(
+        turn,
+        {
+            "seq": int(parts[0]),
+            "timestamp": _fromtimestamp(int(parts[2] or clock) / 1000, UTC),
+            "clock_ms": int(clock),
+            "kind": kind,
+            "role": role,
+            "turn_id": turn_id,
+            "fields": FrozenFields(fields),
+        },
+    )
+    _SET_FIELDS_SET(turn, set(_RECORD_FIELDS))
+    _SET_EXTRA(turn, None)
+    _SET_PRIVATE(turn, None)
+    message = _new(ContextMessage)
+    _SET_DICT(
+        message,
+        {"role": "assistant" if code == 1 else "user", "content": content, "untrusted": untrusted},
+    )
+    _SET_FIELDS_SET(message, set(_MESSAGE_FIELDS))
+    _SET_EXTRA(message, None)
+    _SET_PRIVATE(message, None)
+    return turn, message
 
 
 def decode_turns(
@@ -228,21 +239,8 @@ def decode_turns(
             if keep:
                 kept[raw] = decoded
                 kept_chars += len(raw)
-            values, message_values = decoded
-            values = values.copy()
-            values["fields"] = values["fields"].copy()  # each read its own mutable dict
-            turn = _new(TurnRecord)
-            _SET_DICT(turn, values)
-            _SET_FIELDS_SET(turn, set(_RECORD_FIELDS))
-            _SET_EXTRA(turn, None)
-            _SET_PRIVATE(turn, None)
-            add_record(turn)
-            message = _new(ContextMessage)
-            _SET_DICT(message, message_values.copy())
-            _SET_FIELDS_SET(message, set(_MESSAGE_FIELDS))
-            _SET_EXTRA(message, None)
-            _SET_PRIVATE(message, None)
-            add_message(message)
+            add_record(decoded[0])
+            add_message(decoded[1])
     except Exception:
         return None
     if kept:

@@ -35,6 +35,7 @@ __all__ = [
     "ContextMessage",
     "ConversationKey",
     "Event",
+    "FrozenFields",
     "MetadataPage",
     "ReasonCode",
     "Role",
@@ -330,6 +331,34 @@ class AppendReceipt(_Strict):
     swept: int = Field(default=0, description="other expired sessions removed on the way")
 
 
+class FrozenFields(dict[str, str]):
+    """A turn record's fields: a ``dict`` that refuses every change (``TypeError``).
+
+    A :class:`TurnRecord` is frozen, and its fields are too, so a record read back is a
+    value: the context read hands the same instances to every read of unchanged records
+    (:mod:`memtier.memory.contextdecode`), and no caller can change what another read
+    returns.  Reading, comparing with a ``dict``, ``dict(fields)``, ``fields | other``
+    (a new plain dict), JSON, pickling and copying work as for a ``dict``.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a turn record's fields cannot be changed (copy them: dict(fields))")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle / copy rebuild it without __setitem__
+        return (FrozenFields, (dict(self),))
+
+    def __copy__(self) -> FrozenFields:
+        return self  # immutable: a copy is itself
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenFields:
+        return self
+
+
 class TurnRecord(_Strict):
     """One stored turn, as read back (content already redacted and bounded)."""
 
@@ -339,7 +368,8 @@ class TurnRecord(_Strict):
     kind: Literal["avatar", "agent", "tool", "action"]
     role: Role
     turn_id: str
-    fields: dict[str, str]
+    # Always a FrozenFields (validation converts a plain dict): see FrozenFields.
+    fields: Annotated[dict[str, str], AfterValidator(FrozenFields)]
 
     @property
     def untrusted(self) -> bool:

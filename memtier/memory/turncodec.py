@@ -40,7 +40,7 @@ import orjson
 
 from memtier import limits
 from memtier.errors import ScriptError
-from memtier.memory.models import TURN_TYPES, Role, TurnRecord, trusted
+from memtier.memory.models import TURN_TYPES, FrozenFields, Role, TurnRecord, trusted
 from memtier.redaction import REDACTOR_VERSION
 from memtier.wire import text
 
@@ -148,7 +148,7 @@ def decode_record(raw: bytes | str) -> TurnRecord:
             "kind": kind,
             "role": role,
             "turn_id": turn_id,
-            "fields": fields,
+            "fields": FrozenFields(fields),
         },
     )
 

@@ -8,7 +8,7 @@ general path (``decode_record`` per record, then ``project``).  An adversary che
 * records written by the real ``append_turn`` on real Redis (standalone and Cluster),
   generated turns of every kind with delimiter look-alikes, all take the fast path, and
   the context equals the general path's in value, JSON, repr and fields set -- cold,
-  from the cache, and after the caller changed what an earlier read returned;
+  from the cache (the same instances: what a read returned cannot be changed);
 * generated malformed records (and valid ones beside them): the fast path never accepts
   what the general path refuses, raises exactly the same error, or builds the same value;
 * its inlined untrusted-data wrapping equals :func:`wrap_untrusted` for any text,
@@ -98,11 +98,13 @@ def test_real_records_take_the_fast_path_and_equal_the_general_path(
     reference = general(store.core, k, replies)
     cold = store.core.decode_context(k, replies)
     assert_same_context(cold, reference)
-    # Changing what a read returned does not change the next one (served by the cache).
-    cold.turns[0].fields.clear()
+    # What a read returned cannot be changed, so the next read (served by the cache)
+    # hands out the same instances.
+    with pytest.raises(TypeError):
+        cold.turns[0].fields.clear()
     warm = store.core.decode_context(k, replies)
     assert_same_context(warm, reference)
-    assert warm.turns[0] is not cold.turns[0] and warm.messages[0] is not cold.messages[0]
+    assert warm.turns[0] is cold.turns[0] and warm.messages[0] is cold.messages[0]
     # And the store's own read (one round trip) is the same context.
     assert_same_context(store.context(k, limit=limit), general(store.core, k, replies))
 
@@ -337,3 +339,83 @@ def test_a_drop_or_a_pop_forgets_the_keys_last_read(fake_or_real: Any) -> None:
         forget(k)
         assert len(cache) == 0
     assert store.context(k).turns == () and len(cache) == 0
+
+
+# --- what a read returns cannot be changed -------------------------------------------------
+
+_MUTATIONS: dict[str, Any] = {
+    "setitem": lambda f: f.__setitem__("text", "changed"),
+    "delitem": lambda f: f.__delitem__(next(iter(f))),
+    "clear": lambda f: f.clear(),
+    "pop": lambda f: f.pop(next(iter(f))),
+    "popitem": lambda f: f.popitem(),
+    "setdefault": lambda f: f.setdefault("extra", "x"),
+    "update": lambda f: f.update(text="changed"),
+    "ior": lambda f: f.__ior__({"text": "changed"}),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 2),  # which key
+            st.integers(1, 4),  # where its window of records starts (windows overlap)
+            st.sampled_from(sorted(_MUTATIONS)),
+            st.integers(0, 2),  # which returned turn the mutation tries
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+@example(steps=[(0, 1, "clear", 0), (0, 1, "setitem", 0)])
+def test_no_mutation_of_a_read_changes_any_later_read(
+    steps: list[tuple[int, int, str, int]],
+) -> None:
+    """Reads of overlapping windows share cached instances: every mutator of a returned
+    record's fields raises TypeError, and every read, later ones included, equals the
+    general path's decode and what each earlier read held when it was returned."""
+    core = MemoryCore(MemtierConfig.load())
+    returned: list[tuple[Context, str]] = []
+    for which, start, mutation, index in steps:
+        k, replies = key(5000 + which), _reply(3, start)
+        context = core.decode_context(k, replies)
+        assert_same_context(context, general(core, k, replies))
+        returned.append((context, context.model_dump_json()))
+        with pytest.raises(TypeError):
+            _MUTATIONS[mutation](context.turns[index].fields)
+        for earlier, as_returned in returned:
+            assert earlier.model_dump_json() == as_returned
+
+
+def test_every_turn_record_holds_frozen_fields_that_copy_and_serialise_as_a_dict() -> None:
+    """Whatever built it -- validation, the general decode, the fast decode -- a record's
+    fields are a FrozenFields; pickling, copying and JSON give what a dict would."""
+    import copy
+    import json
+    import pickle
+
+    from memtier.memory.models import FrozenFields, TurnRecord
+
+    k, replies = key(5100), _reply(2)
+    fast = CORE.decode_context(k, replies).turns[0]
+    built = [
+        fast,
+        general(CORE, k, replies).turns[0],
+        TurnRecord.model_validate(fast.model_dump()),
+    ]
+    for record in built:
+        assert type(record.fields) is FrozenFields
+        plain = dict(record.fields)
+        assert record.fields == plain and repr(record.fields) == repr(plain)
+        assert json.dumps(record.fields) == json.dumps(plain)
+        assert orjson.dumps(record.fields) == orjson.dumps(plain)
+        for clone in (
+            pickle.loads(pickle.dumps(record)),
+            copy.deepcopy(record),
+            copy.copy(record),
+            record.model_copy(deep=True),
+        ):
+            assert clone == record and type(clone.fields) is FrozenFields
+        merged = record.fields | {"extra": "x"}
+        assert type(merged) is dict and "extra" not in record.fields
