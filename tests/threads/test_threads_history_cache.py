@@ -17,35 +17,16 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from threadhelpers import OWNER
+from threadhelpers import OWNER, ModelRunner
 
 from memtier.threads import (
-    AgentDenied,
     ConversationService,
-    RunnerEvent,
-    RunnerReply,
-    RunnerTurn,
     historycache,
 )
 from memtier.threads.historycache import HistoryCache
 from memtier.threads.records import entry_from_json, entry_row
 
 PATH_FIELD = "~path"
-
-
-class _Runner:
-    def __init__(self) -> None:
-        self.outcome = "ok"
-        self.seen: list[tuple[str, ...]] = []
-
-    def __call__(self, turn: RunnerTurn) -> RunnerReply:
-        self.seen.append(tuple(e.id for e in turn.history))
-        turn.emit(RunnerEvent("model.step", {"n": len(turn.history)}))
-        if self.outcome == "fail":
-            raise RuntimeError("model exploded")
-        if self.outcome == "deny":
-            raise AgentDenied("no")
-        return RunnerReply(f"reply {len(turn.history)}")
 
 
 def _true_path(client: Any, parents_key: str, leaf: str) -> list[str]:
@@ -80,7 +61,7 @@ _STEPS = st.lists(
 def test_the_path_cache_is_always_the_true_path_of_its_leaf(
     backend: Any, steps: list[tuple[str, int, str]]
 ) -> None:
-    runner = _Runner()
+    runner = ModelRunner()
     client = backend.sync_client()
     service = ConversationService(client, backend.config(), runner=runner)
     try:
@@ -121,7 +102,7 @@ def test_the_path_cache_is_always_the_true_path_of_its_leaf(
 
 def test_a_continue_on_the_head_walks_no_parents(backend: Any) -> None:
     """Once cached, the claim reads the path in one HGET: no HGET per entry."""
-    runner = _Runner()
+    runner = ModelRunner()
     client = backend.sync_client()
     service = ConversationService(client, backend.config(), runner=runner)
     try:

@@ -15,6 +15,7 @@ keeps every promise of the continue protocol.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import threading
@@ -28,16 +29,17 @@ import threadfixtures
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from threadfixtures import Service
-from threadhelpers import OWNER, ServiceMaker
+from threadhelpers import OWNER, ModelRunner
 
 from memtier.engine import Batch, Command, Handoff, ScriptCall
 from memtier.errors import ConversationError
-from memtier.threads import AgentDenied, ConversationService, RunnerEvent, RunnerReply, RunnerTurn
+from memtier.threads import ConversationService, RunnerReply, RunnerTurn
 from memtier.threads import turns as turns_module
 
 make_service = threadfixtures.make_service
 service = threadfixtures.service
 make_sync_service = threadfixtures.make_sync_service
+make_asyncio_service = threadfixtures.make_asyncio_service
 
 MakeService = Callable[..., Service]
 
@@ -170,16 +172,6 @@ def test_a_turn_longer_than_its_lease_is_kept_alive_by_heartbeats(
     assert len(sent) >= 3 and max(b - a for a, b in itertools.pairwise(sent)) < lease_s, beats
 
 
-@pytest.fixture
-def make_asyncio_service(backend: Any) -> Iterator[ServiceMaker]:
-    """The asyncio service only (behind its adapter), for a test of its heartbeat task."""
-    maker = ServiceMaker("async", backend)
-    try:
-        yield maker
-    finally:
-        maker.shutdown()
-
-
 def test_a_stuck_renew_does_not_hold_up_the_beats_behind_it(
     make_asyncio_service: MakeService,
 ) -> None:
@@ -220,22 +212,27 @@ def record_renews(service: Any, started: float) -> list[tuple[float, float, str]
     beats: list[tuple[float, float, str]] = []
     original = executor.execute
 
-    def note(sent: float, outcome: str) -> None:
-        beats.append((round(sent - started, 3), round(time.monotonic() - sent, 3), outcome))
+    @contextlib.contextmanager
+    def noted() -> Iterator[list[Any]]:
+        sent = time.monotonic()
+        reply: list[Any] = []
+        try:
+            yield reply
+        except BaseException as exc:
+            reply.append(exc)
+            raise
+        finally:
+            outcome = repr(reply[0]) if reply else "no reply"
+            beats.append((round(sent - started, 3), round(time.monotonic() - sent, 3), outcome))
 
     if inspect.iscoroutinefunction(original):
 
         async def execute_async(request: Any, operation: str | None = None) -> Any:
             if operation != "lease_renew":
                 return await original(request, operation)
-            sent = time.monotonic()
-            try:
-                reply = await original(request, operation)
-            except BaseException as exc:
-                note(sent, repr(exc))
-                raise
-            note(sent, repr(reply))
-            return reply
+            with noted() as reply:
+                reply.append(await original(request, operation))
+            return reply[0]
 
         executor.execute = execute_async
     else:
@@ -243,14 +240,9 @@ def record_renews(service: Any, started: float) -> list[tuple[float, float, str]
         def execute(request: Any, operation: str | None = None) -> Any:
             if operation != "lease_renew":
                 return original(request, operation)
-            sent = time.monotonic()
-            try:
-                reply = original(request, operation)
-            except BaseException as exc:
-                note(sent, repr(exc))
-                raise
-            note(sent, repr(reply))
-            return reply
+            with noted() as reply:
+                reply.append(original(request, operation))
+            return reply[0]
 
         executor.execute = execute
     return beats
@@ -314,23 +306,6 @@ _STEPS = st.lists(
 )
 
 
-class _ModelRunner:
-    """Records what each turn saw; fails or denies on request."""
-
-    def __init__(self) -> None:
-        self.outcome = "ok"
-        self.seen: list[tuple[str, ...]] = []
-
-    def __call__(self, turn: RunnerTurn) -> RunnerReply:
-        self.seen.append(tuple(e.id for e in turn.history))
-        turn.emit(RunnerEvent("model.step", {"n": len(turn.history)}))
-        if self.outcome == "fail":
-            raise RuntimeError("model exploded")
-        if self.outcome == "deny":
-            raise AgentDenied("no")
-        return RunnerReply(f"reply to {turn.message}")
-
-
 class _LoseClaimReplies:
     """Wraps run_claim: when ``lose`` is set, its next call runs in Redis and then raises a
     connection error (the reply was lost): the executor's retry replays our own claim."""
@@ -368,7 +343,7 @@ def test_any_turns_and_lost_claim_replies_match_the_model(
     backend: Any, monkeypatch: pytest.MonkeyPatch, inline_bytes: int, steps: list[Any]
 ) -> None:
     monkeypatch.setattr(turns_module, "_INLINE_HISTORY_BYTES", inline_bytes)
-    runner = _ModelRunner()
+    runner = ModelRunner()
     service = ConversationService(backend.sync_client(), backend.config(), runner=runner)
     try:
         _check_against_the_model(service, runner, steps)
@@ -377,7 +352,7 @@ def test_any_turns_and_lost_claim_replies_match_the_model(
 
 
 def _check_against_the_model(
-    service: ConversationService, runner: _ModelRunner, steps: list[Any]
+    service: ConversationService, runner: ModelRunner, steps: list[Any]
 ) -> None:
     flaky = _LoseClaimReplies(service.scripts["run_claim"])
     service.scripts = _Scripts(service.scripts, flaky)  # type: ignore[assignment]

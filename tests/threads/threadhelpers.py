@@ -13,6 +13,7 @@ from asyncadapter import AdapterPool, AsyncAdapter, PrivateLoop
 from memtier.engine import Plan, Request
 from memtier.keys import ThreadKeyspace
 from memtier.threads import (
+    AgentDenied,
     AsyncConversationService,
     ConversationService,
     Ownership,
@@ -100,6 +101,24 @@ class CountingRunner:
         if self.fail is not None:
             raise self.fail
         return RunnerReply(self.reply(turn))
+
+
+class ModelRunner:
+    """A sync runner for the generated adversaries: records the history ids each turn
+    saw, emits one event, and fails or denies when ``outcome`` says so."""
+
+    def __init__(self) -> None:
+        self.outcome = "ok"  # "ok", "fail" (the runner raises) or "deny" (AgentDenied)
+        self.seen: list[tuple[str, ...]] = []
+
+    def __call__(self, turn: RunnerTurn) -> RunnerReply:
+        self.seen.append(tuple(e.id for e in turn.history))
+        turn.emit(RunnerEvent("model.step", {"n": len(turn.history)}))
+        if self.outcome == "fail":
+            raise RuntimeError("model exploded")
+        if self.outcome == "deny":
+            raise AgentDenied("no")
+        return RunnerReply(f"reply to {turn.message}")
 
 
 def run_concurrently(
