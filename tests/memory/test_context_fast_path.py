@@ -419,3 +419,25 @@ def test_every_turn_record_holds_frozen_fields_that_copy_and_serialise_as_a_dict
             assert clone == record and type(clone.fields) is FrozenFields
         merged = record.fields | {"extra": "x"}
         assert type(merged) is dict and "extra" not in record.fields
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    texts=st.lists(st.text(min_size=1, max_size=60), min_size=2, max_size=4),
+    common=st.text(alphabet="ab", min_size=48, max_size=48),
+)
+@example(texts=["x", "y"], common="a" * 48)
+def test_a_record_that_shares_its_first_bytes_with_a_cached_one_is_decoded_anew(
+    texts: list[str], common: str
+) -> None:
+    """The cache finds a record by its first bytes and must then match it whole: records
+    of the same seq and clocks whose content differs only past those bytes (a session
+    deleted and begun again, same turn id) each read as the general path decodes them."""
+    core = MemoryCore(MemtierConfig.load())
+    k = key(5200)
+    for text in texts:
+        raw = StoredTurn(
+            1, 1, T0 + 1, 1, False, "avatar", "t1", {"text": common + text}, redactor_version=1
+        ).encode()
+        replies = [HEAD, [raw]]
+        assert_same_context(core.decode_context(k, replies), general(core, k, replies))
