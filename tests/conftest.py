@@ -65,6 +65,7 @@ if os.environ.get("CI") and _profile != "ci":
     raise RuntimeError(f"{HYPOTHESIS_PROFILE_ENV}={_profile!r} is not allowed when CI is set")
 settings.load_profile(_profile)
 
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """One standalone redis-server for the session (tests may ``restart()`` it)."""

@@ -129,6 +129,8 @@ done
 step="ruff"
 say "ruff check ${lint_paths[*]}"
 "$PY" -m ruff check "${lint_paths[@]}" || die "FAILED: ruff check (pytest did not run)"
+say "ruff format --check ${lint_paths[*]}"
+"$PY" -m ruff format --check "${lint_paths[@]}" || die "FAILED: ruff format --check (pytest did not run)"
 step="mypy"
 say "mypy (pyproject.toml config)"
 "$PY" -m mypy || die "FAILED: mypy (pytest did not run)"

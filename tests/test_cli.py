@@ -55,9 +55,7 @@ DEFAULTS = {
 }
 
 # For each field, the set of sources that set it.
-layouts = st.fixed_dictionaries(
-    {name: st.sets(st.sampled_from(SOURCES)) for name in FIELDS}
-)
+layouts = st.fixed_dictionaries({name: st.sets(st.sampled_from(SOURCES)) for name in FIELDS})
 
 
 def _value(field: str, raw: str) -> Any:

@@ -37,9 +37,7 @@ class HistoryCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._threads: OrderedDict[str, tuple[dict[bytes, ConversationEntry], int]] = (
-            OrderedDict()
-        )
+        self._threads: OrderedDict[str, tuple[dict[bytes, ConversationEntry], int]] = OrderedDict()
         self._bytes = 0
 
     def decode(self, thread_key: str, values: Sequence[bytes | str]) -> list[ConversationEntry]:

@@ -364,7 +364,7 @@ class ContinueRequest(RequestModel):
 
 _VERSION_NOTE: Final = (
     "The thread version to compare-and-swap against: a JSON integer literal"
-    " (true, \"1\" and 1.0 are refused)"
+    ' (true, "1" and 1.0 are refused)'
 )
 
 

@@ -104,9 +104,7 @@ class TurnControl:
         """
         state = self.state
         if not isinstance(event, RunnerEvent):
-            raise ConversationError(
-                ErrorCode.INVALID_REQUEST, "emit() takes a RunnerEvent"
-            )
+            raise ConversationError(ErrorCode.INVALID_REQUEST, "emit() takes a RunnerEvent")
         check_event_type(event.type)
         if state.closed:
             return None  # emitted after the turn ended: nothing is recorded

@@ -97,9 +97,7 @@ def _progress(args: argparse.Namespace, what: str, total: int | None) -> Progres
 
 
 def _add_progress_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--no-progress", action="store_true", help="no progress lines on stderr"
-    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
 
 # --------------------------------------------------------------------------- worker

@@ -472,7 +472,6 @@ def test_a_line_changed_between_the_passes_is_never_restored(
         store.close()
 
 
-
 def test_pass_1_steps_at_every_chunk_so_few_large_sessions_keep_the_lock(
     backend: Any, tmp_path: Path
 ) -> None:

@@ -333,8 +333,7 @@ def test_a_restorer_that_died_midway_is_continued(backend: Any, tmp_path: Path) 
     run = store.executor.execute
     assert int(run(restore_gate_call(store.core, "acquire", "dead"))[0]) == GateStatus.OK
     assert (
-        int(run(restore_gate_call(store.core, "begin", "dead", generation="1"))[0])
-        == GateStatus.OK
+        int(run(restore_gate_call(store.core, "begin", "dead", generation="1"))[0]) == GateStatus.OK
     )
     gen = snaps(store).generations()[0]
     verified = verify_generation(gen, backend.namespace, store.core.conv, 10**9)
