@@ -58,6 +58,7 @@ __all__ = [
     "SNAPSHOT_SESSIONS_SKIPPED",
     "STORED_BYTES",
     "STORE_GAUGES",
+    "THREAD_LEASE_BEATS",
     "THREAD_OPERATIONS",
     "THREAD_RUNNER_DURATION",
     "count_event",
@@ -229,6 +230,13 @@ THREAD_OPERATIONS = Counter(
     "memtier_thread_operations_total",
     "Conversation-thread service operations, by operation and outcome (ok or error code).",
     ["operation", "outcome"],
+)
+THREAD_LEASE_BEATS = Counter(
+    "memtier_thread_lease_beats_total",
+    "Heartbeats of running turns, by outcome: renewed; missed (no answer before the next"
+    " beat was due, or an error: the next beat tries again); lost (the lease was gone:"
+    " the turn is stopped); cancelled (run_cancel marked the run).",
+    ["outcome"],
 )
 THREAD_RUNNER_DURATION = Histogram(
     "memtier_thread_runner_duration_seconds",

@@ -324,6 +324,7 @@ async def _run_in_task(
                 async with asyncio.timeout_at(due + interval):
                     reply = await executor.execute(control.renew_call(), "lease_renew")
             except Exception:  # a missed or superseded beat: the next one is due already
+                control.missed_beat()
                 continue
             if not control.renewed(reply):
                 return  # cancelled by the caller, or lost / deleted: the runner's task was

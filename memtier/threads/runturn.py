@@ -140,9 +140,18 @@ class TurnControl:
         marked the run) or ``lease_lost`` (expired, taken, or the thread deleted)."""
         status = int(reply[0])
         if status == ThreadStatus.OK:
+            metrics.THREAD_LEASE_BEATS.labels("renewed").inc()
             return True
-        self.cancel("caller" if status == ThreadStatus.CANCELLED else "lease_lost")
+        cancelled = status == ThreadStatus.CANCELLED
+        metrics.THREAD_LEASE_BEATS.labels("cancelled" if cancelled else "lost").inc()
+        self.cancel("caller" if cancelled else "lease_lost")
         return False
+
+    @staticmethod
+    def missed_beat() -> None:
+        """A renew that failed or was not answered before the next beat was due (the
+        next beat tries again)."""
+        metrics.THREAD_LEASE_BEATS.labels("missed").inc()
 
     # --- the wall clock and cancellation ----------------------------------------------------
 

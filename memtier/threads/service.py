@@ -410,6 +410,7 @@ def _run_in_thread(
             try:
                 reply = executor.execute(control.renew_call(), "lease_renew")
             except Exception:  # a missed beat is retried at the next interval
+                control.missed_beat()
                 reply = None
             if reply is not None and not control.renewed(reply):
                 return  # cancelled by the caller, or lost / deleted: the runner was told

@@ -28,6 +28,8 @@ import redis.exceptions
 import threadfixtures
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from threadfixtures import Service
 from threadhelpers import OWNER, ModelRunner
 
@@ -158,6 +160,7 @@ def test_a_turn_longer_than_its_lease_is_kept_alive_by_heartbeats(
     tid = service.create(OWNER).id
     started = time.monotonic()
     beats = record_renews(service, started)
+    counted = lease_beats()
     outcome: list[Any] = []
     worker = threading.Thread(target=lambda: outcome.append(service.continue_(OWNER, tid, "go")))
     worker.start()
@@ -170,6 +173,9 @@ def test_a_turn_longer_than_its_lease_is_kept_alive_by_heartbeats(
     assert outcome and outcome[0].entries[1].content == "slow reply", beats
     sent = [at for at, _, _ in beats]
     assert len(sent) >= 3 and max(b - a for a, b in itertools.pairwise(sent)) < lease_s, beats
+    # Every renew is counted by its outcome on the metric (here: all renewed).
+    now = lease_beats()
+    assert now.get("renewed", 0) - counted.get("renewed", 0) >= len(sent), (now, beats)
 
 
 def test_a_stuck_renew_does_not_hold_up_the_beats_behind_it(
@@ -197,12 +203,30 @@ def test_a_stuck_renew_does_not_hold_up_the_beats_behind_it(
     executor.execute = first_renew_hangs  # type: ignore[method-assign]
     tid = service.create(OWNER).id
     beats = record_renews(service, time.monotonic())
+    counted = lease_beats()
     result = service.continue_(OWNER, tid, "go")
     assert result.entries[1].content == "slow reply", beats
     assert stuck and "CancelledError" in beats[0][2], beats
     assert [outcome for _, _, outcome in beats[1:]] and all(
         outcome == "[0]" for _, _, outcome in beats[1:]
     ), beats
+    # The abandoned renew is a missed beat on the metric, the others renewed ones.
+    now = lease_beats()
+    assert now.get("missed", 0) - counted.get("missed", 0) >= 1, now
+    assert now.get("renewed", 0) - counted.get("renewed", 0) >= len(beats) - 1, now
+
+
+def lease_beats() -> dict[str, float]:
+    """``memtier_thread_lease_beats_total`` by outcome, scraped from the default registry
+    the way Prometheus reads it."""
+    text = generate_latest(REGISTRY).decode()
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "memtier_thread_lease_beats"
+        for sample in family.samples
+        if sample.name == "memtier_thread_lease_beats_total"
+    }
 
 
 def record_renews(service: Any, started: float) -> list[tuple[float, float, str]]:
