@@ -58,26 +58,43 @@ def _name(request: Any) -> str:
     return type(request).__name__
 
 
-def count_requests(service: Any) -> list[str]:
-    """Record every request the service's executor performs (either API), by name; a
-    hand-off to the runner is listed as ``handoff`` (no round trip)."""
+Watch = Callable[[Any, "str | None"], contextlib.AbstractContextManager[list[Any]]]
+
+
+def watch_execute(service: Any, watch: Watch) -> None:
+    """Run every request the service's executor performs (either API) inside
+    ``watch(request, operation)``: the list it yields gets the reply appended (an
+    exception propagates through it)."""
     executor = getattr(service, "async_service", service).executor
-    seen: list[str] = []
     original = executor.execute
     if inspect.iscoroutinefunction(original):
 
         async def execute_async(request: Any, operation: str | None = None) -> Any:
-            seen.append(_name(request))
-            return await original(request, operation)
+            with watch(request, operation) as reply:
+                reply.append(await original(request, operation))
+            return reply[-1]
 
         executor.execute = execute_async
     else:
 
         def execute(request: Any, operation: str | None = None) -> Any:
-            seen.append(_name(request))
-            return original(request, operation)
+            with watch(request, operation) as reply:
+                reply.append(original(request, operation))
+            return reply[-1]
 
         executor.execute = execute
+
+
+def count_requests(service: Any) -> list[str]:
+    """Record every request the service's executor performs (either API), by name; a
+    hand-off to the runner is listed as ``handoff`` (no round trip)."""
+    seen: list[str] = []
+
+    def named(request: Any, operation: str | None) -> contextlib.nullcontext[list[Any]]:
+        seen.append(_name(request))
+        return contextlib.nullcontext([])
+
+    watch_execute(service, named)
     return seen
 
 
@@ -140,6 +157,18 @@ def test_a_history_beyond_the_inline_budget_is_read_by_id(
     assert result.entries[1].content == "echo (6 earlier entries): late"
 
 
+def slow_runner(seconds: float) -> Callable[[RunnerTurn], RunnerReply]:
+    """A runner that works ``seconds`` (or until the turn is cancelled), then replies."""
+
+    def slow(turn: RunnerTurn) -> RunnerReply:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not turn.cancelled.is_set():
+            time.sleep(0.05)
+        return RunnerReply("slow reply")
+
+    return slow
+
+
 def test_a_turn_longer_than_its_lease_is_kept_alive_by_heartbeats(
     make_service: MakeService,
 ) -> None:
@@ -148,14 +177,9 @@ def test_a_turn_longer_than_its_lease_is_kept_alive_by_heartbeats(
     # in the failure message (when, and what each answered), so a miss says whether
     # beats went out late, failed, or were answered "lost".
     lease_s = 2.0
-
-    def slow(turn: RunnerTurn) -> RunnerReply:
-        deadline = time.monotonic() + 2.5 * lease_s
-        while time.monotonic() < deadline and not turn.cancelled.is_set():
-            time.sleep(0.05)
-        return RunnerReply("slow reply")
-
-    service = make_service(runner=slow, lease_ms=int(lease_s * 1000), busy_wait_s=0)
+    service = make_service(
+        runner=slow_runner(2.5 * lease_s), lease_ms=int(lease_s * 1000), busy_wait_s=0
+    )
     other = make_service(lease_ms=int(lease_s * 1000), busy_wait_s=0)
     tid = service.create(OWNER).id
     started = time.monotonic()
@@ -183,13 +207,7 @@ def test_a_stuck_renew_does_not_hold_up_the_beats_behind_it(
 ) -> None:
     # The first renew never answers (a dead connection, a retry back-off): the asyncio
     # heartbeat abandons it when the next beat is due, and that beat keeps the lease.
-    def slow(turn: RunnerTurn) -> RunnerReply:
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline and not turn.cancelled.is_set():
-            time.sleep(0.05)
-        return RunnerReply("slow reply")
-
-    service = make_asyncio_service(runner=slow, lease_ms=1_000, busy_wait_s=0)
+    service = make_asyncio_service(runner=slow_runner(2.5), lease_ms=1_000, busy_wait_s=0)
     executor = service.async_service.executor
     original = executor.execute
     stuck: list[Any] = []
@@ -232,12 +250,13 @@ def lease_beats() -> dict[str, float]:
 def record_renews(service: Any, started: float) -> list[tuple[float, float, str]]:
     """Each ``lease_renew`` the service's executor performs (either API), as (seconds
     after ``started`` it was sent, seconds it took, its reply or exception)."""
-    executor = getattr(service, "async_service", service).executor
     beats: list[tuple[float, float, str]] = []
-    original = executor.execute
 
     @contextlib.contextmanager
-    def noted() -> Iterator[list[Any]]:
+    def noted(request: Any, operation: str | None) -> Iterator[list[Any]]:
+        if operation != "lease_renew":
+            yield []
+            return
         sent = time.monotonic()
         reply: list[Any] = []
         try:
@@ -249,26 +268,7 @@ def record_renews(service: Any, started: float) -> list[tuple[float, float, str]
             outcome = repr(reply[0]) if reply else "no reply"
             beats.append((round(sent - started, 3), round(time.monotonic() - sent, 3), outcome))
 
-    if inspect.iscoroutinefunction(original):
-
-        async def execute_async(request: Any, operation: str | None = None) -> Any:
-            if operation != "lease_renew":
-                return await original(request, operation)
-            with noted() as reply:
-                reply.append(await original(request, operation))
-            return reply[0]
-
-        executor.execute = execute_async
-    else:
-
-        def execute(request: Any, operation: str | None = None) -> Any:
-            if operation != "lease_renew":
-                return original(request, operation)
-            with noted() as reply:
-                reply.append(original(request, operation))
-            return reply[0]
-
-        executor.execute = execute
+    watch_execute(service, noted)
     return beats
 
 
