@@ -14,12 +14,12 @@ for the shape ``append_turn`` writes today (records of the current format, see
   per store, bounded) and looked up by each record's exact bytes (found by the record's
   first bytes -- its seq and clocks, unique within a read -- then compared whole:
   hashing a whole 4 KiB record costs ~0.7 us, twenty of them more than the rest of a
-  cached read): they are a pure
-  function of those bytes, and immutable (frozen models; a record's ``fields`` is a
-  :class:`~memtier.memory.models.FrozenFields`), so the next read of the same record
-  hands out the same instances and no caller can change what another read returns.  It
-  holds only what the last reply of the key held (stored, already redacted content); a
-  read that finds the session expired or gone, a drop and a pop of the key drop its entry;
+  cached read).  The models are a pure function of those bytes and immutable (frozen;
+  a record's ``fields`` is a :class:`~memtier.memory.models.FrozenFields`), so the next
+  read of the same record hands out the same instances and no caller can change what
+  another read returns.  The cache holds only what the last reply of the key held
+  (stored, already redacted content); a read that finds the session expired or gone, a
+  drop and a pop of the key drop its entry;
 * the untrusted-data wrapping takes the same fast path as
   :func:`~memtier.memory.delimiters.escape_delimiters` (ASCII text without ``<`` is
   returned unchanged by it), and otherwise calls it.
