@@ -15,6 +15,8 @@ from enum import StrEnum
 from typing import Final
 
 __all__ = [
+    "ASCII_CONTROLS",
+    "CONTROL_RE",
     "FALLBACK_TEXT",
     "KIND_ORDER",
     "SecretKind",
@@ -92,16 +94,17 @@ def sorted_kinds(kinds: Sequence[SecretKind] | Mapping[SecretKind, int]) -> tupl
 
 # --- control characters ------------------------------------------------------------------------
 
-_CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# What normalize_controls removes (also matched inline by the flush's page check).
+CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
-_ASCII_CONTROLS: Final = bytes(c for c in range(0x80) if _CONTROL_RE.match(chr(c)))
+ASCII_CONTROLS: Final = bytes(c for c in range(0x80) if CONTROL_RE.match(chr(c)))
 
 
 def normalize_controls(text: str) -> str:
     """Remove C0 controls except TAB/LF/CR, DEL, and C1 controls (U+0080..U+009F)."""
     if text.isascii():  # fast path: bytes.translate is a plain C loop
         data = text.encode("ascii")
-        kept = data.translate(None, _ASCII_CONTROLS)
+        kept = data.translate(None, ASCII_CONTROLS)
         return text if len(kept) == len(data) else kept.decode("ascii")
-    return _CONTROL_RE.sub("", text)
+    return CONTROL_RE.sub("", text)

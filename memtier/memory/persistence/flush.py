@@ -33,8 +33,7 @@ from memtier.memory.persistence.shared import emit_event_call
 from memtier.memory.scriptspecs import SNAPSHOT_PAGE
 from memtier.memory.snapshot.directory import SnapshotDir
 from memtier.memory.snapshot.fileformat import SnapshotValidationError, page_last_member
-from memtier.memory.snapshot.pagecodec import decode_page
-from memtier.memory.snapshot.validation import check_session_line
+from memtier.memory.snapshot.pagecheck import check_page
 from memtier.memory.snapshot.writer import GenerationWriter
 from memtier.wire import text as _b
 
@@ -115,12 +114,11 @@ class _PageWriter:
     def write(self, reply: Sequence[Any]) -> None:
         writer = self.writer
         checked: list[dict[str, Any]] = []
-        for session in decode_page(reply):
-            line = session.line
-            try:
-                # Records the current redactor wrote skip the secret re-check (only).
-                check_session_line(line, redacted=session.redacted)
-            except SnapshotValidationError as exc:
+        # Decoded and checked in one pass: every check of check_session_line, and for
+        # records the current redactor wrote no secret re-check (only that).
+        for session in check_page(reply):
+            line, exc = session.line, session.rejected
+            if exc is not None:
                 # Left out, never written: it would reject the whole generation.
                 # Reported three ways: FlushResult.skipped, an event, a metric (and a
                 # log line now; the event goes after the request in flight).

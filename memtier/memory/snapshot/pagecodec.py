@@ -32,10 +32,17 @@ from memtier.memory.turncodec import KIND_CODES, KIND_FIELDS, KIND_ROLES, Stored
 from memtier.redaction import REDACTOR_VERSION
 from memtier.wire import text
 
-__all__ = ["PageSession", "decode_page"]
+__all__ = [
+    "CURRENT_FLAGS",
+    "KIND_SHAPES",
+    "PageSession",
+    "decode_page",
+    "decode_session",
+    "text_of",
+]
 
 # Flags of a format-2 record the current redactor wrote -> (tool flag, rotated).
-_CURRENT_FLAGS: Final[Mapping[bytes, tuple[int, bool]]] = {
+CURRENT_FLAGS: Final[Mapping[bytes, tuple[int, bool]]] = {
     f"{tool}{rot}v{REDACTOR_VERSION}".encode("ascii"): (tool, rot == "r")
     for tool in (0, 1)
     for rot in ("", "r")
@@ -43,7 +50,7 @@ _CURRENT_FLAGS: Final[Mapping[bytes, tuple[int, bool]]] = {
 # Flags of a format-1 record (no redactor version) -> tool flag.
 _FIRST_FORMAT_FLAGS: Final[Mapping[bytes, int]] = {b"0": 0, b"1": 1}
 # Kind code of a format-2 payload -> (kind, its field names, its role).
-_CODES: Final[Mapping[int, tuple[str, tuple[str, ...], str]]] = {
+KIND_SHAPES: Final[Mapping[int, tuple[str, tuple[str, ...], str]]] = {
     code: (kind, KIND_FIELDS[kind], KIND_ROLES[kind]) for kind, code in KIND_CODES.items()
 }
 _WINDOW: Final = int(limits.IDEMPOTENCY_WINDOW)
@@ -59,7 +66,7 @@ class PageSession:
     redacted: tuple[bool, ...]
 
 
-def _str(value: Any) -> str:
+def text_of(value: Any) -> str:
     """:func:`memtier.wire.text` inlined (once per hash element)."""
     return value.decode("utf-8") if type(value) is bytes else text(value)
 
@@ -76,7 +83,7 @@ def _fast_record(raw: bytes) -> _Decoded | None:
     seq_b, clock_b, wall_b, nbytes_b, flags, payload = parts
     if not (seq_b.isdigit() and clock_b.isdigit() and nbytes_b.isdigit()):
         return None  # bytes.isdigit: ASCII digits only (str.isdigit takes more)
-    current = _CURRENT_FLAGS.get(flags)
+    current = CURRENT_FLAGS.get(flags)
     if current is not None:
         tool, rotated = current
         # Format 2 leaves a wall time equal to the clock out (and refuses it written).
@@ -90,7 +97,7 @@ def _fast_record(raw: bytes) -> _Decoded | None:
             return None
         if type(body) is not list or len(body) < 2 or type(body[0]) is not int:
             return None
-        shape = _CODES.get(body[0])
+        shape = KIND_SHAPES.get(body[0])
         if shape is None:
             return None
         kind, names, role = shape
@@ -160,9 +167,11 @@ def _receipt_seq(receipt: str) -> int:
     return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0
 
 
-def _session(
+def decode_session(
     member: str, flat: Sequence[Any], recs: Sequence[Any], clock: int, wall: int
 ) -> PageSession:
+    """One session of a reply (its member, hash fields, records; the reply's clock and
+    wall time); :class:`ScriptError` when it is malformed."""
     h: dict[str, str] = {}
     receipts: dict[str, str] = {}
     pairs = iter(flat)  # (name, value) pairs; an odd last element is ignored, as before
@@ -224,14 +233,14 @@ def decode_page(reply: Sequence[Any]) -> list[PageSession]:
     pos = 3
     out = []
     for _ in range(count):
-        member = _str(reply[pos])
+        member = text_of(reply[pos])
         nfields = int(reply[pos + 1])
         flat = reply[pos + 2 : pos + 2 + nfields]
         pos += 2 + nfields
         nrec = int(reply[pos])
         recs = reply[pos + 1 : pos + 1 + nrec]
         pos += 1 + nrec
-        out.append(_session(member, flat, recs, clock, wall))
+        out.append(decode_session(member, flat, recs, clock, wall))
     if pos != len(reply):
         raise ScriptError("session page reply has trailing data")
     return out
