@@ -17,8 +17,10 @@
     ARGV[3] record       run record JSON
     ARGV[4] started      agent_started row data
     ARGV[5] message      user_message row data (the redacted message)
-    ARGV[6..] ids        the history's entry ids, root first (the client knows them here;
-                         memtier reads them from "~path")
+    ARGV[6..] ids        the history entries the client does not hold yet, root first: on
+                         the head after its own last turn, that turn's two (memtier's
+                         run_claim reads the path from "~path" and skips the prefix the
+                         client names)
 
   Output: { thread hash (HGETALL), history entries (HMGET) }
 

@@ -35,7 +35,11 @@
     ARGV[20] message_tail     ... and after it: data = head .. "e<first>" .. tail
     ARGV[21] inline_bytes     history entries sent inline up to this many bytes (the rest
                               by id, for the caller's HMGET): bounds this call's reply
-    ARGV[22] n_meters         shared run limits with a per-thread cap (0 = none)
+    ARGV[22] known_inc        the thread incarnation ("inc") the caller's history cache is
+                              of ("" = it holds none)
+    ARGV[23] known_n          how many path entries, root first, the caller holds (0 = none)
+    ARGV[24] known_last       the id of the last of them
+    ARGV[25] n_meters         shared run limits with a per-thread cap (0 = none)
     then n_meters pairs       meter name, per-thread cap: the turn is refused when the
                               thread's counter "use.<meter>" already reached the cap
 
@@ -50,15 +54,19 @@
     { -6, what }               LIMIT_EXCEEDED: "entries" | "events" | "bytes" would pass a cap,
                                or "run:<meter>": the thread's shared run limit is used up
     { -7 }                     THREAD_BUSY: another request's run holds the lease
-    { 0, base, count, first, n_fields, field, value, ..., n_path, id..., entry... }
+    { 0, base, count, first, n_fields, field, value, ..., n_path, n_known, id..., entry... }
                                OK: claimed; base = entry the turn hangs off ("" = none);
                                count = entries so far; first = the number of the turn's first
                                entry id ("e<first>", then "e<first+1>"): allocated from the
                                thread's entry-id sequence, never reused even when a turn fails;
-                               then the thread hash after the claim (n_fields strings, HGETALL);
-                               then the path root -> base (n_path ids, bounded by count);
-                               then the JSON of the first path entries, root first, while they
-                               fit in inline_bytes (a missing entry: nil)
+                               then the thread hash after the claim (n_fields strings, HGETALL;
+                               its "inc" names this incarnation of the thread);
+                               then the path root -> base: n_path ids in all (bounded by count),
+                               of which the first n_known are the ones the caller holds and are
+                               not sent (n_known = known_n when the path's entry number known_n
+                               is known_last in the incarnation known_inc, else 0), then the
+                               ids after them; then the JSON of the path entries after them,
+                               root first, while they fit in inline_bytes (a missing entry: nil)
     A record whose token no longer holds the lease (its process died; the lease expired)
     is abandoned and claimed again.  A "cancelled" record is a finished cancellation: the
     same request id runs again as a new run (any message).  A replay of our own claim (same
@@ -68,7 +76,11 @@
   Side effects: lease SET PX lease_ms; run record; the two opening rows agent_started and
   user_message (emit batch 1: eseq = 1; bytes counter); eidseq advanced by turn_entries;
   the parents hash's path cache (field "~path", not an entry id) set to the path root ->
-  base when it did not end at base (run_commit extends it; see thread_path_ends_at).
+  base when it did not end at base (run_commit extends it; see thread_path_ends_at); the
+  thread's incarnation "inc" set to token when the hash has none (a thread deleted and
+  created again under the same id starts without one: entry ids restart, so a cache of
+  the old entries must not match).  Entries never change, nor does a path prefix within
+  one incarnation, so the caller's known_n entries are exactly the path's first ones.
 ]]
 --- @include "thread_common"
 
@@ -86,12 +98,13 @@ local now_ms = ARGV[16]
 local started_head, started_tail = ARGV[17], ARGV[18]
 local message_head, message_tail = ARGV[19], ARGV[20]
 local inline_bytes = thread_int(ARGV[21])
-local n_meters = thread_int(ARGV[22])
-if not n_meters or #ARGV ~= 22 + 2 * n_meters then
+local known_inc, known_n, known_last = ARGV[22], thread_int(ARGV[23]), ARGV[24]
+local n_meters = thread_int(ARGV[25])
+if not n_meters or #ARGV ~= 25 + 2 * n_meters then
   return redis.error_reply('memtier: run_claim: malformed ARGV (meters)')
 end
 if not (lease_ms and max_entries and turn_entries and max_events and turn_events
-        and max_bytes and turn_bytes and inline_bytes and thread_int(now_ms))
+        and max_bytes and turn_bytes and inline_bytes and known_n and thread_int(now_ms))
     or lease_ms == 0 or request_id == '' or token == '' then
   return redis.error_reply('memtier: run_claim: malformed ARGV')
 end
@@ -150,7 +163,7 @@ if bytes + turn_bytes > max_bytes then
   return { -6, 'bytes' }
 end
 for i = 0, n_meters - 1 do
-  local meter, cap = ARGV[23 + 2 * i], tonumber(ARGV[24 + 2 * i])
+  local meter, cap = ARGV[26 + 2 * i], tonumber(ARGV[27 + 2 * i])
   local used = tonumber(rcall('HGET', thread_key, 'use.' .. meter)) or 0
   if used >= cap then
     return { -6, 'run:' .. meter }
@@ -165,6 +178,11 @@ end
 local reclaimed = own_replay and holder == token
 rcall('SET', lease_key, token, 'PX', lease_ms)
 rcall('HSET', runs_key, request_id, record)
+local inc = rcall('HGET', thread_key, 'inc')
+if not inc then
+  inc = token
+  rcall('HSET', thread_key, 'inc', inc)
+end
 
 -- Entry ids come from a sequence that only grows ("eidseq"; threads written before it
 -- existed start from their entry count): an aborted or denied turn's ids stay unused.
@@ -220,12 +238,19 @@ if base and base ~= '' then
     end
   end
 end
+-- What the caller holds is not sent again: its entries and their ids.
+local skip = 0
+if known_n > 0 and known_n <= #path and known_inc == inc and path[known_n] == known_last then
+  skip = known_n
+end
 reply[#reply + 1] = #path
-for i = 1, #path do
+reply[#reply + 1] = skip
+for i = skip + 1, #path do
   reply[#reply + 1] = path[i]
 end
--- The history inline, root first, while it fits (HMGET in chunks: bounded arguments).
-local sent, i = 0, 1
+-- The history after them inline, root first, while it fits (HMGET in chunks: bounded
+-- arguments).
+local sent, i = 0, skip + 1
 while i <= #path and sent < inline_bytes do
   local chunk = {}
   for j = i, math.min(#path, i + 499) do

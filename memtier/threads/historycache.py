@@ -1,18 +1,23 @@
-"""What each thread's last claim decoded its history to, looked up by the entries' exact bytes.
+"""What each thread's last claim handed its runner: the history path, decoded, by thread.
 
-A continue hands the runner the whole history along its branch, and ``run_claim`` answers
-it as entry JSON: decoding every entry into a :class:`ConversationEntry` (~4.5 us each)
-grew with the thread, turn after turn, although a thread's next turn sees the same
-entries plus its own two.  :class:`HistoryCache` (one per service) keeps, per thread
-key, the entries its last claim decoded, by their stored bytes: decoding is a pure
-function of those bytes and the models are frozen, so an entry found here is the one
-:func:`entry_from_json` would build.  Nothing is trusted beyond that: a stored entry
-changed by hand has other bytes and is decoded again; a missing entry still fails as
-before (the caller checks ``None`` first).
+A continue hands the runner the whole history along its branch.  Sending and decoding
+every entry on every claim grew with the thread, turn after turn (``run_claim`` spent
+~5 us of Redis time per history entry here, and decoding one into a
+:class:`ConversationEntry` ~4.5 us), although a thread's next turn on the same branch
+sees the same entries plus its own two.  :class:`HistoryCache` (one per service) keeps,
+per thread key, the path its last claim handed out: the thread's incarnation (``inc``,
+set by ``run_claim``), the entry ids root first and their decoded entries.  The next
+claim names the incarnation, how many path entries it holds and the id of the last one;
+when the thread's path has that id at that place in that incarnation, ``run_claim``
+sends only the ids and entries after it.  That is exact because entries never change
+once written and never change parent, so a path prefix ending at a given entry is the
+same for the life of the thread; a thread deleted and created again under the same id
+has a new incarnation (its entry ids start again), so an old cache never matches it.
 
 Bounded in code: :data:`MAX_THREADS` thread keys, :data:`MAX_BYTES` of entry bytes in
-all, entries above :data:`MAX_ENTRY_BYTES` never kept; the least recently claimed thread
-is dropped first.  It holds only what the replies held (stored, redacted content).
+all (a path longer than :data:`MAX_THREAD_BYTES` keeps only its prefix within it); the
+least recently claimed thread is dropped first.  It holds only what the replies held
+(stored, redacted content).
 """
 
 from __future__ import annotations
@@ -20,55 +25,81 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from memtier.threads.models import ConversationEntry
-from memtier.threads.records import entry_from_json
 
-__all__ = ["MAX_BYTES", "MAX_ENTRY_BYTES", "MAX_THREADS", "HistoryCache"]
+__all__ = ["MAX_BYTES", "MAX_THREADS", "MAX_THREAD_BYTES", "HistoryCache", "KnownHistory"]
 
 MAX_THREADS: Final = 256  # thread keys kept (least recently claimed dropped first)
 MAX_BYTES: Final = 8 * 2**20  # entry bytes kept in all (plus the models decoded from them)
-MAX_ENTRY_BYTES: Final = 16 * 2**10  # a longer entry is decoded each time, never kept
+MAX_THREAD_BYTES: Final = 2 * 2**20  # entry bytes kept of one thread's path (its prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class KnownHistory:
+    """A path prefix a claim handed out: ``entries[i]`` is the entry ``ids[i]``, root
+    first, in the thread incarnation ``inc``; ``sizes[i]`` its stored bytes (``size``:
+    their sum)."""
+
+    inc: str
+    ids: tuple[str, ...]
+    entries: tuple[ConversationEntry, ...]
+    sizes: tuple[int, ...]
+    size: int
 
 
 class HistoryCache:
-    """Per thread key: stored entry bytes -> the :class:`ConversationEntry` they decode to."""
+    """Per thread key: the last path prefix handed out (see the module docstring)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._threads: OrderedDict[str, tuple[dict[bytes, ConversationEntry], int]] = OrderedDict()
+        self._threads: OrderedDict[str, KnownHistory] = OrderedDict()
         self._bytes = 0
 
-    def decode(self, thread_key: str, values: Sequence[bytes | str]) -> list[ConversationEntry]:
-        """``values`` (entry JSON, none ``None``) decoded, reusing the thread's last decode;
-        the thread's entry becomes what this call decoded (within the bounds)."""
+    def known(self, thread_key: str) -> KnownHistory | None:
+        """The thread's kept path, or None (what the next claim names)."""
         with self._lock:
-            held = self._threads.get(thread_key)
-        known = held[0] if held is not None else {}
-        kept: dict[bytes, ConversationEntry] = {}
-        size = 0
-        out: list[ConversationEntry] = []
-        for value in values:
-            raw = value.encode() if isinstance(value, str) else value
-            entry = known.get(raw)
-            if entry is None:
-                entry = entry_from_json(raw)
-            if len(raw) <= MAX_ENTRY_BYTES:
-                kept[raw] = entry
-                size += len(raw)
-            out.append(entry)
+            return self._threads.get(thread_key)
+
+    def keep(
+        self,
+        thread_key: str,
+        inc: str,
+        ids: Sequence[str],
+        entries: Sequence[ConversationEntry],
+        sizes: Sequence[int],
+    ) -> None:
+        """Keep the path ``ids`` -> ``entries`` (``sizes``: stored bytes of each; as many
+        as there are entries, a prefix of ``ids``) for the thread, within the bounds."""
+        if not inc:
+            self.forget(thread_key)
+            return
+        n, size = 0, 0
+        for entry_size in sizes[: len(entries)]:
+            if size + entry_size > MAX_THREAD_BYTES:
+                break
+            size += entry_size
+            n += 1
+        kept = KnownHistory(inc, tuple(ids[:n]), tuple(entries[:n]), tuple(sizes[:n]), size)
         with self._lock:
             old = self._threads.pop(thread_key, None)
             if old is not None:
-                self._bytes -= old[1]
-            if size <= MAX_BYTES:
-                self._threads[thread_key] = (kept, size)
-                self._bytes += size
-                while self._bytes > MAX_BYTES or len(self._threads) > MAX_THREADS:
-                    _, (_, dropped) = self._threads.popitem(last=False)
-                    self._bytes -= dropped
-        return out
+                self._bytes -= old.size
+            if n == 0:
+                return
+            self._threads[thread_key] = kept
+            self._bytes += size
+            while self._bytes > MAX_BYTES or len(self._threads) > MAX_THREADS:
+                _, dropped = self._threads.popitem(last=False)
+                self._bytes -= dropped.size
+
+    def forget(self, thread_key: str) -> None:
+        with self._lock:
+            old = self._threads.pop(thread_key, None)
+            if old is not None:
+                self._bytes -= old.size
 
     def stats(self) -> tuple[int, int]:
         """(thread keys kept, entry bytes kept): for tests of the bounds."""

@@ -81,6 +81,9 @@ RUN_CLAIM: Final = ScriptSpec(
         "message_head",
         "message_tail",
         "inline_bytes",
+        "known_inc",
+        "known_n",
+        "known_last",
         "n_meters",
     ),
 )

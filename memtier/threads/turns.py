@@ -175,6 +175,10 @@ def continue_(
     started_head, started_tail = _template(started_row, slot)
     message_head, message_tail = _template(message_event(slot, content, truncated), slot)
 
+    # The path this process handed out last for the thread: run_claim sends only what
+    # follows it (when it is still the path's prefix, in the same incarnation).
+    known = core.history_cache.known(keys.entries)
+
     def claim(now_ms: int) -> ScriptCall:
         return thread_call(
             RUN_CLAIM,
@@ -201,6 +205,9 @@ def continue_(
             message_head=message_head,
             message_tail=message_tail,
             inline_bytes=_INLINE_HISTORY_BYTES,
+            known_inc="" if known is None else known.inc,
+            known_n=0 if known is None else len(known.ids),
+            known_last="" if known is None else known.ids[-1],
             n_meters=meters[0],
         )
 
@@ -213,9 +220,22 @@ def continue_(
     thread = thread_from_fields(claimed.fields, owner, thread_id)
     if any(value is None for value in claimed.inline):  # the thread was deleted meanwhile
         raise status_error(ThreadStatus.NOT_FOUND)
-    history = core.history_cache.decode(keys.entries, claimed.inline)
-    rest = yield from _load_entries(keys, claimed.path[len(history) :])
-    history += rest
+    inc = claimed.fields.get("inc", "")
+    path = claimed.path
+    held: list[ConversationEntry] = []
+    sizes: list[int] = []
+    if claimed.known:  # the first claimed.known path entries are the ones named: not sent
+        if known is None or claimed.known != len(known.ids) or inc != known.inc:
+            raise ConversationError(Code.BACKEND_UNAVAILABLE, "run_claim: malformed reply")
+        path = [*known.ids, *path]
+        held, sizes = list(known.entries), list(known.sizes)
+    for value in claimed.inline:
+        raw = value.encode() if isinstance(value, str) else value
+        held.append(entry_from_json(raw))
+        sizes.append(len(raw))
+    core.history_cache.keep(keys.entries, inc, path, held, sizes)
+    rest = yield from _load_entries(keys, path[len(held) :])
+    history = held + rest
     state = TurnState(
         owner=owner,
         keys=keys,
@@ -296,23 +316,28 @@ class _Claimed:
     count: int
     first: int
     fields: dict[str, str]
-    path: list[str]  # root -> base
+    known: int  # the first path entries, root first, the claim named as held: not sent
+    path: list[str]  # the path root -> base after those
     inline: Sequence[Any]  # entry JSON of path[: len(inline)] (None: missing)
 
 
 def _claimed(reply: Sequence[Any]) -> _Claimed:
     n_fields = int(reply[4])
     at = 5 + n_fields
-    n_path = int(reply[at])
-    path = [text(x) for x in reply[at + 1 : at + 1 + n_path]]
-    inline = reply[at + 1 + n_path :]
-    if len(inline) > n_path:
+    n_path, n_known = int(reply[at]), int(reply[at + 1])
+    if not 0 <= n_known <= n_path:
+        raise ConversationError(Code.BACKEND_UNAVAILABLE, "run_claim: malformed reply")
+    sent = n_path - n_known
+    path = [text(x) for x in reply[at + 2 : at + 2 + sent]]
+    inline = reply[at + 2 + sent :]
+    if len(path) != sent or len(inline) > sent:
         raise ConversationError(Code.BACKEND_UNAVAILABLE, "run_claim: malformed reply")
     return _Claimed(
         base=text(reply[1]),
         count=int(reply[2]),
         first=int(reply[3]),
         fields=pairs(reply[5:at]),
+        known=n_known,
         path=path,
         inline=inline,
     )

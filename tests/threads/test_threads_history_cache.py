@@ -5,8 +5,12 @@
   (turns on the head and on older leaves, failed and denied turns, lost claim replies,
   a corrupt cache) checks after every step that the cache, where there is one, is the
   true path of the entry it ends at, and that the runner saw exactly the branch path.
-* :class:`HistoryCache` hands out what :func:`entry_from_json` would decode, for any bytes
-  (changed, repeated, over the per-entry bound), and keeps its bounds.
+* ``run_claim`` sends only the path after what this process's :class:`HistoryCache`
+  holds: a generated adversary (turns on the head and on older leaves, turns by another
+  process, the thread deleted and created again under the same id with other content,
+  inline budgets down to nothing) checks that every runner sees exactly the history as
+  stored; a turn on the head is sent its two new entries only.
+* :class:`HistoryCache` hands back what it kept, and keeps its bounds.
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ from memtier.threads import (
     ConversationService,
     historycache,
 )
+from memtier.threads import turns as turns_module
 from memtier.threads.historycache import HistoryCache
+from memtier.threads.models import ConversationEntry
 from memtier.threads.records import entry_from_json, entry_row
+from memtier.threads.runner import RunnerReply, RunnerTurn
 
 PATH_FIELD = "~path"
 
@@ -118,53 +125,184 @@ def test_a_continue_on_the_head_walks_no_parents(backend: Any) -> None:
         service.close()
 
 
-# --- HistoryCache ---------------------------------------------------------------------------
+# --- HistoryCache: the claim sends only what follows the path this process holds --------
+
+
+class _HistoryRunner:
+    """Records the whole history each turn saw (the entries, not only their ids)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[ConversationEntry, ...]] = []
+
+    def __call__(self, turn: RunnerTurn) -> RunnerReply:
+        self.seen.append(tuple(turn.history))
+        return RunnerReply(f"reply to {turn.message}")
+
+
+def _stored_history(client: Any, keys: Any, base: str | None) -> tuple[ConversationEntry, ...]:
+    """The path root -> base as stored, decoded without any cache."""
+    if not base:
+        return ()
+    ids = _true_path(client, keys.parents, base)
+    return tuple(entry_from_json(client.hget(keys.entries, i)) for i in ids)
+
+
+_CACHE_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("turn"), st.integers(-1, 6)),  # from the n-th reply (-1: the head)
+        st.tuples(st.just("recreate"), st.just(0)),  # delete, create again under the same id
+        st.tuples(st.just("elsewhere"), st.integers(-1, 6)),  # a turn by another process
+        st.tuples(st.just("limit"), st.integers(0, 2)),  # the inline budget: 1 MiB, 0, 150 B
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=_CACHE_STEPS)
+# same ids, other content: a cache of the deleted thread must not be handed out again
+@example(steps=[("turn", -1), ("turn", -1), ("recreate", 0), ("turn", -1), ("turn", -1)])
+# the cache is a prefix of another branch's path, then of the head's again
+@example(steps=[("turn", -1), ("turn", -1), ("turn", 0), ("turn", 1), ("turn", -1)])
+# another process moved the head on: the cache still names a prefix
+@example(steps=[("turn", -1), ("elsewhere", -1), ("elsewhere", -1), ("turn", -1)])
+@example(steps=[("turn", -1), ("limit", 2), ("turn", -1), ("turn", -1), ("limit", 0)])
+def test_the_runner_sees_the_stored_history_whatever_the_cache_holds(
+    backend: Any, monkeypatch: pytest.MonkeyPatch, steps: list[tuple[str, int]]
+) -> None:
+    runner, other_runner = _HistoryRunner(), _HistoryRunner()
+    client = backend.sync_client()
+    service = ConversationService(client, backend.config(), runner=runner)
+    other = ConversationService(backend.sync_client(), backend.config(), runner=other_runner)
+    try:
+        tid = service.create(OWNER).id
+        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+        replies: list[str] = []
+        head: str | None = None
+        for n, (what, arg) in enumerate(steps):
+            if what == "recreate":
+                service.delete(OWNER, tid)
+                service.create(OWNER, thread_id=tid)
+                replies, head = [], None
+                continue
+            if what == "limit":
+                monkeypatch.setattr(turns_module, "_INLINE_HISTORY_BYTES", [1 << 20, 0, 150][arg])
+                continue
+            leaf = replies[arg] if 0 <= arg < len(replies) else None
+            if leaf is not None:
+                service.branch(OWNER, tid, leaf)  # a turn from a leaf names a branch ref
+            base = leaf or head
+            expected = _stored_history(client, keys, base)
+            who, seen = (service, runner) if what == "turn" else (other, other_runner)
+            result = who.continue_(OWNER, tid, f"message {n}", leaf_id=leaf)
+            assert seen.seen[-1] == expected
+            replies.append(result.entries[-1].id)
+            head = result.entries[-1].id
+    finally:
+        other.close()
+        service.close()
+
+
+def _claim_replies(service: ConversationService) -> list[Any]:
+    """Every run_claim reply the service's executor receives, in order."""
+    got: list[Any] = []
+    execute = service.executor.execute
+
+    def watching(request: Any, operation: str | None = None) -> Any:
+        reply = execute(request, operation)
+        if getattr(request, "script", None) == "run_claim":
+            got.append(reply)
+        return reply
+
+    service.executor.execute = watching  # type: ignore[method-assign]
+    return got
+
+
+def test_a_turn_on_the_head_is_sent_only_the_two_entries_it_has_not_seen(backend: Any) -> None:
+    runner = _HistoryRunner()
+    service = ConversationService(backend.sync_client(), backend.config(), runner=runner)
+    try:
+        tid = service.create(OWNER).id
+        replies = _claim_replies(service)
+        for i in range(6):
+            service.continue_(OWNER, tid, f"m{i}")
+        sent = []
+        for reply in replies:
+            n_fields = int(reply[4])
+            n_path, n_known = int(reply[5 + n_fields]), int(reply[6 + n_fields])
+            sent.append((n_path, n_known, len(reply) - (7 + n_fields) - (n_path - n_known)))
+        # (path length, held by this process, entries sent): the first claim of this
+        # process is sent everything, every later one its two new entries only
+        assert sent == [(0, 0, 0), (2, 0, 2), (4, 2, 2), (6, 4, 2), (8, 6, 2), (10, 8, 2)]
+        assert [len(h) for h in runner.seen] == [0, 2, 4, 6, 8, 10]
+        # a new process (an empty cache) is sent the whole path again
+        fresh = ConversationService(backend.sync_client(), backend.config(), runner=runner)
+        try:
+            again = _claim_replies(fresh)
+            fresh.continue_(OWNER, tid, "m6")
+            n_fields = int(again[0][4])
+            assert int(again[0][6 + n_fields]) == 0 and len(runner.seen[-1]) == 12
+        finally:
+            fresh.close()
+    finally:
+        service.close()
+
 
 _CONTENT = st.text(alphabet=st.sampled_from(["a", "é", '"', "\\", " ", "💥", "x"]), max_size=40)
 
 
-def _raw(i: int, content: str, truncated: bool) -> bytes:
+def _entry(i: int, content: str) -> ConversationEntry:
     parent = f"e{i - 1}" if i > 1 else ""
-    row = entry_row(f"e{i}", parent, "user", content, 1_700_000, "r", truncated)
-    return orjson.dumps(row)
+    return entry_from_json(orjson.dumps(entry_row(f"e{i}", parent, "user", content, 1, "r", False)))
 
 
 @settings(max_examples=60)
 @given(
-    reads=st.lists(
-        st.lists(st.tuples(st.integers(1, 6), _CONTENT, st.booleans()), max_size=8),
+    keeps=st.lists(
+        st.tuples(
+            st.integers(0, 3), st.lists(_CONTENT, max_size=8), st.sampled_from(["a", "b", ""])
+        ),
         min_size=1,
-        max_size=6,
-    ),
-    threads=st.integers(1, 3),
+        max_size=8,
+    )
 )
-@example(reads=[[(1, "a", False)], [(1, "a", True)], [(1, "b", False)]], threads=1)
-def test_the_history_cache_decodes_what_entry_from_json_does(
-    reads: list[list[tuple[int, str, bool]]], threads: int
-) -> None:
+def test_the_history_cache_hands_back_what_it_kept(keeps: list[tuple[int, list[str], str]]) -> None:
     cache = HistoryCache()
-    for n, read in enumerate(reads):
-        values = [_raw(i, c, t) for i, c, t in read]
-        got = cache.decode(f"k{n % threads}", values)
-        assert got == [entry_from_json(v) for v in values]
+    for key, contents, inc in keeps:
+        entries = [_entry(i + 1, c) for i, c in enumerate(contents)]
+        ids = [e.id for e in entries]
+        sizes = [len(c) + 50 for c in contents]
+        cache.keep(f"k{key}", inc, ids, entries, sizes)
+        known = cache.known(f"k{key}")
+        if not inc or not entries:
+            assert known is None
+        else:
+            assert known is not None
+            assert (known.inc, known.ids, known.entries) == (inc, tuple(ids), tuple(entries))
+            assert known.sizes == tuple(sizes) and known.size == sum(sizes)
         kept, size = cache.stats()
-        assert kept <= threads and size <= historycache.MAX_BYTES
+        assert kept <= 4 and size <= historycache.MAX_BYTES
 
 
 def test_the_history_cache_keeps_its_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(historycache, "MAX_THREADS", 3)
     monkeypatch.setattr(historycache, "MAX_BYTES", 1_000)
-    monkeypatch.setattr(historycache, "MAX_ENTRY_BYTES", 200)
+    monkeypatch.setattr(historycache, "MAX_THREAD_BYTES", 400)
     cache = HistoryCache()
-    small, big = _raw(1, "a", False), _raw(2, "x" * 300, False)
-    assert cache.decode("k0", [small, big]) == [entry_from_json(small), entry_from_json(big)]
-    assert cache.stats() == (1, len(small))  # the big entry is decoded, never kept
+    entries = [_entry(i, "x") for i in range(1, 6)]
+    ids = [e.id for e in entries]
+    cache.keep("k0", "i", ids, entries, [150] * 5)  # a path over the per-thread bound
+    known = cache.known("k0")
+    assert known is not None and known.ids == tuple(ids[:2]) and known.size == 300
+    cache.keep("k0", "i", ids, entries, [500] * 5)  # not even its first entry fits
+    assert cache.known("k0") is None and cache.stats() == (0, 0)
     for i in range(1, 6):
-        cache.decode(f"k{i}", [small])
-    assert cache.stats() == (3, 3 * len(small))  # least recently claimed dropped first
-    many = [_raw(i, "y" * 150, False) for i in range(1, 9)]  # > MAX_BYTES in all
-    assert cache.decode("k9", many) == [entry_from_json(v) for v in many]
+        cache.keep(f"k{i}", "i", ids[:1], entries[:1], [300])
+    assert cache.stats() == (3, 900)  # least recently claimed dropped first
+    assert cache.known("k1") is None and cache.known("k5") is not None
+    cache.keep("k6", "i", ids[:1], entries[:1], [400])  # 1,300 > MAX_BYTES: oldest go
     kept, size = cache.stats()
     assert size <= 1_000 and kept <= 3
-    assert cache.decode("k9", [small]) == [entry_from_json(small)]  # str or bytes alike
-    assert cache.decode("k9", [small.decode()]) == [entry_from_json(small)]
+    cache.keep("k6", "", ids[:1], entries[:1], [10])  # no incarnation: nothing kept
+    assert cache.known("k6") is None

@@ -79,6 +79,7 @@ class Harness:
             '{"entryId":',
             ',"content":"hi"}',
             kw.get("inline_bytes", 10**6),
+            *kw.get("known", ("", 0, "")),  # (incarnation, path entries held, last id)
             0,
         )
 
@@ -115,17 +116,22 @@ class Harness:
         assert self.commit(request_id, token, count) == [S.OK]
 
 
-def split_claim(reply: list[Any]) -> tuple[list[Any], dict[str, str], list[str], list[Any]]:
-    """run_claim's OK reply: (status, base, count, first), thread hash, path, inline entries."""
+def split_claim(
+    reply: list[Any], known: int = 0
+) -> tuple[list[Any], dict[str, str], list[str], list[Any]]:
+    """run_claim's OK reply: (status, base, count, first), thread hash, the path ids sent,
+    inline entries; ``known``: how many path entries it must say the caller holds."""
     n_fields = reply[4]
     flat = reply[5 : 5 + n_fields]
-    n_path = reply[5 + n_fields]
-    path = reply[6 + n_fields : 6 + n_fields + n_path]
+    n_path, n_known = reply[5 + n_fields], reply[6 + n_fields]
+    assert n_known == known
+    sent = n_path - n_known
+    path = reply[7 + n_fields : 7 + n_fields + sent]
     return (
         reply[:4],
         dict(zip(flat[::2], flat[1::2], strict=True)),
         path,
-        reply[6 + n_fields + n_path :],
+        reply[7 + n_fields + sent :],
     )
 
 
@@ -286,6 +292,35 @@ def test_run_claim_outcomes(h: Harness) -> None:
     assert h.claim("r9", "t6") == [S.THREAD_ARCHIVED]
     with pytest.raises(ScriptError):
         h.claim("r9", "t6", lease_ms=0)
+
+
+def test_run_claim_sends_only_the_path_after_what_the_caller_holds(h: Harness) -> None:
+    """The first claim sets the thread's incarnation ("inc", its token); a claim naming
+    that incarnation, a path length and the id at that place gets only what follows; any
+    other naming (another incarnation, id or place, a longer path than the thread's) gets
+    the whole path.  A thread deleted and created again has a new incarnation."""
+    h.create()
+    h.turn("r1", "t1", 0)
+    inc = h.fields()["inc"]
+    assert inc == "t1"  # set once, by the first claim
+    h.turn("r2", "t2", 2)
+    assert h.fields()["inc"] == inc  # never changed after that
+    full = split_claim(h.claim("r3", "t3"))
+    assert full[2] == ["e1", "e2", "e3", "e4"] and len(full[3]) == 4
+    for known in [(inc, 2, "e2"), (inc, 4, "e4"), (inc, 1, "e1")]:
+        head, fields, ids, inline = split_claim(h.claim("r3", "t3", known=known), known[1])
+        assert head == full[0] and fields == full[1]
+        assert ids == full[2][known[1] :] and inline == full[3][known[1] :]
+    for known in [("other", 2, "e2"), (inc, 2, "e3"), (inc, 5, "e4"), ("", 2, "e2")]:
+        assert split_claim(h.claim("r3", "t3", known=known)) == full
+    h.client.delete(h.keys.lease)
+    for key in (*h.keys.all(), h.owner.index):  # as if deleted (delete's own test: below)
+        h.client.delete(key)
+    h.create()
+    h.turn("r4", "t4", 0)
+    assert h.fields()["inc"] == "t4"  # the new incarnation
+    again = split_claim(h.claim("r5", "t5", known=(inc, 2, "e2")))  # the old cache's naming
+    assert again[2] == ["e1", "e2"] and len(again[3]) == 2
 
 
 def test_run_claim_lease_expires(h: Harness) -> None:
