@@ -36,7 +36,7 @@ from memtier.memory.snapshot.fileformat import (
     MIN_TIME_MS,
     SnapshotValidationError,
 )
-from memtier.memory.snapshot.pagecodec import CURRENT_FLAGS, KIND_SHAPES, decode_session, text_of
+from memtier.memory.snapshot.pagecodec import decode_session, fast_record, page_sessions, text_of
 from memtier.memory.snapshot.validation import check_session_line
 from memtier.redaction.placeholders import ASCII_CONTROLS, CONTROL_RE
 
@@ -92,34 +92,12 @@ def _records(
     receipts: dict[str, str] = {}
     previous = total_bytes = tools = 0
     for raw in recs:
-        if type(raw) is not bytes:
+        # pagecodec's decode of the store's spellings; only the current one is common
+        got = fast_record(raw) if type(raw) is bytes else None
+        if got is None or not got[7]:
             return None
-        parts = raw.split(b"|", 5)
-        if len(parts) != 6:
-            return None
-        seq_b, clock_b, wall_b, nbytes_b, flags, payload = parts
-        current = CURRENT_FLAGS.get(flags)
-        if current is None or not (seq_b.isdigit() and clock_b.isdigit() and nbytes_b.isdigit()):
-            return None
-        if wall_b == b"":
-            wall_b = clock_b
-        elif wall_b == clock_b or not wall_b.isdigit():
-            return None
-        try:
-            body = _loads(payload)
-        except orjson.JSONDecodeError:
-            return None
-        if type(body) is not list or len(body) < 2 or type(body[0]) is not int:
-            return None
-        shape = KIND_SHAPES.get(body[0])
-        if shape is None:
-            return None
-        kind, names, role = shape
-        turn_id = body[1]
-        if len(body) != len(names) + 2 or type(turn_id) is not str:
-            return None
-        tool, rotated = current
-        seq, clock, wall, nbytes = int(seq_b), int(clock_b), int(wall_b), int(nbytes_b)
+        line, turn_id, seq, clock, wall, nbytes, rotated, _ = got
+        kind, fields, tool = line["kind"], line["f"], line["tool"]
         if not (
             previous < seq <= MAX_INT
             and created_ms <= clock <= last_ms  # within the times' range: checked on both
@@ -129,20 +107,13 @@ def _records(
             and _TURN_ID_RE.fullmatch(turn_id) is not None
         ):
             return None
-        fields: dict[str, Any] = {}
-        size = 0
-        if len(names) == 1:  # avatar / agent: one text
-            value = body[2]
-            if type(value) is not str:
-                return None
+        if len(fields) == 1:  # avatar / agent: one text
+            (value,) = fields.values()
             size = _clean(value)
             if size < 0:
                 return None
-            fields[names[0]] = value
-        else:  # tool / action: a name, then its body
-            name, value = body[2], body[3]
-            if type(name) is not str or type(value) is not str:
-                return None
+        else:  # tool / action: a name, then its body (in KIND_FIELDS order)
+            name, value = fields.values()
             name_size, body_size = _clean(name), _clean(value)
             if (
                 not 1 <= name_size <= _MAX_NAME
@@ -151,24 +122,10 @@ def _records(
                 or name_problem(name) is not None
             ):
                 return None
-            fields[names[0]] = name
-            fields[names[1]] = value
             size = name_size + body_size
         if size != nbytes:  # also bounds the record: nbytes <= the turn ceiling above
             return None
-        records.append(
-            {
-                "seq": seq,
-                "clock_ms": clock,
-                "wall_ms": wall,
-                "bytes": nbytes,
-                "tool": tool,
-                "kind": kind,
-                "role": role,
-                "id": turn_id,
-                "f": fields,
-            }
-        )
+        records.append(line)
         # pagecodec's receipt of a record with no stored receipt (the first one wins).
         if turn_id not in receipts:
             receipts[turn_id] = f"{sid}|{seq}|{clock}|{wall}|{nbytes}|{1 if rotated else 0}"
@@ -268,25 +225,13 @@ def check_page(reply: Sequence[Any]) -> list[CheckedSession]:
     """Every session of one ``snapshot_page`` reply, decoded and checked (see the module
     docstring); :class:`~memtier.errors.ScriptError` for a malformed session or trailing
     data, as :func:`~memtier.memory.snapshot.pagecodec.decode_page` raises."""
-    clock, wall, count = int(reply[0]), int(reply[1]), int(reply[2])
-    pos = 3
+    clock, wall, sessions = page_sessions(reply)
     out: list[CheckedSession] = []
-    for _ in range(count):
-        member = text_of(reply[pos])
-        nfields = int(reply[pos + 1])
-        flat = reply[pos + 2 : pos + 2 + nfields]
-        pos += 2 + nfields
-        nrec = int(reply[pos])
-        recs = reply[pos + 1 : pos + 1 + nrec]
-        pos += 1 + nrec
+    for member, flat, recs in sessions:
         line = _common(member, flat, recs, clock, wall)
         out.append(
             CheckedSession(line, None)
             if line is not None
             else _strict(member, flat, recs, clock, wall)
         )
-    if pos != len(reply):
-        from memtier.errors import ScriptError
-
-        raise ScriptError("session page reply has trailing data")
     return out

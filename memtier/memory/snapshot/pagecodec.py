@@ -75,7 +75,7 @@ def text_of(value: Any) -> str:
 _Decoded = tuple[dict[str, Any], str, int, int, int, int, bool, bool]
 
 
-def _fast_record(raw: bytes) -> _Decoded | None:
+def fast_record(raw: bytes) -> _Decoded | None:
     """A record in one of the store's own spellings, or None (the caller falls back)."""
     parts = raw.split(b"|", 5)
     if len(parts) != 6:
@@ -188,7 +188,7 @@ def decode_session(
         records: list[dict[str, Any]] = []
         redacted: list[bool] = []
         for raw in recs:
-            got = _fast_record(raw) if type(raw) is bytes else None
+            got = fast_record(raw) if type(raw) is bytes else None
             if got is None:
                 got = _parsed_record(raw)
             line, turn_id, seq, rclock, rwall, nbytes, rotated, current = got
@@ -226,9 +226,11 @@ def decode_session(
     return PageSession(line, tuple(redacted))
 
 
-def decode_page(reply: Sequence[Any]) -> list[PageSession]:
-    """Every session of one ``snapshot_page`` reply (see the module docstring);
-    :class:`ScriptError` for a malformed session or trailing data."""
+def page_sessions(
+    reply: Sequence[Any],
+) -> tuple[int, int, list[tuple[str, Sequence[Any], Sequence[Any]]]]:
+    """A ``snapshot_page`` reply's clock, wall time and, per session, (member, hash
+    fields, records); :class:`ScriptError` for trailing data."""
     clock, wall, count = int(reply[0]), int(reply[1]), int(reply[2])
     pos = 3
     out = []
@@ -240,7 +242,14 @@ def decode_page(reply: Sequence[Any]) -> list[PageSession]:
         nrec = int(reply[pos])
         recs = reply[pos + 1 : pos + 1 + nrec]
         pos += 1 + nrec
-        out.append(decode_session(member, flat, recs, clock, wall))
+        out.append((member, flat, recs))
     if pos != len(reply):
         raise ScriptError("session page reply has trailing data")
-    return out
+    return clock, wall, out
+
+
+def decode_page(reply: Sequence[Any]) -> list[PageSession]:
+    """Every session of one ``snapshot_page`` reply (see the module docstring);
+    :class:`ScriptError` for a malformed session or trailing data."""
+    clock, wall, sessions = page_sessions(reply)
+    return [decode_session(member, flat, recs, clock, wall) for member, flat, recs in sessions]
