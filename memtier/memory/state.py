@@ -38,6 +38,7 @@ __all__ = [
     "StoredTurn",
     "decode_session",
     "iter_sessions",
+    "page_sessions",
 ]
 
 
@@ -118,14 +119,19 @@ def decode_session(
         raise ScriptError(f"session {member!r} is malformed in Redis: {exc}") from exc
 
 
-def iter_sessions(reply: Sequence[Any]) -> Iterator[SessionState]:
-    """Decode the reply of ``snapshot_page`` / ``read_session`` (see their headers).
+def page_sessions(
+    reply: Sequence[Any],
+) -> tuple[int, int, list[tuple[str, Sequence[Any], Sequence[Any]]]]:
+    """The one walk over a ``snapshot_page`` / ``read_session`` reply (see their headers):
+    its clock, wall time and, per session, (member, hash fields, records);
+    :class:`ScriptError` for trailing data.
 
     Shape: ``{clock_ms, wall_ms, n_sessions, (member, n_fields, fields..., n_records,
     records...) * n_sessions}``.
     """
     clock, wall, count = int(reply[0]), int(reply[1]), int(reply[2])
     pos = 3
+    out = []
     for _ in range(count):
         member = text(reply[pos])
         nfields = int(reply[pos + 1])
@@ -134,6 +140,14 @@ def iter_sessions(reply: Sequence[Any]) -> Iterator[SessionState]:
         nrec = int(reply[pos])
         recs = reply[pos + 1 : pos + 1 + nrec]
         pos += 1 + nrec
-        yield decode_session(member, flat, recs, read_clock_ms=clock, read_wall_ms=wall)
+        out.append((member, flat, recs))
     if pos != len(reply):
         raise ScriptError("session page reply has trailing data")
+    return clock, wall, out
+
+
+def iter_sessions(reply: Sequence[Any]) -> Iterator[SessionState]:
+    """Every session of a ``snapshot_page`` / ``read_session`` reply as a :class:`SessionState`."""
+    clock, wall, sessions = page_sessions(reply)
+    for member, flat, recs in sessions:
+        yield decode_session(member, flat, recs, read_clock_ms=clock, read_wall_ms=wall)

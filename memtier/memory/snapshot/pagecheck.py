@@ -36,8 +36,9 @@ from memtier.memory.snapshot.fileformat import (
     MIN_TIME_MS,
     SnapshotValidationError,
 )
-from memtier.memory.snapshot.pagecodec import decode_session, fast_record, page_sessions, text_of
+from memtier.memory.snapshot.pagecodec import decode_session, fast_record, text_of
 from memtier.memory.snapshot.validation import check_session_line
+from memtier.memory.state import page_sessions
 from memtier.redaction.placeholders import ASCII_CONTROLS, CONTROL_RE
 
 __all__ = ["CheckedSession", "check_page"]

@@ -28,6 +28,7 @@ import orjson
 
 from memtier import limits
 from memtier.errors import ScriptError
+from memtier.memory.state import page_sessions
 from memtier.memory.turncodec import KIND_CODES, KIND_FIELDS, KIND_ROLES, StoredTurn
 from memtier.redaction import REDACTOR_VERSION
 from memtier.wire import text
@@ -224,28 +225,6 @@ def decode_session(
     except (KeyError, ValueError) as exc:  # orjson.JSONDecodeError is a ValueError
         raise ScriptError(f"session {member!r} is malformed in Redis: {exc}") from exc
     return PageSession(line, tuple(redacted))
-
-
-def page_sessions(
-    reply: Sequence[Any],
-) -> tuple[int, int, list[tuple[str, Sequence[Any], Sequence[Any]]]]:
-    """A ``snapshot_page`` reply's clock, wall time and, per session, (member, hash
-    fields, records); :class:`ScriptError` for trailing data."""
-    clock, wall, count = int(reply[0]), int(reply[1]), int(reply[2])
-    pos = 3
-    out = []
-    for _ in range(count):
-        member = text_of(reply[pos])
-        nfields = int(reply[pos + 1])
-        flat = reply[pos + 2 : pos + 2 + nfields]
-        pos += 2 + nfields
-        nrec = int(reply[pos])
-        recs = reply[pos + 1 : pos + 1 + nrec]
-        pos += 1 + nrec
-        out.append((member, flat, recs))
-    if pos != len(reply):
-        raise ScriptError("session page reply has trailing data")
-    return clock, wall, out
 
 
 def decode_page(reply: Sequence[Any]) -> list[PageSession]:
