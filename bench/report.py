@@ -321,13 +321,22 @@ def _server_and_concurrency_targets(h: Harness) -> list[Target]:
     """Threads continue, Redis CPU per append, and the multi-process append on one shard."""
     g = h.get
     out: list[Target] = []
+    threads_py_floor = _ratio(
+        g("threads.floor.continue.python"), g("threads.base.append.300B.redispy")
+    )
     out.append(
         _target(
             "threads continue (echo runner) vs raw minimal script",
             ">= 0.33x",
             _ratio(g("threads.continue"), g("threads.base.append.300B.redispy")),
             lambda v: v >= 0.33,
-            "continue_() op/s / minimal-script EVALSHA op/s, same group",
+            "continue_() op/s / minimal-script EVALSHA op/s, same group"
+            + (
+                ""
+                if threads_py_floor is None
+                else f"; Python floor (the floor's 3 scripts, pre-encoded socket, no client "
+                f"work): x{threads_py_floor[0]:.2f}"
+            ),
             # the three scripts' required commands from a C client (bench/floor_claim-6.lua,
             # floor_emit-3.lua, floor_commit-6.lua): whether 0.33x is reachable at all
             _floor(

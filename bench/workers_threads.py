@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -362,12 +363,13 @@ def run_threads(h: Harness, server: BenchRedis, baseline: Measure) -> None:
             result = service.export(owner, history)
             assert result.events
 
-    floor = continue_floor_measure(server, service, text)
+    floor, python_floor = continue_floor_measures(server, service, text)
     h.group(
         "threads",
         [
             baseline,
             floor,
+            python_floor,
             Measure("threads.create", "threads create", timed(create)),
             Measure("threads.continue", "threads continue, echo runner [300B]", timed(continue_)),
             Measure(
@@ -387,6 +389,7 @@ def run_threads(h: Harness, server: BenchRedis, baseline: Measure) -> None:
             k: baseline.key
             for k in (
                 floor.key,
+                python_floor.key,
                 "threads.create",
                 "threads.continue",
                 "threads.replay",
@@ -397,10 +400,13 @@ def run_threads(h: Harness, server: BenchRedis, baseline: Measure) -> None:
     client.close()
 
 
-def continue_floor_measure(server: BenchRedis, service: Any, text: str) -> Measure:
-    """The floor of a continue: the Redis commands its three scripts require (claim with
+def continue_floor_measures(server: BenchRedis, service: Any, text: str) -> tuple[Measure, Measure]:
+    """The floors of a continue: the Redis commands its three scripts require (claim with
     the history, one runner event, commit), one script each with no Lua logic
-    (``bench/floor_{claim-6,emit-3,commit-6}.lua``), sent by ``redis-benchmark -c 1``.
+    (``bench/floor_{claim-6,emit-3,commit-6}.lua``), sent by ``redis-benchmark -c 1``
+    (the C floor) and, the same three calls, from Python on a pre-encoded socket, packed
+    before the clock starts, one round trip each (the Python floor: what three round
+    trips from a Python process cost when the client does no work at all).
 
     Its threads are real ones (``FLOOR_THREADS`` threads of ``FLOOR_TURNS`` turns, written
     by ``service``), named so that redis-benchmark's ``__rand_int__`` picks one per call;
@@ -409,7 +415,7 @@ def continue_floor_measure(server: BenchRedis, service: Any, text: str) -> Measu
     """
     import orjson
 
-    from bench.workloads import redis_benchmark
+    from bench.workloads import RawSocket, _resp, redis_benchmark
     from memtier.threads.ledger import message_event
     from memtier.threads.models import Ownership
     from memtier.threads.records import entry_row
@@ -498,6 +504,30 @@ def continue_floor_measure(server: BenchRedis, service: Any, text: str) -> Measu
     def run(n: int) -> float:
         return sum(redis_benchmark(port, n, args, FLOOR_THREADS) for args in (claim, emit, commit))
 
+    def packed_for(thread: int) -> list[bytes]:
+        tid = f"{thread:012d}"  # what redis-benchmark's -r puts in place of __rand_int__
+        return [_resp(*(a.replace("__rand_int__", tid) for a in c)) for c in (claim, emit, commit)]
+
+    packed_by_thread = [packed_for(i) for i in range(FLOOR_THREADS)]
+    raw = RawSocket(port)
+
+    def run_python(n: int) -> float:
+        calls = [one for i in range(n) for one in packed_by_thread[i % FLOOR_THREADS]]
+        started = time.perf_counter()
+        for one in calls:
+            reply = raw.call(one)
+        elapsed = time.perf_counter() - started
+        if isinstance(reply, Exception):  # a refused call would make the row meaningless
+            raise RuntimeError(f"a continue floor script refused its call: {reply}")
+        return elapsed
+
+    python_floor = Measure(
+        "threads.floor.continue.python",
+        f"floor: the same 3 scripts from Python, pre-encoded socket [300B, {n_entries} entries]",
+        run_python,
+        note="not the public API: three round trips from a Python process with no client "
+        "work; op/s of whole continues",
+    )
     return Measure(
         "threads.floor.continue.redis-benchmark",
         f"floor: continue's required commands, 3 scripts, redis-benchmark -c 1 [300B, "
@@ -506,4 +536,4 @@ def continue_floor_measure(server: BenchRedis, service: Any, text: str) -> Measu
         note="C client, no Lua logic: claim (17 commands; the two history entries the "
         "client has not seen, by one HMGET), one event (6), commit (11); op/s of whole "
         "continues",
-    )
+    ), python_floor

@@ -115,6 +115,14 @@ def test_tiny_run_writes_table_json_and_stops_its_server(
         assert row["status"] == "ok" and row["summary"]["median"] > 0, row
         assert row["server_us_per_op"] and row["cmds_per_op"] >= 3, row
     assert results["procs.floor-own"]["baseline"] == "procs.base-own"
+    # The continue's floors: the C client's and Python's (the same 3 scripts, pre-encoded
+    # socket), each a ratio against the threads group's raw script, named in the target.
+    for key in ("threads.floor.continue.redis-benchmark", "threads.floor.continue.python"):
+        row = results[key]
+        assert row["status"] == "ok" and row["summary"]["median"] > 0, row
+        assert row["baseline"] == "threads.base.append.300B.redispy" and row["ratios"], row
+    threads_target = targets["threads continue (echo runner) vs raw minimal script"]
+    assert "Python floor (the floor's 3 scripts" in threads_target["detail"], threads_target
     # Targets added for issue 12: same-run ratios with a spread; Redis CPU from per-round
     # INFO commandstats; the 8-process target is not judged on the 2-process tiny run.
     for name in (
