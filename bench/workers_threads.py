@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -513,13 +512,7 @@ def continue_floor_measures(server: BenchRedis, service: Any, text: str) -> tupl
 
     def run_python(n: int) -> float:
         calls = [one for i in range(n) for one in packed_by_thread[i % FLOOR_THREADS]]
-        started = time.perf_counter()
-        for one in calls:
-            reply = raw.call(one)
-        elapsed = time.perf_counter() - started
-        if isinstance(reply, Exception):  # a refused call would make the row meaningless
-            raise RuntimeError(f"a continue floor script refused its call: {reply}")
-        return elapsed
+        return raw.timed_calls(calls, "a continue floor script")
 
     python_floor = Measure(
         "threads.floor.continue.python",

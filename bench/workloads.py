@@ -637,6 +637,20 @@ class RawSocket:
         self.sock.sendall(packed)
         return self.read()
 
+    def timed_calls(self, packed: Sequence[bytes], what: str) -> float:
+        """Seconds to send each pre-encoded command and read its reply, one round trip
+        each; RuntimeError if any was refused (it would make a floor row meaningless)."""
+        refused = None
+        started = time.perf_counter()
+        for one in packed:
+            reply = self.call(one)
+            if refused is None and isinstance(reply, Exception):
+                refused = reply
+        elapsed = time.perf_counter() - started
+        if refused is not None:
+            raise RuntimeError(f"{what} refused a prepared call: {refused}")
+        return elapsed
+
     def read(self) -> Any:
         """The next reply (an error reply as its exception object)."""
         while True:
@@ -762,13 +776,7 @@ class MemtierBench:
             for _ in range(n):
                 call = core.append_call(core.prepare_turn(pool.next(), AvatarMessage(text=text)))
                 packed.append(_resp("EVALSHA", script.sha, script.num_keys, *call.keys, *call.args))
-            started = time.perf_counter()
-            for one in packed:
-                reply = raw.call(one)
-            elapsed = time.perf_counter() - started
-            if isinstance(reply, Exception):  # a refused call would make the row meaningless
-                raise RuntimeError(f"append_turn refused a prepared call: {reply}")
-            return elapsed
+            return raw.timed_calls(packed, "append_turn")
 
         return Measure(
             f"memtier.append.{size}.script-socket",
