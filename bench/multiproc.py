@@ -34,12 +34,23 @@ def _worker(
 ) -> None:  # pragma: no cover - runs in a child process
     import redis
 
-    from bench.workloads import APPEND_POOL, MINIMAL_SCRIPT, KeyPool, bench_config, chat_text
+    from bench.workloads import (
+        APPEND_POOL,
+        MINIMAL_SCRIPT,
+        KeyPool,
+        RawSocket,
+        _resp,
+        bench_config,
+        chat_text,
+    )
     from memtier import AvatarMessage, ConversationKey, ConversationStore
 
     client = redis.Redis(host=HOST, port=port)
     sha = client.script_load(MINIMAL_SCRIPT.read_text(encoding="utf-8"))
     store = ConversationStore(client, bench_config("bench"))
+    append_turn = store.scripts["append_turn"]
+    client.script_load(append_turn.source)
+    raw = RawSocket(port)
     text = chat_text(300)
     pool = KeyPool(5000 + index, APPEND_POOL)
     own = [
@@ -61,9 +72,19 @@ def _worker(
             break
         kind, n, shared_key = task
         try:
+            packed: list[bytes] = []
+            if kind == "script-own":  # prepared and packed before the barrier: untimed
+                for _ in range(n):
+                    call = store.core.append_call(
+                        store.core.prepare_turn(pool.next(), AvatarMessage(text=text))
+                    )
+                    head = ("EVALSHA", append_turn.sha, append_turn.num_keys)
+                    packed.append(_resp(*head, *call.keys, *call.args))
             barrier.wait(timeout=_TIMEOUT_S)
             started = time.perf_counter()
-            if kind == "base-own":
+            if kind == "script-own":
+                raw.timed_calls(packed, "append_turn")
+            elif kind == "base-own":
                 for j in range(counter, counter + n):
                     client.evalsha(sha, 4, *own[j % APPEND_POOL])
             elif kind == "base-shared":
@@ -83,6 +104,7 @@ def _worker(
             results.put((index, started, ended, None))
         except Exception as exc:
             results.put((index, 0.0, 0.0, f"{type(exc).__name__}: {exc}"))
+    raw.sock.close()
     client.close()
 
 
@@ -149,6 +171,10 @@ class ProcPool:
             ("base-shared", f"raw EVALSHA minimal script, {p} processes, one shared key"),
             ("memtier-own", f"memtier append, {p} processes, own keys [300B]"),
             ("memtier-shared", f"memtier append, {p} processes, one shared key [300B]"),
+            (
+                "script-own",
+                f"memtier's append_turn script, {p} processes, pre-encoded socket, own keys [300B]",
+            ),
         ]
         return [
             Measure(
@@ -161,6 +187,8 @@ class ProcPool:
                 + (
                     "; gapless sequence checked after every round"
                     if kind == "memtier-shared"
+                    else "; not the public API: the Python floor, ARGV prepared untimed"
+                    if kind == "script-own"
                     else ""
                 ),
             )

@@ -317,6 +317,7 @@ def _run_sections(
                         "procs.memtier-shared": "procs.base-shared",
                         "procs.base-shared": "procs.base-own",
                         "procs.floor-own": "procs.base-own",
+                        "procs.script-own": "procs.base-own",
                     },
                 )
             finally:

@@ -115,6 +115,9 @@ def test_tiny_run_writes_table_json_and_stops_its_server(
         assert row["status"] == "ok" and row["summary"]["median"] > 0, row
         assert row["server_us_per_op"] and row["cmds_per_op"] >= 3, row
     assert results["procs.floor-own"]["baseline"] == "procs.base-own"
+    script_own = results["procs.script-own"]  # the processes' Python floor
+    assert script_own["status"] == "ok" and script_own["summary"]["median"] > 0, script_own
+    assert script_own["baseline"] == "procs.base-own" and script_own["ratios"], script_own
     # The continue's floors: the C client's and Python's (the same 3 scripts, pre-encoded
     # socket), each a ratio against the threads group's raw script, named in the target.
     for key in ("threads.floor.continue.redis-benchmark", "threads.floor.continue.python"):
@@ -145,6 +148,7 @@ def test_tiny_run_writes_table_json_and_stops_its_server(
     assert data["meta"]["settings"]["procs"] == 2
     assert procs_target["met"] is None and "not measured" in procs_target["detail"]
     assert procs_target["floor"] is not None
+    assert "Python floor (memtier's script from 2 processes" in procs_target["detail"]
     assert (out / "latest-tiny.md").read_text().count("| ") > 10
 
     # The harness stopped the server it started, and removed its directory.
