@@ -239,7 +239,10 @@ def _analysis(run: Run) -> list[str]:
         f"x{r('procs.memtier-own'):.2f} of the raw minimal script from 8 processes; the "
         "floor (the required commands from `redis-benchmark -c 8`) is "
         f"x{r('procs.floor-own'):.2f}, "
-        "so the shard is not what limits 8 Python processes on this 2-CPU machine.",
+        "so the shard is not what limits 8 Python processes on this 2-CPU machine; "
+        "memtier's own `append_turn` from 8 processes with no client work (ARGV prepared "
+        "untimed, pre-encoded socket: the Python floor) is "
+        f"x{r('procs.script-own'):.2f}.",
         "",
         "**5. Scale.** p50 of append and context in a namespace of 1M sessions is "
         f"x{r('scale.append.p50.1000000'):.2f} and x{r('scale.context.p50.1000000'):.2f} "
@@ -287,17 +290,21 @@ def _analysis(run: Run) -> list[str]:
         f"`tests/threads/test_threads_round_trips.py`) and runs at x{r('threads.continue'):.2f} "
         f"of the raw minimal script ({run.srv('threads.continue'):.0f} us of Redis and "
         f"{run.cmds('threads.continue'):.0f} commands per continue; the threads grow "
-        "through the run, and the claim answers the whole history along the branch).  "
+        "through the run; the claim sends only the history the process has not seen, "
+        '"The claim sends only the history..." in *Where the time goes*).  '
         "Its floor -- the commands the three scripts require, one script each with no Lua "
         "logic, from redis-benchmark on threads of 40 entries "
         "(`bench/floor_{claim-6,emit-3,commit-6}.lua`) -- is "
         f"x{r('threads.floor.continue.redis-benchmark'):.2f} "
         f"({run.srv('threads.floor.continue.redis-benchmark'):.0f} us of Redis per "
-        "continue).  The claim reads the branch path from its cache (`~path`) and the "
+        "continue), and the same three scripts sent from Python on a pre-encoded socket "
+        "(the Python floor: three round trips, no client work) "
+        f"x{r('threads.floor.continue.python'):.2f}.  The claim reads the branch path "
+        "from its cache (`~path`) and the "
         "client reuses the entries and served ledger rows it decoded before "
         "(`bench/results/threadsfast-*.json`); what is left is about 1 ms of client CPU "
-        "per turn at the load of these runs, spread thin, and every history entry moved "
-        "through Lua on each claim.  Two round trips would mean buffering "
+        "per turn at the load of these runs, spread thin, and the Lua of the three "
+        "scripts around their commands.  Two round trips would mean buffering "
         "the runner's events into the commit, which breaks the promise that an emitted "
         "event is on the ledger at once.",
         "",
