@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -180,6 +181,22 @@ def test_page_ab_quick(tmp_path: Path) -> None:
     data = _run("bench.page_ab", tmp_path, "--other", str(ROOT / "lua"))
     assert data["reply_mismatches"] == 0
     assert data["summary"]["this"]["n"] == data["summary"]["other"]["n"] == data["meta"]["pages"]
+
+
+@pytest.mark.real
+def test_threads_lua_ab_quick(tmp_path: Path) -> None:
+    """Both trees' thread scripts ran, every runner saw its thread's whole history."""
+    other = tmp_path / "lua"  # this tree's scripts under other SHAs: the same behaviour
+    shutil.copytree(ROOT / "lua", other)
+    for script in (other / "threads").glob("*.lua"):
+        script.write_text(script.read_text(encoding="utf-8") + "-- the A/B's copy\n")
+    data = _run("bench.threads_lua_ab", tmp_path, "--other", str(other))
+    assert data["wrong_histories"] == []
+    for name in ("run_claim", "events_append", "run_commit"):
+        for tree in ("this", "other"):
+            assert data["summary_us"][f"{name}.{tree}"]["n"] > 0, (name, tree)
+        assert data["this_over_other_median"][name] > 0
+    assert data["inner_commands_per_continue"]["XADD"] == 5  # 2 opening, 1 event, 2 closing
 
 
 @pytest.mark.cluster

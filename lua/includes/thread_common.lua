@@ -46,19 +46,28 @@ local function thread_reply(status, thread_key)
   return reply
 end
 
+-- Events key -> the ms part of its newest row, once this call has read or written one
+-- (false: the stream is empty).  A script runs alone, so after its first XADD the newest
+-- row is the one it wrote: later rows of the same call need no XREVRANGE.  A local of the
+-- script body: every call starts with none.
+local thread_newest_ms = {}
+
 -- Append one redacted ledger row.  Stream ids are "<ms>-<seq>" with
 -- ms = max(now_ms, ms of the newest row): ids, hence (timestamp, id) order, never go
 -- backwards even when hosts' clocks disagree.  Returns the new id.
 local function thread_xadd(events_key, now_ms, etype, data, run)
   local ms = now_ms
-  local newest = rcall('XREVRANGE', events_key, '+', '-', 'COUNT', 1)
-  if newest[1] then
-    local newest_ms = string.match(newest[1][1], '^(%d+)-')
-    if tonumber(newest_ms) > tonumber(ms) then
-      ms = newest_ms
-    end
+  local newest_ms = thread_newest_ms[events_key]
+  if newest_ms == nil then
+    local newest = rcall('XREVRANGE', events_key, '+', '-', 'COUNT', 1)
+    newest_ms = newest[1] and string.match(newest[1][1], '^(%d+)-') or false
   end
-  return rcall('XADD', events_key, ms .. '-*', 'type', etype, 'data', data, 'run', run, 'r', '1')
+  if newest_ms and tonumber(newest_ms) > tonumber(ms) then
+    ms = newest_ms
+  end
+  local id = rcall('XADD', events_key, ms .. '-*', 'type', etype, 'data', data, 'run', run, 'r', '1')
+  thread_newest_ms[events_key] = ms
+  return id
 end
 
 -- The lease as seen by the run holding ``token``: 'held', 'cancelled' (run_cancel marked
@@ -121,6 +130,24 @@ end
 -- history without walking one HGET per entry.  An entry's parent never changes, so a
 -- cached path is the path of the id it ends with for as long as the thread exists.
 local THREAD_PATH_FIELD = '~path'
+
+-- The position in the cached path ``cached`` where the whole id ``id`` starts, or nil
+-- (a plain find: "e1" also occurs inside "e12", so a hit must start the text or follow a
+-- space, and end it or precede one).  Bounded: each try moves past the last hit.
+local function thread_path_find(cached, id)
+  local from, n = 1, #id
+  while true do
+    local at = string.find(cached, id, from, true)
+    if not at then
+      return nil
+    end
+    local after = string.sub(cached, at + n, at + n)
+    if (at == 1 or string.sub(cached, at - 1, at - 1) == ' ') and (after == '' or after == ' ') then
+      return at
+    end
+    from = at + 1
+  end
+end
 
 -- True when the cached path ``cached`` ends at entry ``leaf``.
 local function thread_path_ends_at(cached, leaf)

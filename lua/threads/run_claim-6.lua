@@ -216,9 +216,37 @@ end
 -- so the cache is valid exactly when it ends at base.  Otherwise walk the parents (one
 -- HGET per entry) and cache the walked path for the commit to extend.
 local path = {}
+-- The usual turn: the caller holds the path up to its last turn, and the cached path
+-- (base's) holds that path and then the entries after it.  Ids are unique along a path
+-- and the ids before one are its ancestors, root first, so the cached text up to
+-- known_last is the caller's path when it holds known_n - 1 ids before it: only the ids
+-- after it are split (path then holds nils for the known part, never read below).
+local skip = 0
+local cached = nil
 if base and base ~= '' then
-  local cached = rcall('HGET', parents_key, THREAD_PATH_FIELD)
-  if cached and thread_path_ends_at(cached, base) then
+  cached = rcall('HGET', parents_key, THREAD_PATH_FIELD)
+  if not (cached and thread_path_ends_at(cached, base)) then
+    cached = nil
+  end
+end
+if cached and known_n > 0 and known_inc == inc and known_last ~= '' then
+  local at = thread_path_find(cached, known_last)
+  if at and select(2, string.gsub(string.sub(cached, 1, at - 1), ' ', ' ')) == known_n - 1 then
+    local n = known_n
+    for id in string.gmatch(string.sub(cached, at + #known_last + 1), '[^ ]+') do
+      n = n + 1
+      path[n] = id
+    end
+    if n <= count then
+      skip = known_n
+      path.n = n
+    else
+      path = {}
+    end
+  end
+end
+if base and base ~= '' and skip == 0 then
+  if cached then
     for id in string.gmatch(cached, '[^ ]+') do
       path[#path + 1] = id
     end
@@ -239,21 +267,22 @@ if base and base ~= '' then
   end
 end
 -- What the caller holds is not sent again: its entries and their ids.
-local skip = 0
-if known_n > 0 and known_n <= #path and known_inc == inc and path[known_n] == known_last then
-  skip = known_n
+local n_path = path.n or #path
+if skip == 0 and known_n > 0 and known_n <= n_path and known_inc == inc
+    and path[known_n] == known_last then
+  skip = known_n  -- a walked path (no usable cache) that still starts with the caller's
 end
-reply[#reply + 1] = #path
+reply[#reply + 1] = n_path
 reply[#reply + 1] = skip
-for i = skip + 1, #path do
+for i = skip + 1, n_path do
   reply[#reply + 1] = path[i]
 end
 -- The history after them inline, root first, while it fits (HMGET in chunks: bounded
 -- arguments).
 local sent, i = 0, skip + 1
-while i <= #path and sent < inline_bytes do
+while i <= n_path and sent < inline_bytes do
   local chunk = {}
-  for j = i, math.min(#path, i + 499) do
+  for j = i, math.min(n_path, i + 499) do
     chunk[#chunk + 1] = path[j]
   end
   local values = rcall('HMGET', entries_key, unpack(chunk))

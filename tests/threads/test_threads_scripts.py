@@ -4,6 +4,7 @@ KEYS/ARGV, on fakeredis, a real Redis and a real Redis Cluster."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from redis.crc import key_slot
 
 from memtier.errors import ScriptError
 from memtier.keys import OwnerKeys, ThreadKeys, ThreadKeyspace
-from memtier.scripts import load_registry
+from memtier.scripts import expand_includes, load_registry, lua_root
 from memtier.threads.core import ThreadStatus as S
 from memtier.threads.models import MARKER
 
@@ -323,6 +324,25 @@ def test_run_claim_sends_only_the_path_after_what_the_caller_holds(h: Harness) -
     assert again[2] == ["e1", "e2"] and len(again[3]) == 2
 
 
+def test_the_path_finder_matches_whole_ids_only(h: Harness) -> None:
+    """``thread_path_find`` (run_claim's skip): the place where a whole id starts in a
+    cached path, against a model, on paths whose ids contain each other ("e1" in "e12",
+    "e2" in "e12", "e12" in "e123"), in any order, the id present or not."""
+    source = expand_includes(
+        '--- @include "thread_common"\nreturn thread_path_find(ARGV[1], ARGV[2]) or 0',
+        lua_root(),
+    )
+    rng = random.Random(12)
+    universe = ["e1", "e2", "e12", "e21", "e123", "e3", "e31", "e1e", "x", "e"]
+    for _ in range(150):
+        ids = rng.sample(universe, rng.randint(1, 7))
+        target = rng.choice(universe)
+        cached = " ".join(ids)
+        expected = 1 + sum(len(i) + 1 for i in ids[: ids.index(target)]) if target in ids else 0
+        got = h.client.eval(source, 1, h.keys.parents, cached, target)
+        assert got == expected, (cached, target)
+
+
 def test_run_claim_lease_expires(h: Harness) -> None:
     h.create()
     assert h.claim("r1", "t1", lease_ms=1)[0] == S.OK
@@ -355,6 +375,12 @@ def test_events_append_and_lease_renew(h: Harness) -> None:
     assert h.run("lease_renew", (k.thread, k.lease), MARKER, "zz", 30000) == [S.LEASE_LOST]
     with pytest.raises(ScriptError):
         h.run("events_append", ev, MARKER, "t1", 4, 30000, NOW, "r1", 2, "only-one", "{}")
+    # ... and so does every row of one call after the first (which alone reads the newest)
+    rows = ("d", "{}", "e", "{}", "f", "{}")
+    batch = h.run("events_append", ev, MARKER, "t1", 4, 30000, NOW - 5000, "r1", 3, *rows)
+    assert batch[1] == f"{NOW}-7"
+    ids = [i.decode() for i, _ in h.client.xrange(k.events)]
+    assert ids == [f"{NOW}-{n}" for n in range(8)]
 
 
 def test_run_commit_outcomes(h: Harness) -> None:
