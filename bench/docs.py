@@ -83,6 +83,47 @@ def _target_value(run: Run, name: str) -> float:
     return math.nan
 
 
+# Targets whose result has followed the machine's state between full runs.
+_MACHINE_SENSITIVE = (
+    ("context vs redis-py LRANGE 20 + orjson [300B]", "context vs LRANGE 300B (>= 0.8x)"),
+    ("asyncio 64 coroutines append vs raw asyncio client [300B]", "asyncio 64 (>= 1.0x)"),
+    ("appends blocked during the flush (ms)", "appends blocked by the flush (< 5 ms)"),
+    ("longest snapshot_page hold of the shard (ms)", "page hold (< 2 ms)"),
+)
+
+
+def _runs_compared(run: Run) -> list[str]:
+    """This run beside every earlier full run kept as ``bench/results/full-<commit>.json``."""
+    runs = [run]
+    for path in sorted(RESULTS.glob("full-*.json")):
+        earlier = Run(json.loads(path.read_text(encoding="utf-8")))
+        if earlier.data["meta"].get("git_commit") != run.data["meta"].get("git_commit"):
+            runs.append(earlier)
+    runs.sort(key=lambda x: str(x.data["meta"].get("started", "")), reverse=True)
+    head = "| run | targets met | minimal script: Redis us/call, us/call via redis-py |"
+    labels = "".join(f" {label} |" for _, label in _MACHINE_SENSITIVE)
+    out = [head + labels, "|---|---|---|" + "---|" * len(_MACHINE_SENSITIVE)]
+    for each in runs:
+        meta = each.data["meta"]
+        met = sum(1 for t in each.targets if t["met"] is True)
+        base = each.med("base.append.300B.redispy")
+        per_call = 1e6 / base if base else math.nan
+        cells = []
+        for name, _ in _MACHINE_SENSITIVE:
+            t = next((t for t in each.targets if t["name"] == name), None)
+            if t is None or t["value"] is None:
+                cells.append("-")
+            else:
+                cells.append(f"{t['value']:.2f} ({'met' if t['met'] else 'missed'})")
+        this = " (this run)" if each is run else ""
+        out.append(
+            f"| `{meta.get('git_commit')}` {str(meta.get('started', ''))[:16]}{this} | "
+            f"{met}/{len(each.targets)} | {each.srv('base.append.300B.redispy'):.1f}, "
+            f"{per_call:.0f} | " + " | ".join(cells) + " |"
+        )
+    return [*out, ""]
+
+
 def _analysis(run: Run) -> list[str]:
     m, r, cmds = run.med, run.ratio, run.cmds
     tv = lambda name: _target_value(run, name)  # noqa: E731
@@ -110,9 +151,10 @@ def _analysis(run: Run) -> list[str]:
         "time goes* below.  The machine's state sets the absolute figures, and not "
         "every cost scales alike with it: in this run the minimal script took "
         f"{base_srv:.1f} us of Redis CPU per call (INFO commandstats) and "
-        f"{base_op:.0f} us per call through redis-py, against 10.7 and 84 us in the full "
-        "run at 085ea13 (`bench/results/full-085ea13.json`).",
+        f"{base_op:.0f} us per call through redis-py; the earlier full runs kept under "
+        "`bench/results/` (same targets, same harness) are compared below.",
         "",
+        *_runs_compared(run),
         "**1. Append: client-bound on one connection, script-bound per shard.** "
         "Redis CPU per append "
         f"(INFO commandstats, each script counted once) is **x{tv(cpu.get('name', '')):.2f}** "
@@ -204,7 +246,7 @@ def _analysis(run: Run) -> list[str]:
         "memtier's context is "
         f"x{tv('context vs redis-py LRANGE 20 + orjson [300B]'):.2f} / "
         f"x{tv('context vs redis-py LRANGE 20 + orjson [4KiB]'):.2f} of the baseline in "
-        "this run (goal 0.8x; x0.85 / x0.92 in the full run at 085ea13).  "
+        "this run (goal 0.8x; earlier runs in the table above).  "
         "The rows with the cache off (every record decoded, as on a first read of "
         f"records) are x{r('memtier.read20.300B.sync-cold'):.2f} / "
         f"x{r('memtier.read20.4KiB.sync-cold'):.2f}: a read of records this process has "
