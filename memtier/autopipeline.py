@@ -8,6 +8,20 @@ takes one connection from the client's own pool, writes every call of the batch 
 ``send_packed_command`` and reads the replies in order (hiredis when installed), handing
 each caller its own reply or error.
 
+**One caller at a time** (the common case of an agent awaiting each call) pays for none
+of that: when the pipeline is idle -- no batch open, none being sent, no other direct
+call in flight -- :meth:`AutoPipeline.call` writes the call and reads its reply in the
+caller's own coroutine (no send task, no future, one event-loop iteration less), on a
+connection kept idle between such calls (:class:`KeptConnections`: redis-py's asyncio
+``get_connection`` / ``release`` pair is a lock, a readiness check, observability records
+and an event dispatch per call).  A kept connection is checked as the pool checks one
+(connected, nothing unread, not at EOF) before each use; memtier's own pool
+(:class:`~memtier.connection.KeptAsyncConnectionsPool`) takes kept connections back
+before any caller would wait for one, and a caller's plain pool lends at most a quarter
+of its bound (at most 16).  Calls that arrive while a direct call is in flight form a
+batch as below.  A direct caller cancelled (or failed) after its write drops the
+connection's socket: its reply may be unread.
+
 What each caller keeps (the executor wraps every call in its own retry, as without
 pipelining; nothing here retries):
 
@@ -55,7 +69,7 @@ except ImportError:  # pragma: no cover - another redis-py layout: its read_resp
     _AsyncHiredisParser = None  # type: ignore[assignment, misc]
     _NOT_ENOUGH_DATA = None
 
-__all__ = ["AutoPipeline", "PipelineBounds", "Slots"]
+__all__ = ["AutoPipeline", "KeptConnections", "PipelineBounds", "Slots"]
 
 _hiredis_pack: Any
 try:  # hiredis packs a command in C; redis-py's asyncio connection packs in Python
@@ -236,11 +250,112 @@ def _lost(written: bool, exc: BaseException) -> Exception:
     )
 
 
+# A caller's own plain pool cannot be asked for its connections back: keep few of them
+# (as the sync lean path does, memtier.connection._idle_to_keep).
+_KEPT_IN_A_CALLERS_POOL = 16
+
+
+def _kept_for(pool: Any) -> int:
+    """How many connections the direct path may keep idle in ``pool`` between calls:
+    memtier's own asyncio pool takes them back before any caller would wait
+    (:class:`~memtier.connection.KeptAsyncConnectionsPool`): as many as it has; redis-py's
+    plain asyncio pool (it raises when full) a quarter of its bound, at most 16; any other
+    pool none."""
+    from redis.asyncio import ConnectionPool as PlainAsyncPool
+
+    bound = getattr(pool, "max_connections", 0)
+    if not isinstance(bound, int):
+        return 0
+    if getattr(pool, "memtier_takes_back_kept", False):
+        return bound
+    if type(pool) is PlainAsyncPool:
+        return min(_KEPT_IN_A_CALLERS_POOL, bound // 4)
+    return 0
+
+
+def _idle_and_clean(conn: Any) -> bool:
+    """``conn`` may be used again at once: connected, nothing unread or at EOF (what
+    redis-py's pool checks before it hands a connection out), read by hiredis, and no
+    reconnect asked for.  Anything else goes back through the pool."""
+    parser = getattr(conn, "_parser", None)
+    if _AsyncHiredisParser is None or type(parser) is not _AsyncHiredisParser:
+        return False
+    try:
+        stream: Any = parser._stream
+        reader: Any = parser._reader
+        return bool(
+            conn.is_connected
+            and parser._connected
+            and stream is not None
+            and reader is not None
+            and not reader.has_data()
+            and not stream.at_eof()
+            and not stream._buffer
+            and not conn.should_reconnect()
+        )
+    except AttributeError:  # another redis-py layout: the pool decides
+        return False
+
+
+class KeptConnections:
+    """The connections one pool's direct calls keep idle between calls (one stack per
+    pool, shared by every pipeline on it): redis-py's asyncio ``get_connection`` /
+    ``release`` pair (a lock, a readiness check, observability records, an event
+    dispatch) is a tenth of the client's work per call.  A kept connection stays
+    checked out of the pool; each is checked as the pool would check it before reuse,
+    and one kept on another event loop goes back to the pool."""
+
+    __slots__ = ("idle", "keep", "pool")
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.keep = _kept_for(pool)
+        self.idle: list[tuple[Any, asyncio.AbstractEventLoop]] = []
+
+    @classmethod
+    def of(cls, pool: Any) -> KeptConnections:
+        kept: KeptConnections | None = getattr(pool, "_memtier_kept", None)
+        if kept is None:  # one per pool: the connections it keeps are the pool's
+            kept = cls(pool)
+            setattr(pool, "_memtier_kept", kept)  # noqa: B010 - a redis-py object
+        return kept
+
+    async def take(self, loop: asyncio.AbstractEventLoop) -> Any | None:
+        """A kept connection ready for a call on ``loop``, or None (none kept)."""
+        while self.idle:
+            conn, kept_on = self.idle.pop()
+            if kept_on is loop:
+                if _idle_and_clean(conn):
+                    return conn
+                # Closed by the server, or out of step: dropped here, so the pool
+                # reconnects it when it hands it out (redis-py's pool skips its own
+                # check with maintenance notifications on).
+                await conn.disconnect(nowait=True)
+            await self.pool.release(conn)
+        return None
+
+    def put(self, conn: Any, loop: asyncio.AbstractEventLoop) -> bool:
+        """Keep ``conn`` (in step, its call answered) if there is room; False: the caller
+        gives it back to the pool."""
+        if len(self.idle) < self.keep and _idle_and_clean(conn):
+            self.idle.append((conn, loop))
+            return True
+        return False
+
+    async def give_back(self) -> None:
+        """Every kept connection back to the pool (bounded by the stack's size)."""
+        while self.idle:
+            conn, _ = self.idle.pop()
+            await self.pool.release(conn)
+
+
 class AutoPipeline:
     """Batches the script calls of one event-loop tick onto one connection of ``pool``."""
 
     __slots__ = (
+        "_direct",
         "_fast",
+        "_kept",
         "_named",
         "_open",
         "_packer",
@@ -248,6 +363,7 @@ class AutoPipeline:
         "batches",
         "bounds",
         "calls",
+        "direct_calls",
         "pool",
         "slots",
     )
@@ -266,9 +382,12 @@ class AutoPipeline:
         strict = kwargs.get("encoding_errors", "strict") == "strict"
         self._fast: Any = _hiredis_pack if utf8 and strict else None
         self._open: _Batch | None = None
+        self._direct = False  # a call written by its own caller is in flight
+        self._kept = KeptConnections.of(pool)
         self._sending: set[asyncio.Task[None]] = set()  # strong references to send tasks
         self.batches = 0  # batches written (tests and the bench read them)
         self.calls = 0  # calls written
+        self.direct_calls = 0  # of which written by their own caller (the pipeline idle)
 
     def pack(self, args: Sequence[Any]) -> list[bytes]:
         """``args`` as the bytes the pool's connections would send (their encoder)."""
@@ -277,6 +396,72 @@ class AutoPipeline:
         if self._packer is None:  # never connected: only its encoder and packer are used
             self._packer = self.pool.connection_class(**self.pool.connection_kwargs)
         return list(self._packer.pack_command(*args))
+
+    async def call(self, packed: Sequence[bytes], replies: int = 1) -> Any:
+        """``packed``'s reply: written at once by this coroutine when the pipeline is idle
+        (no batch open, none being sent, no other call written this way in flight), else
+        queued in this tick's batch (:meth:`submit`)."""
+        if self._open is None and not self._sending and not self._direct:
+            self._direct = True
+            try:
+                return await self._direct_call(packed, replies)
+            finally:
+                self._direct = False
+        return await self.submit(packed, replies)
+
+    async def _direct_call(self, packed: Sequence[bytes], replies: int) -> Any:
+        """One call on its own connection, written and read by its caller: no send task,
+        no future, one loop iteration less than a batch.  A failure (or a cancellation)
+        after the write disconnects the connection: its reply may be unread."""
+        pool, slots, kept = self.pool, self.slots, self._kept
+        loop = asyncio.get_running_loop()
+        if slots is not None:
+            await slots.acquire()
+        try:
+            conn = await kept.take(loop)
+            if conn is None:
+                conn = await (
+                    pool.get_connection("EVALSHA") if self._named else pool.get_connection()
+                )
+        except BaseException:
+            if slots is not None:
+                slots.release()
+            raise
+        in_step = False
+        try:
+            try:
+                await _write(conn, list(packed))
+                self.batches += 1
+                self.calls += 1
+                self.direct_calls += 1
+                read = _reply_reader(conn)
+                refused: ResponseError | None = None
+                for _ in range(replies - 1):
+                    try:
+                        await read()
+                    except ResponseError as exc:
+                        refused = refused or exc
+                try:
+                    reply = await read()
+                except ResponseError as exc:
+                    raise refused or exc from None
+                in_step = True
+                if refused is not None:  # pragma: no cover - EXEC aborts after a refusal
+                    raise refused
+                return reply
+            except ResponseError:
+                in_step = True  # a whole error reply was read: the connection is in step
+                raise
+            except BaseException:
+                await conn.disconnect(nowait=True)
+                raise
+        finally:
+            try:
+                if not (in_step and kept.put(conn, loop)):
+                    await pool.release(conn)
+            finally:
+                if slots is not None:
+                    slots.release()
 
     def submit(self, packed: Sequence[bytes], replies: int = 1) -> asyncio.Future[Any]:
         """Queue ``packed`` (one command, or a whole ``MULTI`` ... ``EXEC`` of ``replies``

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from redis import BlockingConnectionPool
 from redis import ConnectionPool as _PlainPool
 from redis import Redis as _SyncRedis
+from redis.asyncio import BlockingConnectionPool as _AsyncBlockingPool
 from redis.asyncio import Redis as _AsyncRedis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -57,6 +58,7 @@ except ImportError:  # pragma: no cover - depends on the install
 __all__ = [
     "EMBEDDED_NOTICE",
     "AsyncClientGuard",
+    "KeptAsyncConnectionsPool",
     "KeptConnectionsPool",
     "LeanPool",
     "SyncClientGuard",
@@ -142,7 +144,7 @@ def connect_sync(config: MemtierConfig) -> tuple[Any, bool]:
 def connect_async(config: MemtierConfig) -> tuple[Any, bool]:
     """Asyncio twin of :func:`connect_sync` (no I/O: a cluster client is initialised by
     :class:`AsyncClientGuard` before its first command)."""
-    from redis.asyncio import BlockingConnectionPool, Redis
+    from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
     from redis.asyncio.retry import Retry
 
@@ -155,7 +157,7 @@ def connect_async(config: MemtierConfig) -> tuple[Any, bool]:
     options = client_options(config.redis)
     if is_cluster:
         return RedisCluster.from_url(url, retry=Retry(NoBackoff(), 0), **options), False
-    pool = BlockingConnectionPool.from_url(
+    pool = KeptAsyncConnectionsPool.from_url(
         url,
         timeout=config.redis.pool_timeout_seconds,
         retry=Retry(NoBackoff(), 0),
@@ -322,6 +324,22 @@ class KeptConnectionsPool(BlockingConnectionPool):
         so a connection that comes back must come back here, not to the lean stack.
         (Several stores may share one client, each with its own guard.)"""
         return bool(self.pool.empty())
+
+
+class KeptAsyncConnectionsPool(_AsyncBlockingPool):
+    """memtier's standalone asyncio pool: a ``BlockingConnectionPool`` that, before a
+    caller would wait for a connection, takes back the connections the auto-pipeline's
+    direct calls keep idle (:class:`~memtier.autopipeline.KeptConnections`).  So those
+    never make a caller wait: with at most ``max_connections`` calls in flight (the
+    store's guard), one is free for it."""
+
+    memtier_takes_back_kept = True  # read by memtier.autopipeline._kept_for
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        kept = getattr(self, "_memtier_kept", None)
+        if kept is not None and kept.idle and not self.can_get_connection():
+            await kept.give_back()
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
 # A caller's own plain pool cannot be asked for its connections back: keep few of them.

@@ -303,7 +303,7 @@ class LuaScript:
         if not packed:
             packed.extend(pipeline.pack(("EVALSHA", *self._args(self.sha, keys, args))))
         return await self._call_async(
-            lambda: pipeline.submit(packed), lambda: client.script_load(self.source)
+            lambda: pipeline.call(packed), lambda: client.script_load(self.source)
         )
 
     async def call_async(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -462,7 +462,7 @@ class LuaScript:
                 packed.extend(pipeline.pack(command))
         count = 3 + len(reads)
         return await self._transaction_async(
-            lambda: pipeline.submit(packed, count), lambda: client.script_load(self.source)
+            lambda: pipeline.call(packed, count), lambda: client.script_load(self.source)
         )
 
     async def call_transaction_async(

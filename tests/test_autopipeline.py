@@ -110,7 +110,11 @@ def _executor(client: Any, scripts: ScriptRegistry, config: MemtierConfig) -> As
 
 
 def _in_use(client: Any) -> int:
-    return len(client.connection_pool._in_use_connections)
+    """Connections checked out of the pool by a call (not those the direct path keeps
+    idle between calls, which stay checked out of the pool)."""
+    pool = client.connection_pool
+    kept = getattr(pool, "_memtier_kept", None)
+    return len(pool._in_use_connections) - (len(kept.idle) if kept is not None else 0)
 
 
 def _call(kind: str, *payload: str) -> ScriptCall:
@@ -193,7 +197,14 @@ async def test_a_plain_clients_batches_are_read_without_redis_pys_read_response(
             store = AsyncConversationStore.from_config(_config(redis_server.url))
         async with store:
             key = ConversationKey(uuid.uuid4(), "public")
-            await store.append(key, AvatarMessage(text="warm", turn_id="w"))  # connects
+            # Connects both connections the calls below take (a call written by its
+            # caller while the others share a batch): a handshake reads with
+            # read_response, which is forbidden below.
+            warm = ConversationKey(uuid.uuid4(), "public")
+            await asyncio.gather(
+                store.append(key, AvatarMessage(text="warm", turn_id="w")),
+                *(store.append(warm, AvatarMessage(text=f"w{i}")) for i in range(4)),
+            )
 
             async def forbidden(*args: Any, **kwargs: Any) -> Any:
                 raise AssertionError("read_response called on the pipelined path")
@@ -265,7 +276,10 @@ def test_max_connections_bounds_connections_not_the_callers_of_a_batch(
             )
             for c in stored.values():  # gapless per session
                 assert [t.seq for t in c.turns] == list(range(1, len(c.turns) + 1))
-            assert out["max"] <= limit and out["now"] == 0
+            # Kept idle connections count as out: with them the bound still holds, and
+            # every other connection came back.
+            kept = pool._memtier_kept.idle  # type: ignore[attr-defined]
+            assert out["max"] <= limit and out["now"] == len(kept) <= 1
             pipeline = store.executor.pipeline_for(store.client)
             assert pipeline is not None
             if appends + reads > 2 * limit:  # more callers than slots: they share batches
@@ -494,6 +508,109 @@ def test_each_caller_of_a_batch_gets_its_own_reply_or_error(
 
 
 # --- bounds ------------------------------------------------------------------------------------
+# A wave: calls started together; each is (echo payload, None or the loop iterations
+# after which its caller is cancelled).  A wave of one finds the pipeline idle: its caller
+# writes it at once (the direct path); bigger waves share batches behind it.
+_WAVES = st.lists(
+    st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=6),
+    min_size=1,
+    max_size=8,
+)
+
+
+async def _waves_run(url: str, root: Path, waves: list[list[int | None]]) -> None:
+    """Run ``waves`` of echo calls, cancelling the callers they name; then every pooled
+    connection must answer each caller with its own reply (none left a reply unread)."""
+    config = _config(url)
+    client, _ = connect_async(config)
+    executor = _executor(client, _registry(root), config)
+    try:
+        n = 0
+        for wave in waves:
+            tasks = []
+            for cancel_after in wave:
+                n += 1
+                tasks.append(
+                    (
+                        f"w{n}",
+                        cancel_after,
+                        asyncio.create_task(executor.execute(_call("str", f"w{n}"))),
+                    )
+                )
+
+            async def cancel(task: asyncio.Task[Any], after: int) -> None:
+                for _ in range(after):
+                    await asyncio.sleep(0)
+                task.cancel()
+
+            cancellers = [
+                asyncio.create_task(cancel(task, after))
+                for _, after, task in tasks
+                if after is not None
+            ]
+            results = await asyncio.gather(*(t for _, _, t in tasks), return_exceptions=True)
+            await asyncio.gather(*cancellers)
+            for (payload, after, _), result in zip(tasks, results, strict=True):
+                if after is None or not isinstance(result, asyncio.CancelledError):
+                    assert result == payload.encode()  # its own reply, never another's
+        # Afterwards: one call at a time, then concurrent ones, each gets its own echo.
+        for i in range(4):
+            assert await executor.execute(_call("str", f"after{i}")) == f"after{i}".encode()
+        replies = await asyncio.gather(
+            *(executor.execute(_call("str", f"c{i}")) for i in range(12))
+        )
+        assert replies == [f"c{i}".encode() for i in range(12)]
+        pipeline = executor.pipeline_for(client)
+        assert pipeline is not None and pipeline.direct_calls >= 1
+        assert _in_use(client) == 0
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.real
+@settings(max_examples=25, deadline=None)
+@given(waves=_WAVES)
+@example(waves=[[0], [None], [1, None, 2], [None]])
+@example(waves=[[2], [3], [None, None], [4, 0]])
+def test_callers_cancelled_on_either_path_leave_no_reply_for_another(
+    redis_server: Any, tmp_path_factory: pytest.TempPathFactory, waves: list[list[int | None]]
+) -> None:
+    """The direct path (an idle pipeline: the caller writes and reads its own call) and
+    batches, with callers cancelled before, during and after their write: a caller that
+    was not cancelled gets exactly its own reply, and afterwards no pooled connection
+    holds a reply meant for someone else (a direct caller cancelled after its write
+    drops its connection's socket instead of handing it back out of step)."""
+    root = tmp_path_factory.mktemp("waves")
+    asyncio.run(_waves_run(redis_server.url, root, waves))
+
+
+@pytest.mark.real
+async def test_one_caller_at_a_time_is_written_by_the_caller_itself(
+    redis_server: Any, tmp_path: Path
+) -> None:
+    """A caller alone on an idle pipeline takes no send task: its call is written and
+    read in its own coroutine (one loop iteration less); concurrent callers still share
+    batches behind it."""
+    config = _config(redis_server.url)
+    client, _ = connect_async(config)
+    executor = _executor(client, _registry(tmp_path), config)
+    try:
+        for i in range(5):
+            assert await executor.execute(_call("str", f"s{i}")) == f"s{i}".encode()
+        pipeline = executor.pipeline_for(client)
+        assert pipeline is not None
+        assert (pipeline.direct_calls, pipeline.calls, pipeline.batches) == (5, 5, 5)
+        replies = await asyncio.gather(
+            *(executor.execute(_call("str", f"g{i}")) for i in range(20))
+        )
+        assert replies == [f"g{i}".encode() for i in range(20)]
+        assert pipeline.direct_calls == 6  # the first of the 20; the 19 others batched
+        assert pipeline.batches < 5 + 1 + 19
+        assert _in_use(client) == 0
+    finally:
+        await client.aclose()
+
+
 def test_the_bounds_have_hard_ceilings() -> None:
     with pytest.raises(ValueError):
         PipelineBounds(max_calls=1_025)
@@ -540,6 +657,10 @@ def test_no_batch_passes_its_bounds(
             async def _send(self, batch: Any) -> None:
                 seen.append((len(batch.calls), batch.size))
                 await super()._send(batch)
+
+            async def _direct_call(self, packed: Any, replies: int) -> Any:
+                seen.append((1, sum(len(chunk) for chunk in packed)))  # a batch of one
+                return await super()._direct_call(packed, replies)
 
         bounds = PipelineBounds.from_settings(config.redis)
         assert bounds is not None
@@ -641,6 +762,61 @@ async def _own(server: RedisServer) -> redis.asyncio.Redis:
 
 
 @pytest.mark.real
+async def test_a_kept_connection_never_makes_a_caller_wait(redis_server: Any) -> None:
+    """memtier's own pool at ``max_connections`` = 1: the direct path keeps the one
+    connection idle after each call, and every other user of the pool -- a batch, the
+    client's own commands, a metadata page -- gets it back at once instead of waiting out
+    ``pool_timeout_seconds`` (0.5 s here) and failing busy."""
+    config = _config(redis_server.url, max_connections=1, pool_timeout_seconds=0.5)
+    async with AsyncConversationStore.from_config(config) as store:
+        pool = store.client.connection_pool
+        key = ConversationKey(uuid.uuid4(), "im")
+        for i in range(3):
+            started = asyncio.get_running_loop().time()
+            await store.append(key, AvatarMessage(text=f"t{i}"))
+            assert len(pool._memtier_kept.idle) == 1  # kept between calls
+            assert await store.client.ping()  # redis-py's own command: the pool takes it back
+            page = await store.list_metadata(limit=10)
+            assert [m.turn_count for m in page.sessions] == [i + 1]
+            both = await asyncio.gather(store.context(key), store.context(key))
+            assert [len(c.turns) for c in both] == [i + 1, i + 1]
+            assert asyncio.get_running_loop().time() - started < 0.4  # nobody waited
+        assert _in_use(store.client) == 0
+
+
+@pytest.mark.real
+async def test_a_kept_connection_the_server_closed_is_not_reused(tmp_path: Path) -> None:
+    """``CLIENT KILL`` of the connection the direct path keeps idle: the next call sees
+    the closed socket before it writes (as redis-py's pool checks a connection), takes a
+    fresh one and succeeds on its first attempt -- no error, no retry."""
+    with _aof_server() as server:
+        config = _config(server.url)
+        client, _ = connect_async(config)
+        executor = _executor(client, _registry(tmp_path), config)
+        admin = await _own(server)
+        try:
+            assert await executor.execute(_call("str", "first")) == b"first"
+            kept = client.connection_pool._memtier_kept.idle
+            assert len(kept) == 1
+            ((conn, _),) = kept
+            await admin.client_kill_filter(_id=await _client_id(conn))
+            await asyncio.sleep(0.2)  # the loop reads the EOF of the killed socket
+            call = _call("str", "second")
+            assert await executor.execute(call) == b"second"
+            assert call.attempts == [1]
+            assert _in_use(client) == 0
+        finally:
+            await admin.aclose()
+            await client.aclose()
+
+
+async def _client_id(conn: Any) -> int:
+    """The server's id of ``conn`` (sent on it, read back in step)."""
+    await conn.send_command("CLIENT", "ID")
+    return int(await conn.read_response())
+
+
+@pytest.mark.real
 @pytest.mark.parametrize("fault", ["stop-cont", "restart", "client-kill"])
 async def test_a_fault_mid_batch_loses_no_acknowledged_append_and_stores_none_twice(
     fault: str,
@@ -703,7 +879,10 @@ async def test_cancelled_waiters_break_neither_the_others_nor_the_connection() -
                     for k in keys
                 ]
 
-            # 1. Cancelled after queueing, before the batch is written: never sent.
+            # 1. Cancelled after queueing, before the batch is written: never sent.  The
+            # first task found the pipeline idle: its caller writes it at once (the
+            # direct path), so it may have been written before the cancel; it counts as
+            # case 2 (at most once, and a retry with the same id stores it once).
             tasks = start()
             await asyncio.sleep(0)  # every task queued its call; the send task has not run
             for task in tasks[::2]:
@@ -711,7 +890,12 @@ async def test_cancelled_waiters_break_neither_the_others_nor_the_connection() -
             done = await asyncio.gather(*tasks, return_exceptions=True)
             for i, (key, result) in enumerate(zip(keys, done, strict=True)):
                 turns = (await store.context(key)).turns
-                if i % 2 == 0:
+                if i == 0:
+                    assert isinstance(result, asyncio.CancelledError)
+                    assert [t.turn_id for t in turns] in ([], ["c"])
+                    again = await store.append(key, AvatarMessage(text="c", turn_id="c"))
+                    assert again.seq == 1
+                elif i % 2 == 0:
                     assert isinstance(result, asyncio.CancelledError)
                     assert turns == ()  # the cancelled append was never sent
                 else:
