@@ -69,7 +69,7 @@ except ImportError:  # pragma: no cover - another redis-py layout: its read_resp
     _AsyncHiredisParser = None  # type: ignore[assignment, misc]
     _NOT_ENOUGH_DATA = None
 
-__all__ = ["AutoPipeline", "KeptConnections", "PipelineBounds", "Slots"]
+__all__ = ["AutoPipeline", "KeptConnections", "PipelineBounds", "Slots", "call_on"]
 
 _hiredis_pack: Any
 try:  # hiredis packs a command in C; redis-py's asyncio connection packs in Python
@@ -248,6 +248,35 @@ def _lost(written: bool, exc: BaseException) -> Exception:
     return TransientBackendError(
         f"auto-pipelined batch stopped before it was sent ({type(exc).__name__})"
     )
+
+
+async def call_on(conn: Any, packed: Sequence[bytes], replies: int = 1) -> Any:
+    """Write ``packed`` (one command, or a whole ``MULTI`` ... ``EXEC`` of ``replies``
+    replies) on ``conn`` and read its (the ``EXEC``'s) reply.  An error reply is raised
+    whole (the connection stays in step; a transaction raises the first command refused
+    while queueing); on any other failure, a cancellation included, the connection is
+    dropped: a reply may be unread.  The caller owns ``conn`` and gives it back."""
+    try:
+        await _write(conn, list(packed))
+        read = _reply_reader(conn)
+        refused: ResponseError | None = None
+        for _ in range(replies - 1):
+            try:
+                await read()
+            except ResponseError as exc:
+                refused = refused or exc
+        try:
+            reply = await read()
+        except ResponseError as exc:
+            raise refused or exc from None
+        if refused is not None:  # pragma: no cover - EXEC aborts after a refusal
+            raise refused
+        return reply
+    except ResponseError:
+        raise
+    except BaseException:
+        await conn.disconnect(nowait=True)
+        raise
 
 
 # A caller's own plain pool cannot be asked for its connections back: keep few of them
@@ -430,31 +459,15 @@ class AutoPipeline:
         in_step = False
         try:
             try:
-                await _write(conn, list(packed))
-                self.batches += 1
-                self.calls += 1
-                self.direct_calls += 1
-                read = _reply_reader(conn)
-                refused: ResponseError | None = None
-                for _ in range(replies - 1):
-                    try:
-                        await read()
-                    except ResponseError as exc:
-                        refused = refused or exc
-                try:
-                    reply = await read()
-                except ResponseError as exc:
-                    raise refused or exc from None
-                in_step = True
-                if refused is not None:  # pragma: no cover - EXEC aborts after a refusal
-                    raise refused
-                return reply
-            except ResponseError:
-                in_step = True  # a whole error reply was read: the connection is in step
-                raise
-            except BaseException:
-                await conn.disconnect(nowait=True)
-                raise
+                return await call_on(conn, packed, replies)
+            finally:
+                # Answered, or a whole error reply read: in step.  call_on dropped the
+                # connection on any other failure.
+                in_step = conn.is_connected
+                if in_step:
+                    self.batches += 1
+                    self.calls += 1
+                    self.direct_calls += 1
         finally:
             try:
                 if not (in_step and kept.put(conn, loop)):

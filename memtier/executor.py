@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from memtier.aioleancluster import AsyncClusterLean, lean_cluster_async
 from memtier.autopipeline import AutoPipeline, PipelineBounds
 from memtier.connection import (
     AsyncClientGuard,
@@ -300,6 +301,7 @@ class AsyncExecutor:
         on_script: Sequence[ScriptHook] = (),
         handoff: Callable[[Any], Awaitable[Any]] | None = None,
         pipeline: PipelineBounds | None = PipelineBounds(),
+        lean: bool = True,
     ) -> None:
         self.client = client
         self.scripts = scripts
@@ -311,6 +313,20 @@ class AsyncExecutor:
         self.pipeline_bounds = pipeline
         self._pipeline_client: Any = None
         self._pipeline: AutoPipeline | None = None
+        # lean=False: every script call on a cluster through redis-py's client (tests, bench).
+        self.lean = lean
+        self._lean_client: Any = None
+        self._lean_cluster: AsyncClusterLean | None = None
+
+    def lean_cluster_for(self, client: Any) -> AsyncClusterLean | None:
+        """The lean path of an asyncio cluster ``client`` (decided once per client), or
+        None: the generic path (a standalone client, fakeredis, a wrapper, lean off)."""
+        if not self.lean:
+            return None
+        if self._lean_client is not client:
+            self._lean_cluster = lean_cluster_async(client)
+            self._lean_client = client
+        return self._lean_cluster
 
     def pipeline_for(self, client: Any) -> AutoPipeline | None:
         """The auto-pipeline of ``client`` (decided once per client), or None: the
@@ -373,6 +389,14 @@ class AsyncExecutor:
         pipeline = self.pipeline_for(client) if durable is None else None
         if pipeline is not None and isinstance(script, LuaScript):
             return self._pipelined_script(call, script, pipeline)
+        lean = self.lean_cluster_for(client) if durable is None else None
+        if (
+            lean is not None
+            and isinstance(script, LuaScript)
+            and script.num_keys > 0
+            and len(call.keys) == script.num_keys  # else the generic path raises ScriptError
+        ):
+            return self._lean_cluster_script(call, script, lean)
 
         async def attempt() -> Any:
             if call.attempts is not None:
@@ -395,14 +419,23 @@ class AsyncExecutor:
         call = tx.script
         script = self.scripts[call.script]
         client, keys, args, reads = self.client, call.keys, call.args, tx.reads
-        # Standalone: the transaction rides the loop tick's auto-pipelined batch.
+        # Standalone: the transaction rides the loop tick's auto-pipelined batch; on a
+        # cluster it goes lean to the slot's primary (every key shares its tag).
         pipeline = self.pipeline_for(client) if isinstance(script, LuaScript) else None
+        lean = None
+        if pipeline is None and isinstance(script, LuaScript) and keys:
+            lean = self.lean_cluster_for(client)
+        slot = lean.slot(keys[0]) if lean is not None else -1
         packed: list[bytes] = []
 
         def send() -> Awaitable[list[Any]]:
             if pipeline is not None:
                 return script.call_transaction_pipelined(
                     pipeline, client, keys, args, reads, packed
+                )
+            if lean is not None:
+                return script.call_transaction_lean_cluster_async(
+                    lean, slot, client, keys, args, reads, packed
                 )
             return script.call_transaction_async(client, keys, args, reads)
 
@@ -436,6 +469,31 @@ class AsyncExecutor:
             if call.attempts is not None:
                 call.attempts[0] += 1
             reply = await guard.call_pipelined(send)  # the batch takes the slot
+            for hook in hooks:
+                hook(call.script, args, reply)
+            return reply
+
+        return attempt
+
+    def _lean_cluster_script(
+        self, call: ScriptCall, script: LuaScript, lean: AsyncClusterLean
+    ) -> Callable[[], Awaitable[Any]]:
+        """``attempt`` for an asyncio cluster client: the slot computed once (from the
+        first key: a script's keys share one hash tag), the EVALSHA packed on the first
+        attempt, and every attempt routed by the slot map as it is then (a retry after a
+        failover goes to the new primary, once the guard re-read the map)."""
+        client, keys, args = self.client, call.keys, call.args
+        hooks, guard = self.on_script, self.guard
+        slot = lean.slot(keys[0])
+        packed: list[bytes] = []
+
+        def send() -> Awaitable[Any]:
+            return script.call_lean_cluster_async(lean, slot, client, keys, args, packed)
+
+        async def attempt() -> Any:
+            if call.attempts is not None:
+                call.attempts[0] += 1
+            reply = await guard.call(send)
             for hook in hooks:
                 hook(call.script, args, reply)
             return reply

@@ -41,6 +41,7 @@ from memtier.errors import OutcomeUnknownError, ScriptError, TransientBackendErr
 from memtier.leancluster import ClusterLean
 
 if TYPE_CHECKING:
+    from memtier.aioleancluster import AsyncClusterLean
     from memtier.autopipeline import AutoPipeline
     from memtier.connection import LeanPool
     from memtier.engine import ReadCommand
@@ -306,6 +307,33 @@ class LuaScript:
             lambda: pipeline.call(packed), lambda: client.script_load(self.source)
         )
 
+    async def call_lean_cluster_async(
+        self,
+        lean: AsyncClusterLean,
+        slot: int,
+        client: Any,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        packed: list[bytes],
+    ) -> Any:
+        """:meth:`call_async` on an asyncio Redis Cluster client's lean path: the EVALSHA
+        packed once into ``packed`` and written to ``slot``'s primary by ``lean``
+        (:func:`memtier.aioleancluster.lean_cluster_async`).  NOSCRIPT loads the script on
+        every primary and re-sends the same bytes.  A ``MOVED`` / ``ASK`` reply means that
+        node ran nothing: the call goes once through redis-py's generic cluster path,
+        which follows the redirect and patches the slot map the next lean call reads."""
+        if not packed:
+            packed.extend(lean.pack(("EVALSHA", *self._args(self.sha, keys, args))))
+
+        async def send() -> Any:
+            try:
+                return await lean.execute(slot, packed)
+            except (MovedError, AskError):
+                lean.redirects += 1
+                return await client.evalsha(*self._args(self.sha, keys, args))
+
+        return await self._call_async(send, lambda: client.script_load(self.source))
+
     async def call_async(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run on an asyncio redis-py client (standalone or cluster)."""
         text = self.text_for(client)
@@ -464,6 +492,36 @@ class LuaScript:
         return await self._transaction_async(
             lambda: pipeline.call(packed, count), lambda: client.script_load(self.source)
         )
+
+    async def call_transaction_lean_cluster_async(
+        self,
+        lean: AsyncClusterLean,
+        slot: int,
+        client: Any,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        reads: Sequence[ReadCommand],
+        packed: list[bytes],
+    ) -> list[Any]:
+        """:meth:`call_transaction_async` on an asyncio Redis Cluster client's lean path:
+        the whole ``MULTI`` ... ``EXEC`` packed once into ``packed`` and written to
+        ``slot``'s primary (every key of the transaction is on it).  A ``MOVED`` / ``ASK``
+        there means nothing ran (the EXEC aborted): the transaction goes once through
+        redis-py's ``ClusterPipeline``, which raises it as a retryable fault."""
+        if not packed:
+            for command in self._transaction_commands(keys, args, reads):
+                packed.extend(lean.pack(command))
+        count = 3 + len(reads)
+
+        async def send() -> Any:
+            try:
+                return await lean.execute(slot, packed, count)
+            except (MovedError, AskError):
+                lean.redirects += 1
+                # Checked already (so checked again unchanged): nothing of it is an error.
+                return await self.call_transaction_async(client, keys, args, reads)
+
+        return await self._transaction_async(send, lambda: client.script_load(self.source))
 
     async def call_transaction_async(
         self, client: Any, keys: Sequence[str], args: Sequence[Any], reads: Sequence[ReadCommand]

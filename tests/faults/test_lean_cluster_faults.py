@@ -17,10 +17,15 @@ the order they were acknowledged.
 * the slot's primary is killed (SIGKILL) under the writers and restarted: calls in
   flight lose their connection, the slot map is re-read, retries go to the restarted
   node.
+
+Both rows run twice: with sync writer threads on a ``ConversationStore`` (the lean path
+of :mod:`memtier.leancluster`), and with asyncio writer coroutines on one
+``AsyncConversationStore`` in a loop of their own (:mod:`memtier.aioleancluster`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -36,7 +41,8 @@ from servers import HOST, POLL_S, require_real_redis
 from test_cluster_faults import FaultCluster, _node_id, _slot
 
 import memtier.retry
-from memtier import AvatarMessage, ConversationStore, MemtierConfig, metrics
+from memtier import AsyncConversationStore, AvatarMessage, ConversationStore, MemtierConfig, metrics
+from memtier.aioleancluster import AsyncClusterLean
 from memtier.leancluster import ClusterLean
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -153,6 +159,56 @@ class LedgerWriters:
             time.sleep(POLL_S)
 
 
+class AsyncLedgerWriters(LedgerWriters):
+    """:class:`LedgerWriters` as asyncio coroutines: one loop in a thread of its own runs
+    WRITERS writers on one :class:`~memtier.AsyncConversationStore` (the lean asyncio
+    cluster path), recording every attempt the same way; :attr:`router` is its lean
+    path, read after the run."""
+
+    def __init__(self, config: MemtierConfig) -> None:
+        self.config = config
+        self.attempts = {}
+        self.acked_order = {}
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self.router: AsyncClusterLean | None = None
+        self._threads = [threading.Thread(target=self._run_loop, daemon=True)]
+
+    def _run_loop(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        async with AsyncConversationStore.from_config(self.config, recover=False) as store:
+            await asyncio.gather(*(self._write_async(store, w) for w in range(WRITERS)))
+            self.router = store.executor.lean_cluster_for(store.client)
+
+    async def _write_async(self, store: AsyncConversationStore, writer: int) -> None:
+        deadline = time.monotonic() + WRITE_S
+        for n in range(TURNS_PER_WRITER):
+            if self.stop.is_set() or time.monotonic() >= deadline:
+                return
+            key = ledger_key(writer * KEYS_PER_WRITER + n % KEYS_PER_WRITER)
+            member = f"{key.avatar}:{key.channel}"
+            turn_id = f"w{writer}-{n}"
+            attempt = Attempt(turn_id, member)
+            with self._lock:
+                self.attempts[turn_id] = attempt
+            try:
+                receipt = await store.append(
+                    key, AvatarMessage(text=turn_text(turn_id), turn_id=turn_id)
+                )
+            except Exception as exc:  # every outcome is recorded, the judge decides
+                outcome, code = classify(exc)
+                with self._lock:
+                    attempt.outcome, attempt.code = outcome, code
+                continue
+            with self._lock:
+                attempt.outcome = "ack"
+                attempt.session_id, attempt.seq = receipt.session_id, receipt.seq
+                self.acked_order.setdefault(member, []).append(turn_id)
+            await asyncio.sleep(0.001)
+
+
 def _retries() -> float:
     return sum(
         sample.value
@@ -163,18 +219,28 @@ def _retries() -> float:
 
 
 def _run_and_judge(
-    cluster: DurableCluster, namespace: str, fault: Callable[[LedgerWriters], None]
-) -> tuple[ClusterLean, Any]:
+    cluster: DurableCluster,
+    namespace: str,
+    fault: Callable[[LedgerWriters], None],
+    api: str = "sync",
+) -> tuple[ClusterLean | AsyncClusterLean, Any]:
     config = MemtierConfig.load(redis_url=cluster.url, namespace=namespace)
     with ConversationStore.from_config(config, recover=False) as store:
-        with LedgerWriters(store) as writers:
+        writers = LedgerWriters(store) if api == "sync" else AsyncLedgerWriters(config)
+        with writers:
             writers.wait_acks(60)
             fault(writers)
             after = writers.acked()
             writers.wait_acks(after + 60)  # the writers go on after the fault
-        router = store.executor._lean_for(store.executor.client)
-        assert isinstance(router, ClusterLean)
-        assert store.executor.lean_calls >= writers.acked()
+        router: ClusterLean | AsyncClusterLean | None
+        if isinstance(writers, AsyncLedgerWriters):
+            router = writers.router
+            assert isinstance(router, AsyncClusterLean)
+            assert router.calls >= writers.acked()  # every acknowledged append went lean
+        else:
+            router = store.executor._lean_for(store.executor.client)
+            assert isinstance(router, ClusterLean)
+            assert store.executor.lean_calls >= writers.acked()
         cluster.wait_healthy()
         settle_unknowns(store, writers.attempts)
     client = RedisCluster(host=HOST, port=cluster.ports[0], socket_timeout=10)
@@ -191,8 +257,9 @@ def _run_and_judge(
     return router, verdict
 
 
+@pytest.mark.parametrize("api", ["sync", "asyncio"])
 def test_appends_while_the_partition_slot_migrates(
-    cluster: DurableCluster, real_retry_waits: None
+    cluster: DurableCluster, real_retry_waits: None, api: str
 ) -> None:
     namespace = "l" + uuid.uuid4().hex[:8]
     slot = _slot(namespace)
@@ -216,14 +283,15 @@ def test_appends_while_the_partition_slot_migrates(
                 with cluster.node_client(port) as conn:
                     conn.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
 
-    router, verdict = _run_and_judge(cluster, namespace, migrate)
+    router, verdict = _run_and_judge(cluster, namespace, migrate, api)
     assert cluster.owner_of(slot)[0] == target
     assert router.redirects >= 1  # ASK / MOVED met and followed through redis-py
     assert verdict.failed == 0  # TRYAGAIN while half migrated: retried, never given up
 
 
+@pytest.mark.parametrize("api", ["sync", "asyncio"])
 def test_appends_while_the_slots_primary_is_killed_and_restarted(
-    cluster: DurableCluster, real_retry_waits: None
+    cluster: DurableCluster, real_retry_waits: None, api: str
 ) -> None:
     namespace = "l" + uuid.uuid4().hex[:8]
     slot = _slot(namespace)
@@ -242,7 +310,7 @@ def test_appends_while_the_slots_primary_is_killed_and_restarted(
         time.sleep(0.5)  # calls meet a refused connection, not only a lost one
         cluster.restart_node(primary)
 
-    _run_and_judge(cluster, namespace, kill_and_restart)
+    _run_and_judge(cluster, namespace, kill_and_restart, api)
     assert cluster.owner_of(slot)[0] == primary
     assert _retries() > retries_before  # the kill was felt by calls in flight
 

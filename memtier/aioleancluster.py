@@ -1,0 +1,168 @@
+"""The lean script call on an asyncio Redis Cluster client (sync: :mod:`memtier.leancluster`).
+
+redis-py's asyncio ``RedisCluster`` sends a script call through its generic command
+machinery, and a read transaction through its ``ClusterPipeline`` (a WATCH-capable
+transaction object per call): about 2x the client CPU of a standalone append and 7x of a
+standalone context read here.  Every memtier script keeps its keys on one slot (hash
+tags), so a call's slot is known from its first key; :class:`AsyncClusterLean` computes
+it once per key (a bounded cache), reads the slot's primary from the client's own slot
+map (redis-py's ``NodesManager``, the map it keeps current) and writes the pre-packed
+call -- one ``EVALSHA``, or a whole ``MULTI`` ... ``EXEC`` -- on one connection of that
+node, reading the reply with the same hiredis reader as the auto-pipeline
+(:func:`memtier.autopipeline.call_on`).
+
+Faults keep redis-py's meaning, and memtier's retry layer stays the one that retries:
+
+* ``MOVED`` / ``ASK`` -- the node ran nothing; the caller re-sends once through redis-py's
+  generic cluster path, which follows the redirect and patches its slot map
+  (:meth:`memtier.scripts.LuaScript.call_lean_cluster_async`).
+* a connection error or timeout -- as redis-py's own cluster client does for it: the
+  node's connections are marked for reconnect, the node goes last in the cached list,
+  and the client is marked for re-initialisation (the store's guard re-reads the slot
+  map before the next attempt); the error is raised unchanged, so
+  :func:`memtier.retry.classify` decides as on the generic path (a lost reply is
+  ``outcome unknown``: retried because every memtier script is replay-safe).
+* ``CLUSTERDOWN``, a slot no node covers -- the client is marked for re-initialisation
+  and the error raised to the retry layer.
+* ``TRYAGAIN`` -- raised to the retry layer, as on the sync lean path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, SlotNotCoveredError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from memtier.autopipeline import call_on
+from memtier.errors import TransientBackendError
+from memtier.leancluster import SLOT_CACHE_CEILING
+
+__all__ = ["AsyncClusterLean", "lean_cluster_async"]
+
+log = logging.getLogger("memtier")
+
+_hiredis_pack: Any
+try:  # hiredis packs a command in C, as the standalone lean paths do
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
+    _hiredis_pack = None
+
+# What redis-py's asyncio ``RedisCluster.execute_command`` is when memtier is imported: a
+# client whose class (or instance) replaced it -- a tracing wrapper -- keeps it.
+_GENERIC_EXECUTE = RedisCluster.execute_command
+
+# Argument types hiredis packs exactly as redis-py's encoder does (str as UTF-8, int by
+# its decimal repr); anything else goes through redis-py's packer.
+_PLAIN_ARGS = frozenset({str, bytes, int})
+
+# The parts of redis-py's asyncio cluster internals this path reads (checked once).
+_MANAGER_PARTS = ("get_node_from_slot", "move_node_to_end_of_cached_nodes")
+_NODE_PARTS = ("acquire_connection", "release", "update_active_connections_for_reconnect")
+
+
+class AsyncClusterLean:
+    """Route one packed script call (or read transaction) to its slot's primary."""
+
+    __slots__ = ("_fast", "_packer", "_slots", "calls", "client", "redirects")
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.calls = 0  # attempts sent on this path (tests read it)
+        self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests)
+        self._slots: dict[Any, int] = {}
+        # hiredis only where it encodes as the nodes' connections would: UTF-8, strict.
+        encoder = client.get_encoder()
+        utf8 = str(encoder.encoding).lower().replace("_", "-") in ("utf-8", "utf8")
+        self._fast: Any = _hiredis_pack if utf8 and encoder.encoding_errors == "strict" else None
+        self._packer: Any = None
+
+    def slot(self, key: Any) -> int:
+        """The hash slot of ``key`` (remembered; at most SLOT_CACHE_CEILING keys)."""
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) >= SLOT_CACHE_CEILING:
+                self._slots.clear()
+            slot = self._slots[key] = int(self.client.keyslot(key))
+        return slot
+
+    def pack(self, args: Sequence[Any]) -> list[bytes]:
+        """``args`` as the bytes the nodes' connections would send (their encoder)."""
+        if self._fast is not None and _PLAIN_ARGS.issuperset(map(type, args)):
+            return [self._fast(tuple(args))]
+        if self._packer is None:  # never connected: only its encoder and packer are used
+            from redis.asyncio.connection import Connection
+
+            encoder = self.client.get_encoder()
+            self._packer = Connection(
+                encoding=encoder.encoding,
+                encoding_errors=encoder.encoding_errors,
+                decode_responses=encoder.decode_responses,
+            )
+        return list(self._packer.pack_command(*args))
+
+    async def execute(self, slot: int, packed: Sequence[bytes], replies: int = 1) -> Any:
+        """Write ``packed`` (one command, or a whole transaction of ``replies`` replies)
+        on a connection of ``slot``'s primary and read its (the ``EXEC``'s) reply."""
+        client = self.client
+        try:
+            node = client.nodes_manager.get_node_from_slot(slot)
+        except SlotNotCoveredError:
+            client._initialize = True  # redis-py re-reads the map for this too
+            raise
+        if node is None:  # pragma: no cover - a map being rebuilt
+            client._initialize = True
+            raise TransientBackendError("no primary known for the keys' slot; retrying")
+        conn = node.acquire_connection()
+        self.calls += 1
+        try:
+            reply = await call_on(conn, packed, replies)
+        except ClusterDownError:
+            client._initialize = True
+            raise
+        except (RedisConnectionError, RedisTimeoutError):
+            # call_on dropped the connection; the node may be gone (as redis-py does).
+            self._failed(node)
+            raise
+        finally:
+            node.release(conn)
+        return reply
+
+    def _failed(self, node: Any) -> None:
+        """What redis-py's cluster client does after a connection error on ``node``."""
+        client = self.client
+        try:
+            node.update_active_connections_for_reconnect()
+            client.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
+        except Exception as exc:  # another layout: the re-initialisation still happens
+            log.debug("memtier: cluster node bookkeeping failed: %s: %s", type(exc).__name__, exc)
+        client._initialize = True
+
+
+def lean_cluster_async(client: Any) -> AsyncClusterLean | None:
+    """An :class:`AsyncClusterLean` for ``client`` if its script calls may bypass redis-py's
+    command machinery: a plain asyncio ``RedisCluster`` (not a subclass, no replaced
+    ``execute_command``, no EVALSHA response callback, redis-py's ``NodesManager`` and
+    ``ClusterNode`` API present).  None keeps the generic path."""
+    kind: type[Any] = type(client)  # (not ``type(client) is``: mypy would narrow ``client``)
+    if kind is not RedisCluster or "execute_command" in vars(client):
+        return None
+    if RedisCluster.execute_command is not _GENERIC_EXECUTE:
+        return None
+    if "EVALSHA" in getattr(client, "response_callbacks", {}):
+        return None
+    manager = getattr(client, "nodes_manager", None)
+    if manager is None or not all(hasattr(manager, name) for name in _MANAGER_PARTS):
+        return None  # another redis-py's internals: keep its own routing
+    from redis.asyncio.cluster import ClusterNode
+
+    if not all(inspect.isfunction(getattr(ClusterNode, name, None)) for name in _NODE_PARTS):
+        return None
+    if not hasattr(client, "_initialize") or not hasattr(client, "keyslot"):
+        return None
+    return AsyncClusterLean(client)
