@@ -137,7 +137,8 @@ async def test_the_lean_path_is_taken_on_a_plain_asyncio_cluster_client(
             assert await lean.execute(_call(tag, "str", f"a{tag}")) == f"a{tag}".encode()
             assert await generic.execute(_call(tag, "str", f"a{tag}")) == f"a{tag}".encode()
         router = lean.lean_cluster_for(client)
-        assert isinstance(router, AsyncClusterLean) and router.calls == TAGS
+        assert isinstance(router, AsyncClusterLean)
+        assert TAGS <= router.calls <= 2 * TAGS  # every call, plus a re-send after NOSCRIPT
         assert generic.lean_cluster_for(client) is None
         for tag in range(TAGS):
             assert router.slot(_list_key(tag)) == key_slot(f"alean{tag}".encode())
@@ -199,7 +200,8 @@ async def _compare(
             outcomes.append(await _outcome(executor, _call(tag, *call)))
             if lean:
                 router = executor.lean_cluster_for(client)
-                assert router is not None and router.calls - before <= outcomes[-1][-1][0]
+                attempts = outcomes[-1][-1][0]  # each sent lean, a NOSCRIPT re-sent once
+                assert router is not None and attempts <= router.calls - before <= 2 * attempts
         if call[0] == "transient":  # the generic cluster path retries TRYAGAIN inside redis-py
             plain, _ = connect_async(_config(standalone_url))
             try:
