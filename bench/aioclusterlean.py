@@ -15,7 +15,11 @@ operation:
   redis-py's asyncio ``RedisCluster`` command machinery (what every call did before);
 * ``raw_lrange_orjson`` -- ``await RedisCluster.lrange`` of 20 + orjson;
 * ``context_lean`` / ``context_generic`` -- ``await store.context(limit=20)`` of 100
-  turns (the generic path: redis-py's asyncio ``ClusterPipeline`` transaction).
+  turns (the generic path: redis-py's asyncio ``ClusterPipeline`` transaction);
+* ``*_c64`` -- 64 coroutines on the loop at once, each appending in turn to sessions on
+  every primary: the raw minimal script, memtier's lean path with its node pipelines
+  (``append_lean_c64``), the lean path with auto-pipelining off (one call per
+  connection, ``append_unbatched_c64``) and the generic path.
 
 The JSON (``bench/results/aioclusterlean[-NAME|-quick].json``) has every round, the
 median [min-max] per row and the same-round ratios (baseline / row), with the load.
@@ -49,7 +53,11 @@ RATIOS = (  # (name, baseline row, memtier row)
     ("context_generic_vs_lrange_orjson", "raw_lrange_orjson", "context_generic"),
     ("append_lean_vs_generic", "append_generic", "append_lean"),
     ("context_lean_vs_generic", "context_generic", "context_lean"),
+    ("append_lean_c64_vs_raw_c64", "raw_evalsha_minimal_c64", "append_lean_c64"),
+    ("append_lean_c64_vs_unbatched_c64", "append_unbatched_c64", "append_lean_c64"),
+    ("append_lean_c64_vs_generic_c64", "append_generic_c64", "append_lean_c64"),
 )
+CONCURRENCY = 64
 
 
 class Rig:
@@ -59,6 +67,8 @@ class Rig:
         self.lean = AsyncConversationStore(client, config)
         self.generic = AsyncConversationStore(client, config)
         self.generic.executor.lean = False
+        self.unbatched = AsyncConversationStore(client, config)
+        self.unbatched.executor.pipeline_bounds = None  # lean, one call per connection
         self.text = chat_text(300)
         self.quick = quick
         self.append_pool = KeyPool(81, 60 if quick else 300)
@@ -117,7 +127,37 @@ class Rig:
             for i in range(n):
                 [orjson.loads(item) for item in await client.lrange(lists[i % 32], -20, -1)]
 
+        def concurrent(one: Callable[[], Awaitable[Any]]) -> Row:
+            """``n`` operations by CONCURRENCY coroutines at once (n // CONCURRENCY each)."""
+
+            async def row(n: int) -> tuple[float, float]:
+                each = max(1, n // CONCURRENCY)
+
+                async def worker() -> None:
+                    for _ in range(each):
+                        await one()
+
+                t0, c0 = time.perf_counter(), time.process_time()
+                await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+                scale = n / (each * CONCURRENCY)  # per-op figures stay per op
+                return (time.perf_counter() - t0) * scale, (time.process_time() - c0) * scale
+
+            return row
+
+        async def raw_one() -> None:
+            self.i += 1
+            tag = f"{{am{self.i % 300}}}"
+            keys = (tag + ":q", tag + ":t", tag + ":meta", tag + ":lru")
+            await client.evalsha(self.min_sha, 4, *keys, text, "m" + tag)
+
+        def append_one(store: AsyncConversationStore) -> Callable[[], Awaitable[Any]]:
+            return lambda: store.append(self.append_pool.next(), AvatarMessage(text=text))
+
         return {
+            "raw_evalsha_minimal_c64": concurrent(raw_one),
+            "append_lean_c64": concurrent(append_one(self.lean)),
+            "append_unbatched_c64": concurrent(append_one(self.unbatched)),
+            "append_generic_c64": concurrent(append_one(self.generic)),
             "raw_evalsha_minimal": timed(raw_evalsha),
             "append_lean": timed(appends(self.lean)),
             "append_generic": timed(appends(self.generic)),

@@ -9,7 +9,10 @@ it once per key (a bounded cache), reads the slot's primary from the client's ow
 map (redis-py's ``NodesManager``, the map it keeps current) and writes the pre-packed
 call -- one ``EVALSHA``, or a whole ``MULTI`` ... ``EXEC`` -- on one connection of that
 node, reading the reply with the same hiredis reader as the auto-pipeline
-(:func:`memtier.autopipeline.call_on`).
+(:func:`memtier.autopipeline.call_on`).  With auto-pipelining on (the default), each
+primary has an :class:`~memtier.autopipeline.AutoPipeline` of its own: calls for that
+node issued in one event-loop tick share one write, and a caller alone writes its own
+call, exactly as on a standalone server.
 
 Faults keep redis-py's meaning, and memtier's retry layer stays the one that retries:
 
@@ -31,21 +34,23 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from memtier.autopipeline import call_on
+from memtier.autopipeline import AutoPipeline, PipelineBounds, Slots, call_on
 from memtier.errors import TransientBackendError
 from memtier.leancluster import SLOT_CACHE_CEILING
 
-__all__ = ["AsyncClusterLean", "lean_cluster_async"]
+__all__ = ["PIPELINES_CEILING", "AsyncClusterLean", "lean_cluster_async"]
 
 log = logging.getLogger("memtier")
+
+T = TypeVar("T")
 
 _hiredis_pack: Any
 try:  # hiredis packs a command in C, as the standalone lean paths do
@@ -66,13 +71,54 @@ _MANAGER_PARTS = ("get_node_from_slot", "move_node_to_end_of_cached_nodes")
 _NODE_PARTS = ("acquire_connection", "release", "update_active_connections_for_reconnect")
 
 
+# Node pipelines kept per client: one per primary; past it (a cluster of thousands of
+# nodes, or nodes replaced again and again) the map starts over.
+PIPELINES_CEILING = 1024
+
+
+class _NodePool:
+    """What :class:`~memtier.autopipeline.AutoPipeline` needs of a pool, over one asyncio
+    cluster node's own connection list (redis-py's ``ClusterNode``)."""
+
+    __slots__ = ("_memtier_kept", "connection_class", "connection_kwargs", "node")
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.connection_class = node.connection_class
+        self.connection_kwargs = node.connection_kwargs
+
+    async def get_connection(self) -> Any:
+        return self.node.acquire_connection()
+
+    async def release(self, conn: Any) -> None:
+        self.node.release(conn)
+
+
 class AsyncClusterLean:
     """Route one packed script call (or read transaction) to its slot's primary."""
 
-    __slots__ = ("_fast", "_packer", "_slots", "calls", "client", "redirects")
+    __slots__ = (
+        "_bounds",
+        "_fast",
+        "_packer",
+        "_pipelines",
+        "_slots",
+        "calls",
+        "client",
+        "guard",
+        "redirects",
+    )
 
-    def __init__(self, client: Any) -> None:
+    def __init__(
+        self,
+        client: Any,
+        bounds: PipelineBounds | None = None,
+        guard: Slots | None = None,
+    ) -> None:
         self.client = client
+        self._bounds = bounds  # None: one call per connection, no batches
+        self.guard = guard  # the slots a node's batch takes (one per batch)
+        self._pipelines: dict[str, AutoPipeline] = {}
         self.calls = 0  # attempts sent on this path (tests read it)
         self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests)
         self._slots: dict[Any, int] = {}
@@ -81,6 +127,23 @@ class AsyncClusterLean:
         utf8 = str(encoder.encoding).lower().replace("_", "-") in ("utf-8", "utf8")
         self._fast: Any = _hiredis_pack if utf8 and encoder.encoding_errors == "strict" else None
         self._packer: Any = None
+
+    @property
+    def pipelined(self) -> bool:
+        """Calls ride node batches, which take the guard's slots (not each caller)."""
+        return self._bounds is not None
+
+    async def generic(self, send: Callable[[], Awaitable[T]]) -> T:
+        """``send()`` through redis-py's generic path (after MOVED / ASK) under one of the
+        guard's slots when callers hold none of their own (node batches take them)."""
+        guard = self.guard
+        if not self.pipelined or guard is None:
+            return await send()
+        await guard.acquire()
+        try:
+            return await send()
+        finally:
+            guard.release()
 
     def slot(self, key: Any) -> int:
         """The hash slot of ``key`` (remembered; at most SLOT_CACHE_CEILING keys)."""
@@ -118,20 +181,36 @@ class AsyncClusterLean:
         if node is None:  # pragma: no cover - a map being rebuilt
             client._initialize = True
             raise TransientBackendError("no primary known for the keys' slot; retrying")
-        conn = node.acquire_connection()
         self.calls += 1
+        pipeline = self.pipeline_for(node)
         try:
-            reply = await call_on(conn, packed, replies)
+            if pipeline is not None:
+                return await pipeline.call(packed, replies)
+            conn = node.acquire_connection()
+            try:
+                return await call_on(conn, packed, replies)
+            finally:
+                node.release(conn)
         except ClusterDownError:
             client._initialize = True
             raise
         except (RedisConnectionError, RedisTimeoutError):
-            # call_on dropped the connection; the node may be gone (as redis-py does).
+            # The connection is dropped already; the node may be gone (as redis-py does).
             self._failed(node)
             raise
-        finally:
-            node.release(conn)
-        return reply
+
+    def pipeline_for(self, node: Any) -> AutoPipeline | None:
+        """``node``'s auto-pipeline (None with auto-pipelining off); a node object the
+        slot map replaced gets a new one."""
+        if self._bounds is None:
+            return None
+        pipeline = self._pipelines.get(node.name)
+        if pipeline is None or pipeline.pool.node is not node:
+            if len(self._pipelines) >= PIPELINES_CEILING:
+                self._pipelines.clear()
+            pipeline = AutoPipeline(_NodePool(node), self._bounds, self.guard)
+            self._pipelines[node.name] = pipeline
+        return pipeline
 
     def _failed(self, node: Any) -> None:
         """What redis-py's cluster client does after a connection error on ``node``."""
@@ -144,7 +223,9 @@ class AsyncClusterLean:
         client._initialize = True
 
 
-def lean_cluster_async(client: Any) -> AsyncClusterLean | None:
+def lean_cluster_async(
+    client: Any, bounds: PipelineBounds | None = None, guard: Slots | None = None
+) -> AsyncClusterLean | None:
     """An :class:`AsyncClusterLean` for ``client`` if its script calls may bypass redis-py's
     command machinery: a plain asyncio ``RedisCluster`` (not a subclass, no replaced
     ``execute_command``, no EVALSHA response callback, redis-py's ``NodesManager`` and
@@ -165,4 +246,4 @@ def lean_cluster_async(client: Any) -> AsyncClusterLean | None:
         return None
     if not hasattr(client, "_initialize") or not hasattr(client, "keyslot"):
         return None
-    return AsyncClusterLean(client)
+    return AsyncClusterLean(client, bounds, guard)

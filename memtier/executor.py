@@ -324,7 +324,7 @@ class AsyncExecutor:
         if not self.lean:
             return None
         if self._lean_client is not client:
-            self._lean_cluster = lean_cluster_async(client)
+            self._lean_cluster = lean_cluster_async(client, self.pipeline_bounds, self.guard)
             self._lean_client = client
         return self._lean_cluster
 
@@ -439,7 +439,9 @@ class AsyncExecutor:
                 )
             return script.call_transaction_async(client, keys, args, reads)
 
-        guarded = self.guard.call if pipeline is None else self.guard.call_pipelined
+        # A batch (standalone, or a cluster node's) takes the guard's slot for its callers.
+        batched = pipeline is not None or (lean is not None and lean.pipelined)
+        guarded = self.guard.call_pipelined if batched else self.guard.call
 
         async def attempt() -> Any:
             if call.attempts is not None:
@@ -484,6 +486,8 @@ class AsyncExecutor:
         failover goes to the new primary, once the guard re-read the map)."""
         client, keys, args = self.client, call.keys, call.args
         hooks, guard = self.on_script, self.guard
+        # With node pipelines the batch takes the guard's slot, not each caller.
+        guarded = guard.call_pipelined if lean.pipelined else guard.call
         slot = lean.slot(keys[0])
         packed: list[bytes] = []
 
@@ -493,7 +497,7 @@ class AsyncExecutor:
         async def attempt() -> Any:
             if call.attempts is not None:
                 call.attempts[0] += 1
-            reply = await guard.call(send)
+            reply = await guarded(send)
             for hook in hooks:
                 hook(call.script, args, reply)
             return reply

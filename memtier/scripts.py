@@ -330,7 +330,7 @@ class LuaScript:
                 return await lean.execute(slot, packed)
             except (MovedError, AskError):
                 lean.redirects += 1
-                return await client.evalsha(*self._args(self.sha, keys, args))
+                return await lean.generic(lambda: client.evalsha(*self._args(self.sha, keys, args)))
 
         return await self._call_async(send, lambda: client.script_load(self.source))
 
@@ -519,7 +519,9 @@ class LuaScript:
             except (MovedError, AskError):
                 lean.redirects += 1
                 # Checked already (so checked again unchanged): nothing of it is an error.
-                return await self.call_transaction_async(client, keys, args, reads)
+                return await lean.generic(
+                    lambda: self.call_transaction_async(client, keys, args, reads)
+                )
 
         return await self._transaction_async(send, lambda: client.script_load(self.source))
 

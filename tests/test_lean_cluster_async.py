@@ -17,7 +17,11 @@ replicas) and Valkey 9 cluster (3 primaries):
 * a stale slot map (the client believes another primary owns the slot): MOVED, the call
   re-sent once through redis-py (which patches its map), the script ran exactly once,
   the next call lean to the right node; the same for the context read transaction;
-* a store's append and context take the lean path on both clusters.
+* a store's append and context take the lean path on both clusters;
+* with auto-pipelining on (the default) each primary has a pipeline of its own: calls
+  of one loop tick for one node share a write, each caller gets its own reply, and
+  ``max_connections`` bounds the connections (a node's batch takes one slot for all its
+  callers: 64 concurrent calls at ``max_connections`` = 1 all answer).
 
 A primary killed and a slot migrated under asyncio writers, judged by a ledger, are in
 ``tests/faults/test_lean_cluster_faults.py``.
@@ -317,3 +321,68 @@ async def test_a_context_read_on_a_stale_slot_map_is_redirected_and_answers_once
         assert [t.seq for t in (await store.context(key, limit=2)).turns] == [2, 3]
         assert router.redirects == redirects + 1 and router.calls == calls + 1
         assert _in_use(store.client) == 0
+
+
+async def _concurrent(url: str, scripts: ScriptRegistry, limit: int, n: int) -> None:
+    config = MemtierConfig.load(redis_url=url, redis={**SETTINGS, "max_connections": limit})
+    client, _ = connect_async(config)
+    try:
+        executor = AsyncExecutor(
+            client, scripts, AsyncClientGuard(client, config.redis), RetryPolicy()
+        )
+        await executor.guard.open()
+        await _fill(client)
+        calls = [_call(i % TAGS, "str", f"c{i}") for i in range(n)]
+        replies = await asyncio.gather(*(executor.execute(c) for c in calls))
+        assert replies == [f"c{i}".encode() for i in range(n)]  # each its own reply
+        router = executor.lean_cluster_for(client)
+        assert router is not None and router.pipelined
+        pipelines = list(router._pipelines.values())
+        assert len(pipelines) == len(client.get_primaries())  # every primary was called
+        assert sum(p.calls for p in pipelines) >= n
+        assert sum(p.batches for p in pipelines) < n  # concurrent calls shared writes
+        assert _in_use(client) == 0
+        # one at a time: each caller writes its own call on an idle node pipeline
+        direct = sum(p.direct_calls for p in pipelines)
+        for i in range(4):
+            assert await executor.execute(_call(i, "str", f"s{i}")) == f"s{i}".encode()
+        assert sum(p.direct_calls for p in router._pipelines.values()) == direct + 4
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("limit", [1, 4])
+async def test_node_pipelines_batch_concurrent_calls_within_max_connections(
+    cluster: Any, scripts: ScriptRegistry, limit: int
+) -> None:
+    """64 concurrent calls over every primary, at ``max_connections`` 1 and 4: each gets
+    its own reply, the calls of one node share writes, and nothing waits out the pool
+    timeout (a node's batch holds one slot for all its callers; a caller holds none)."""
+    await _concurrent(cluster.url, scripts, limit, 64)  # a slot held twice: backend_busy
+
+
+async def test_auto_pipelining_off_sends_each_call_alone(
+    cluster: Any, scripts: ScriptRegistry
+) -> None:
+    config = MemtierConfig.load(redis_url=cluster.url, redis={**SETTINGS, "auto_pipelining": False})
+    client, _ = connect_async(config)
+    try:
+        executor = AsyncExecutor(
+            client,
+            scripts,
+            AsyncClientGuard(client, config.redis),
+            RetryPolicy(),
+            pipeline=None,
+        )
+        await executor.guard.open()
+        await _fill(client)
+        replies = await asyncio.gather(
+            *(executor.execute(_call(i % TAGS, "str", f"o{i}")) for i in range(16))
+        )
+        assert replies == [f"o{i}".encode() for i in range(16)]
+        router = executor.lean_cluster_for(client)
+        assert router is not None and not router.pipelined and router._pipelines == {}
+        assert router.calls >= 16
+        assert _in_use(client) == 0
+    finally:
+        await client.aclose()
