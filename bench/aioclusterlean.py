@@ -37,8 +37,8 @@ from typing import Any
 import orjson
 from redis.asyncio.cluster import RedisCluster
 
-from bench.clusterlean import BenchCluster
-from bench.probe import RESULTS_DIR, exit_on_sigterm, fmt, loadavg, machine_meta, spread, write_json
+from bench.clusterlean import BenchCluster, report
+from bench.probe import RESULTS_DIR, exit_on_sigterm, loadavg, machine_meta
 from bench.workloads import MINIMAL_SCRIPT, KeyPool, bench_config, chat_text
 from memtier import AsyncConversationStore, AvatarMessage
 from tests.servers import HOST
@@ -198,12 +198,13 @@ async def _measure(port: int, ops: int, rounds: int, quick: bool) -> dict[str, A
                 cpus[name].append(cpu / ops * 1e6)
             print(f"  round {r + 1}/{rounds}; load {loads[-1]}", flush=True)
         lean = rig.lean.executor.lean_cluster_for(client)
+        generic = rig.generic.executor.lean_cluster_for(client)
         return {
             "walls": walls,
             "cpus": cpus,
             "loads": loads,
             "lean_calls": 0 if lean is None else lean.calls,
-            "generic_lean": rig.generic.executor.lean_cluster_for(client) is not None,
+            "generic_lean_calls": 0 if generic is None else generic.calls,
         }
     finally:
         await client.aclose()
@@ -229,28 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             server_pids=cluster.pids,
         )
         got = asyncio.run(_measure(cluster.port, ops, rounds, args.quick))
-    walls, cpus = got["walls"], got["cpus"]
     meta["lean_calls"] = got["lean_calls"]
-    meta["generic_takes_lean"] = got["generic_lean"]
-    ratios = {
-        name: spread([b / m for b, m in zip(walls[base], walls[row], strict=True)])
-        for name, base, row in RATIOS
-    }
-    data = {
-        "meta": {**meta, "load_per_round": got["loads"]},
-        "rows_us_per_op": {k: spread(v) for k, v in walls.items()},
-        "client_cpu_us_per_op": {k: spread(v) for k, v in cpus.items()},
-        "ratios_same_round": ratios,
-        "rounds_us_per_op": walls,
-        "rounds_client_cpu_us_per_op": cpus,
-    }
-    out = write_json(args.out / f"aioclusterlean{suffix}.json", data)
-    for k in walls:
-        print(f"{k:22} wall {fmt(spread(walls[k]))} us  cpu {fmt(spread(cpus[k]))} us")
-    for name, s in ratios.items():
-        print(f"{name:34} x{fmt(s, 2)}")
-    print(f"lean calls {meta['lean_calls']} (generic: {meta['generic_takes_lean']})")
-    print(f"wrote {out}")
+    meta["generic_lean_calls"] = got["generic_lean_calls"]
+    meta["load_per_round"] = got["loads"]
+    report(args.out / f"aioclusterlean{suffix}.json", meta, got["walls"], got["cpus"], RATIOS)
     return 0
 
 

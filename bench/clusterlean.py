@@ -209,26 +209,45 @@ def main(argv: list[str] | None = None) -> int:
         meta["lean_calls"] = rig.lean.executor.lean_calls
         meta["generic_lean_calls"] = rig.generic.executor.lean_calls
         rig.client.close()
+    report(
+        args.out / f"clusterlean{suffix}.json",
+        {**meta, "load_per_round": loads},
+        walls,
+        cpus,
+        RATIOS,
+    )
+    return 0
+
+
+def report(
+    path: Path,
+    meta: dict[str, Any],
+    walls: dict[str, list[float]],
+    cpus: dict[str, list[float]],
+    ratio_rows: tuple[tuple[str, str, str], ...],
+) -> Path:
+    """Write the JSON of a rotated-rounds probe (every round, median [min-max] per row,
+    same-round ratios baseline / row) and print its summary."""
     ratios = {
         name: spread([b / m for b, m in zip(walls[base], walls[row], strict=True)])
-        for name, base, row in RATIOS
+        for name, base, row in ratio_rows
     }
     data = {
-        "meta": {**meta, "load_per_round": loads},
+        "meta": meta,
         "rows_us_per_op": {k: spread(v) for k, v in walls.items()},
         "client_cpu_us_per_op": {k: spread(v) for k, v in cpus.items()},
         "ratios_same_round": ratios,
         "rounds_us_per_op": walls,
         "rounds_client_cpu_us_per_op": cpus,
     }
-    out = write_json(args.out / f"clusterlean{suffix}.json", data)
-    for k in rows:
+    out = write_json(path, data)
+    for k in walls:
         print(f"{k:22} wall {fmt(spread(walls[k]))} us  cpu {fmt(spread(cpus[k]))} us")
     for name, s in ratios.items():
         print(f"{name:34} x{fmt(s, 2)}")
     print(f"lean calls {meta['lean_calls']} (generic store: {meta['generic_lean_calls']})")
     print(f"wrote {out}")
-    return 0
+    return out
 
 
 if __name__ == "__main__":

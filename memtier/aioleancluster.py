@@ -44,7 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memtier.autopipeline import AutoPipeline, PipelineBounds, Slots, call_on
 from memtier.errors import TransientBackendError
-from memtier.leancluster import SLOT_CACHE_CEILING
+from memtier.leancluster import SlotCache
 
 __all__ = ["PIPELINES_CEILING", "AsyncClusterLean", "lean_cluster_async"]
 
@@ -94,7 +94,7 @@ class _NodePool:
         self.node.release(conn)
 
 
-class AsyncClusterLean:
+class AsyncClusterLean(SlotCache):
     """Route one packed script call (or read transaction) to its slot's primary."""
 
     __slots__ = (
@@ -102,9 +102,7 @@ class AsyncClusterLean:
         "_fast",
         "_packer",
         "_pipelines",
-        "_slots",
         "calls",
-        "client",
         "guard",
         "redirects",
     )
@@ -115,13 +113,12 @@ class AsyncClusterLean:
         bounds: PipelineBounds | None = None,
         guard: Slots | None = None,
     ) -> None:
-        self.client = client
+        super().__init__(client)
         self._bounds = bounds  # None: one call per connection, no batches
         self.guard = guard  # the slots a node's batch takes (one per batch)
         self._pipelines: dict[str, AutoPipeline] = {}
         self.calls = 0  # attempts sent on this path (tests read it)
         self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests)
-        self._slots: dict[Any, int] = {}
         # hiredis only where it encodes as the nodes' connections would: UTF-8, strict.
         encoder = client.get_encoder()
         utf8 = str(encoder.encoding).lower().replace("_", "-") in ("utf-8", "utf8")
@@ -144,15 +141,6 @@ class AsyncClusterLean:
             return await send()
         finally:
             guard.release()
-
-    def slot(self, key: Any) -> int:
-        """The hash slot of ``key`` (remembered; at most SLOT_CACHE_CEILING keys)."""
-        slot = self._slots.get(key)
-        if slot is None:
-            if len(self._slots) >= SLOT_CACHE_CEILING:
-                self._slots.clear()
-            slot = self._slots[key] = int(self.client.keyslot(key))
-        return slot
 
     def pack(self, args: Sequence[Any]) -> list[bytes]:
         """``args`` as the bytes the nodes' connections would send (their encoder)."""

@@ -258,25 +258,31 @@ async def call_on(conn: Any, packed: Sequence[bytes], replies: int = 1) -> Any:
     dropped: a reply may be unread.  The caller owns ``conn`` and gives it back."""
     try:
         await _write(conn, list(packed))
-        read = _reply_reader(conn)
-        refused: ResponseError | None = None
-        for _ in range(replies - 1):
-            try:
-                await read()
-            except ResponseError as exc:
-                refused = refused or exc
-        try:
-            reply = await read()
-        except ResponseError as exc:
-            raise refused or exc from None
-        if refused is not None:  # pragma: no cover - EXEC aborts after a refusal
-            raise refused
-        return reply
+        return await _read_call(_reply_reader(conn), replies)
     except ResponseError:
         raise
     except BaseException:
         await conn.disconnect(nowait=True)
         raise
+
+
+async def _read_call(read: Callable[[], Awaitable[Any]], replies: int) -> Any:
+    """One call's reply (the ``EXEC``'s, after a transaction's queueing replies): a refused
+    command (its whole error read) aborts the ``EXEC``, and that first refusal is the
+    call's error; an error reply is raised whole (the connection is in step)."""
+    refused: ResponseError | None = None
+    for _ in range(replies - 1):
+        try:
+            await read()
+        except ResponseError as exc:
+            refused = refused or exc
+    try:
+        reply = await read()
+    except ResponseError as exc:
+        raise refused or exc from None
+    if refused is not None:  # pragma: no cover - EXEC aborts after a refusal
+        raise refused
+    return reply
 
 
 # A caller's own plain pool cannot be asked for its connections back: keep few of them
@@ -438,24 +444,31 @@ class AutoPipeline:
                 self._direct = False
         return await self.submit(packed, replies)
 
+    async def _checkout(self, loop: asyncio.AbstractEventLoop | None) -> Any:
+        """One slot and one connection (with ``loop``: a kept one first), or neither."""
+        slots = self.slots
+        if slots is not None:
+            await slots.acquire()  # one slot for the one connection
+        try:
+            conn = None if loop is None else await self._kept.take(loop)
+            if conn is None:
+                pool = self.pool
+                conn = await (
+                    pool.get_connection("EVALSHA") if self._named else pool.get_connection()
+                )
+            return conn
+        except BaseException:
+            if slots is not None:
+                slots.release()
+            raise
+
     async def _direct_call(self, packed: Sequence[bytes], replies: int) -> Any:
         """One call on its own connection, written and read by its caller: no send task,
         no future, one loop iteration less than a batch.  A failure (or a cancellation)
         after the write disconnects the connection: its reply may be unread."""
         pool, slots, kept = self.pool, self.slots, self._kept
         loop = asyncio.get_running_loop()
-        if slots is not None:
-            await slots.acquire()
-        try:
-            conn = await kept.take(loop)
-            if conn is None:
-                conn = await (
-                    pool.get_connection("EVALSHA") if self._named else pool.get_connection()
-                )
-        except BaseException:
-            if slots is not None:
-                slots.release()
-            raise
+        conn = await self._checkout(loop)
         in_step = False
         try:
             try:
@@ -516,16 +529,7 @@ class AutoPipeline:
             return
         pool, slots = self.pool, self.slots
         try:
-            if slots is not None:
-                await slots.acquire()  # one slot for the batch's one connection
-            try:
-                conn = await (
-                    pool.get_connection("EVALSHA") if self._named else pool.get_connection()
-                )
-            except BaseException:
-                if slots is not None:
-                    slots.release()
-                raise
+            conn = await self._checkout(None)
         except BaseException as exc:
             for call in calls:
                 _settle(call, error=_lost(False, exc))
@@ -544,23 +548,12 @@ class AutoPipeline:
             self.calls += len(calls)
             read = _reply_reader(conn)
             for call in calls:
-                # A transaction's queueing replies first: a refused command (its whole
-                # error read) aborts the EXEC, and that first refusal is the call's error.
-                refused: ResponseError | None = None
-                for _ in range(call.replies - 1):
-                    try:
-                        await read()
-                    except ResponseError as exc:
-                        refused = refused or exc
                 try:
-                    reply = await read()
+                    reply = await _read_call(read, call.replies)
                 except ResponseError as exc:  # a whole error reply: only this call fails
-                    _settle(call, error=refused or exc)
+                    _settle(call, error=exc)
                 else:
-                    if refused is None:
-                        _settle(call, reply)
-                    else:  # pragma: no cover - EXEC aborts after a refusal
-                        _settle(call, error=refused)
+                    _settle(call, reply)
                 answered += 1
         except BaseException as exc:
             # A lost connection or a timeout: replies still unread would answer the next

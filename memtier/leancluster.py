@@ -38,7 +38,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memtier.connection import LeanPool
 
-__all__ = ["SLOT_CACHE_CEILING", "ClusterLean", "lean_cluster"]
+__all__ = ["SLOT_CACHE_CEILING", "ClusterLean", "SlotCache", "lean_cluster"]
 
 log = logging.getLogger("memtier")
 
@@ -51,25 +51,36 @@ SLOT_CACHE_CEILING = 16_384
 _GENERIC_CLUSTER_EXECUTE = RedisCluster.execute_command
 
 
-class ClusterLean:
-    """Route one packed script call to its slot's primary and send it there."""
+class SlotCache:
+    """Keys -> their hash slot on a cluster client, remembered (one CRC16 per new key;
+    at most SLOT_CACHE_CEILING keys, then it starts over).  Shared by the sync and the
+    asyncio lean paths."""
 
-    __slots__ = ("_named", "_slots", "client", "redirects")
+    __slots__ = ("_slots", "client")
 
-    def __init__(self, client: Any, named: bool) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
-        self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests, approximate)
-        self._named = named  # the node pools' get_connection wants the command name
         self._slots: dict[Any, int] = {}
 
     def slot(self, key: Any) -> int:
-        """The hash slot of ``key`` (remembered; at most SLOT_CACHE_CEILING keys)."""
+        """The hash slot of ``key``."""
         slot = self._slots.get(key)
         if slot is None:
             if len(self._slots) >= SLOT_CACHE_CEILING:
                 self._slots.clear()
             slot = self._slots[key] = int(self.client.keyslot(key))
         return slot
+
+
+class ClusterLean(SlotCache):
+    """Route one packed script call to its slot's primary and send it there."""
+
+    __slots__ = ("_named", "redirects")
+
+    def __init__(self, client: Any, named: bool) -> None:
+        super().__init__(client)
+        self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests, approximate)
+        self._named = named  # the node pools' get_connection wants the command name
 
     def execute(self, slot: int, args: tuple[Any, ...], packed: list[Any]) -> Any:
         """Send ``args`` (packed into ``packed`` once) to ``slot``'s primary; read the reply."""

@@ -200,9 +200,11 @@ def test_threads_lua_ab_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.cluster
-def test_clusterlean_quick(tmp_path: Path) -> None:
+@pytest.mark.parametrize("module", ["bench.clusterlean", "bench.aioclusterlean"])
+def test_clusterlean_quick(tmp_path: Path, module: str) -> None:
+    """The sync and the asyncio lean-cluster probes."""
     require_real_redis("redis-server", "redis-cli")
-    data = _run("bench.clusterlean", tmp_path)
+    data = _run(module, tmp_path)
     assert all(not _alive(pid) for pid in data["meta"]["server_pids"]), "a node still runs"
     assert len(data["meta"]["server_pids"]) == data["meta"]["primaries"] == 3
     rows = data["rows_us_per_op"]
@@ -215,30 +217,12 @@ def test_clusterlean_quick(tmp_path: Path) -> None:
         "context_generic",
     ):
         assert rows[key]["n"] == data["meta"]["rounds"] and rows[key]["median"] > 0, key
-    assert set(data["ratios_same_round"]) >= {"append_lean_vs_raw_evalsha"}
+    assert set(data["ratios_same_round"]) >= {
+        "append_lean_vs_raw_evalsha",
+        "context_lean_vs_generic",
+    }
     # the lean store went the lean way on every script call, the generic one never
     assert data["meta"]["lean_calls"] > 0 and data["meta"]["generic_lean_calls"] == 0
-
-
-@pytest.mark.cluster
-def test_aioclusterlean_quick(tmp_path: Path) -> None:
-    require_real_redis("redis-server", "redis-cli")
-    data = _run("bench.aioclusterlean", tmp_path)
-    assert all(not _alive(pid) for pid in data["meta"]["server_pids"]), "a node still runs"
-    assert len(data["meta"]["server_pids"]) == data["meta"]["primaries"] == 3
-    rows = data["rows_us_per_op"]
-    for key in (
-        "raw_evalsha_minimal",
-        "append_lean",
-        "append_generic",
-        "raw_lrange_orjson",
-        "context_lean",
-        "context_generic",
-    ):
-        assert rows[key]["n"] == data["meta"]["rounds"] and rows[key]["median"] > 0, key
-    assert set(data["ratios_same_round"]) >= {"context_lean_vs_generic"}
-    # the lean store went the lean way, the generic one never
-    assert data["meta"]["lean_calls"] > 0 and data["meta"]["generic_takes_lean"] is False
 
 
 @pytest.mark.real

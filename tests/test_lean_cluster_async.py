@@ -30,10 +30,8 @@ A primary killed and a slot migrated under asyncio writers, judged by a ledger, 
 from __future__ import annotations
 
 import asyncio
-import string
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,7 +40,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
-from test_lean_call import PROBE_LUA
+from test_lean_cluster import _CALLS, _registry
 
 from memtier import (
     AsyncConversationStore,
@@ -56,14 +54,10 @@ from memtier.connection import AsyncClientGuard, connect_async
 from memtier.engine import ScriptCall
 from memtier.executor import AsyncExecutor
 from memtier.retry import RetryPolicy
-from memtier.scripts import ScriptRegistry, load_registry
+from memtier.scripts import ScriptRegistry
 
 pytestmark = pytest.mark.cluster
 
-COUNTER_LUA = """#!lua
--- KEYS[1] a counter; returns it incremented (how many times the script ran).
-return redis.call("INCR", KEYS[1])
-"""
 SETTINGS = {
     "max_connections": 4,
     "socket_timeout_seconds": 5.0,
@@ -71,14 +65,6 @@ SETTINGS = {
     "pool_timeout_seconds": 5.0,
 }
 TAGS = 12  # list keys {aleanN}:list, spread over every primary
-
-
-def _registry(root: Path) -> ScriptRegistry:
-    folder = root / "probe"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "probe-1.lua").write_text(PROBE_LUA, encoding="utf-8")
-    (folder / "counter-1.lua").write_text(COUNTER_LUA, encoding="utf-8")
-    return load_registry("probe", root)
 
 
 def _list_key(tag: int) -> str:
@@ -164,17 +150,6 @@ async def test_the_lean_path_is_taken_on_a_plain_asyncio_cluster_client(
         assert _in_use(client) == 0
     finally:
         await client.aclose()
-
-
-_TEXT = st.text(string.ascii_letters + string.digits + " _-", min_size=1, max_size=24)
-_CALLS = st.one_of(
-    st.tuples(st.just("int"), st.integers(-(2**53), 2**53).map(str)),
-    st.tuples(st.sampled_from(["str", "status", "err", "memtier", "transient"]), _TEXT),
-    st.tuples(st.just("nil")),
-    st.lists(_TEXT, max_size=6).map(lambda items: ("arr", *items)),
-    st.tuples(st.just("nested"), _TEXT, st.integers(-1000, 1000).map(str)),
-    st.tuples(st.just("wrongtype")),
-)
 
 
 @pytest.fixture(scope="module")

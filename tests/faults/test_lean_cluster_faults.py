@@ -114,30 +114,37 @@ class LedgerWriters:
         with self._lock:
             return sum(1 for a in self.attempts.values() if a.outcome == "ack")
 
-    def _write(self, writer: int) -> None:
+    def _turns(self, writer: int) -> Iterator[tuple[Any, Attempt]]:
+        """The writer's appends in order (key, its attempt, recorded), until told to stop."""
         deadline = time.monotonic() + WRITE_S
         for n in range(TURNS_PER_WRITER):
             if self.stop.is_set() or time.monotonic() >= deadline:
                 return
             key = ledger_key(writer * KEYS_PER_WRITER + n % KEYS_PER_WRITER)
-            member = f"{key.avatar}:{key.channel}"
-            turn_id = f"w{writer}-{n}"
-            attempt = Attempt(turn_id, member)
+            attempt = Attempt(f"w{writer}-{n}", f"{key.avatar}:{key.channel}")
             with self._lock:
-                self.attempts[turn_id] = attempt
+                self.attempts[attempt.turn_id] = attempt
+            yield key, attempt
+
+    def _record(self, attempt: Attempt, receipt: Any, exc: Exception | None) -> None:
+        """Every outcome is recorded; the judge decides."""
+        with self._lock:
+            if exc is not None:
+                attempt.outcome, attempt.code = classify(exc)
+                return
+            attempt.outcome = "ack"
+            attempt.session_id, attempt.seq = receipt.session_id, receipt.seq
+            self.acked_order.setdefault(attempt.member, []).append(attempt.turn_id)
+
+    def _write(self, writer: int) -> None:
+        for key, attempt in self._turns(writer):
+            turn = AvatarMessage(text=turn_text(attempt.turn_id), turn_id=attempt.turn_id)
             try:
-                receipt = self.store.append(
-                    key, AvatarMessage(text=turn_text(turn_id), turn_id=turn_id)
-                )
-            except Exception as exc:  # every outcome is recorded, the judge decides
-                outcome, code = classify(exc)
-                with self._lock:
-                    attempt.outcome, attempt.code = outcome, code
+                receipt = self.store.append(key, turn)
+            except Exception as exc:
+                self._record(attempt, None, exc)
                 continue
-            with self._lock:
-                attempt.outcome = "ack"
-                attempt.session_id, attempt.seq = receipt.session_id, receipt.seq
-                self.acked_order.setdefault(member, []).append(turn_id)
+            self._record(attempt, receipt, None)
             time.sleep(0.001)
 
     def __enter__(self) -> LedgerWriters:
@@ -183,29 +190,14 @@ class AsyncLedgerWriters(LedgerWriters):
             self.router = store.executor.lean_cluster_for(store.client)
 
     async def _write_async(self, store: AsyncConversationStore, writer: int) -> None:
-        deadline = time.monotonic() + WRITE_S
-        for n in range(TURNS_PER_WRITER):
-            if self.stop.is_set() or time.monotonic() >= deadline:
-                return
-            key = ledger_key(writer * KEYS_PER_WRITER + n % KEYS_PER_WRITER)
-            member = f"{key.avatar}:{key.channel}"
-            turn_id = f"w{writer}-{n}"
-            attempt = Attempt(turn_id, member)
-            with self._lock:
-                self.attempts[turn_id] = attempt
+        for key, attempt in self._turns(writer):
+            turn = AvatarMessage(text=turn_text(attempt.turn_id), turn_id=attempt.turn_id)
             try:
-                receipt = await store.append(
-                    key, AvatarMessage(text=turn_text(turn_id), turn_id=turn_id)
-                )
-            except Exception as exc:  # every outcome is recorded, the judge decides
-                outcome, code = classify(exc)
-                with self._lock:
-                    attempt.outcome, attempt.code = outcome, code
+                receipt = await store.append(key, turn)
+            except Exception as exc:
+                self._record(attempt, None, exc)
                 continue
-            with self._lock:
-                attempt.outcome = "ack"
-                attempt.session_id, attempt.seq = receipt.session_id, receipt.seq
-                self.acked_order.setdefault(member, []).append(turn_id)
+            self._record(attempt, receipt, None)
             await asyncio.sleep(0.001)
 
 
