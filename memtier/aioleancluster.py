@@ -38,11 +38,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection
 from redis.exceptions import ClusterDownError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from memtier.autopipeline import AutoPipeline, PipelineBounds, Slots, call_on
+from memtier.autopipeline import AutoPipeline, Packer, PipelineBounds, Slots, call_on
 from memtier.errors import TransientBackendError
 from memtier.leancluster import SlotCache
 
@@ -52,19 +53,9 @@ log = logging.getLogger("memtier")
 
 T = TypeVar("T")
 
-_hiredis_pack: Any
-try:  # hiredis packs a command in C, as the standalone lean paths do
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
-    _hiredis_pack = None
-
 # What redis-py's asyncio ``RedisCluster.execute_command`` is when memtier is imported: a
 # client whose class (or instance) replaced it -- a tracing wrapper -- keeps it.
 _GENERIC_EXECUTE = RedisCluster.execute_command
-
-# Argument types hiredis packs exactly as redis-py's encoder does (str as UTF-8, int by
-# its decimal repr); anything else goes through redis-py's packer.
-_PLAIN_ARGS = frozenset({str, bytes, int})
 
 # The parts of redis-py's asyncio cluster internals this path reads (checked once).
 _MANAGER_PARTS = ("get_node_from_slot", "move_node_to_end_of_cached_nodes")
@@ -99,11 +90,10 @@ class AsyncClusterLean(SlotCache):
 
     __slots__ = (
         "_bounds",
-        "_fast",
-        "_packer",
         "_pipelines",
         "calls",
         "guard",
+        "pack",
         "redirects",
     )
 
@@ -119,11 +109,16 @@ class AsyncClusterLean(SlotCache):
         self._pipelines: dict[str, AutoPipeline] = {}
         self.calls = 0  # attempts sent on this path (tests read it)
         self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests)
-        # hiredis only where it encodes as the nodes' connections would: UTF-8, strict.
+        # ``args`` as the bytes the nodes' connections would send (the client's encoder).
         encoder = client.get_encoder()
-        utf8 = str(encoder.encoding).lower().replace("_", "-") in ("utf-8", "utf8")
-        self._fast: Any = _hiredis_pack if utf8 and encoder.encoding_errors == "strict" else None
-        self._packer: Any = None
+        self.pack = Packer(
+            Connection,
+            {
+                "encoding": encoder.encoding,
+                "encoding_errors": encoder.encoding_errors,
+                "decode_responses": encoder.decode_responses,
+            },
+        )
 
     @property
     def pipelined(self) -> bool:
@@ -141,21 +136,6 @@ class AsyncClusterLean(SlotCache):
             return await send()
         finally:
             guard.release()
-
-    def pack(self, args: Sequence[Any]) -> list[bytes]:
-        """``args`` as the bytes the nodes' connections would send (their encoder)."""
-        if self._fast is not None and _PLAIN_ARGS.issuperset(map(type, args)):
-            return [self._fast(tuple(args))]
-        if self._packer is None:  # never connected: only its encoder and packer are used
-            from redis.asyncio.connection import Connection
-
-            encoder = self.client.get_encoder()
-            self._packer = Connection(
-                encoding=encoder.encoding,
-                encoding_errors=encoder.encoding_errors,
-                decode_responses=encoder.decode_responses,
-            )
-        return list(self._packer.pack_command(*args))
 
     async def execute(self, slot: int, packed: Sequence[bytes], replies: int = 1) -> Any:
         """Write ``packed`` (one command, or a whole transaction of ``replies`` replies)

@@ -60,6 +60,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memtier import limits
+from memtier.connection import idle_to_keep
 from memtier.errors import TransientBackendError
 
 try:  # the parser redis-py's asyncio connections use when hiredis is installed
@@ -69,7 +70,7 @@ except ImportError:  # pragma: no cover - another redis-py layout: its read_resp
     _AsyncHiredisParser = None  # type: ignore[assignment, misc]
     _NOT_ENOUGH_DATA = None
 
-__all__ = ["AutoPipeline", "KeptConnections", "PipelineBounds", "Slots", "call_on"]
+__all__ = ["AutoPipeline", "KeptConnections", "Packer", "PipelineBounds", "Slots", "call_on"]
 
 _hiredis_pack: Any
 try:  # hiredis packs a command in C; redis-py's asyncio connection packs in Python
@@ -83,6 +84,31 @@ _PARSER_PARTS = ("_reader", "_stream", "_read_size", "_connected", "_hiredis_Pus
 # Argument types hiredis packs exactly as redis-py's encoder does (str as UTF-8, int by
 # its decimal repr); anything else (float, bool, memoryview...) goes through redis-py.
 _PLAIN_ARGS = frozenset({str, bytes, int})
+
+
+class Packer:
+    """Packs a command as connections made with ``kwargs`` (their encoding) would send it:
+    hiredis in C where it encodes alike (UTF-8, strict; plain argument types), else the
+    packer of a connection made from ``kwargs`` by ``connection_class`` (never connected:
+    only its encoder is used).  The auto-pipeline and the asyncio cluster path pack each
+    call once with it, before the attempts that re-send the same bytes."""
+
+    __slots__ = ("_connection_class", "_fast", "_kwargs", "_slow")
+
+    def __init__(self, connection_class: Any, kwargs: dict[str, Any]) -> None:
+        self._connection_class = connection_class
+        self._kwargs = kwargs
+        utf8 = str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-") in ("utf-8", "utf8")
+        strict = kwargs.get("encoding_errors", "strict") == "strict"
+        self._fast: Any = _hiredis_pack if utf8 and strict else None
+        self._slow: Any = None
+
+    def __call__(self, args: Sequence[Any]) -> list[bytes]:
+        if self._fast is not None and _PLAIN_ARGS.issuperset(map(type, args)):
+            return [self._fast(tuple(args))]
+        if self._slow is None:
+            self._slow = self._connection_class(**self._kwargs)
+        return list(self._slow.pack_command(*args))
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,29 +311,6 @@ async def _read_call(read: Callable[[], Awaitable[Any]], replies: int) -> Any:
     return reply
 
 
-# A caller's own plain pool cannot be asked for its connections back: keep few of them
-# (as the sync lean path does, memtier.connection._idle_to_keep).
-_KEPT_IN_A_CALLERS_POOL = 16
-
-
-def _kept_for(pool: Any) -> int:
-    """How many connections the direct path may keep idle in ``pool`` between calls:
-    memtier's own asyncio pool takes them back before any caller would wait
-    (:class:`~memtier.connection.KeptAsyncConnectionsPool`): as many as it has; redis-py's
-    plain asyncio pool (it raises when full) a quarter of its bound, at most 16; any other
-    pool none."""
-    from redis.asyncio import ConnectionPool as PlainAsyncPool
-
-    bound = getattr(pool, "max_connections", 0)
-    if not isinstance(bound, int):
-        return 0
-    if getattr(pool, "memtier_takes_back_kept", False):
-        return bound
-    if type(pool) is PlainAsyncPool:
-        return min(_KEPT_IN_A_CALLERS_POOL, bound // 4)
-    return 0
-
-
 def _idle_and_clean(conn: Any) -> bool:
     """``conn`` may be used again at once: connected, nothing unread or at EOF (what
     redis-py's pool checks before it hands a connection out), read by hiredis, and no
@@ -344,7 +347,7 @@ class KeptConnections:
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self.keep = _kept_for(pool)
+        self.keep = idle_to_keep(pool)
         self.idle: list[tuple[Any, asyncio.AbstractEventLoop]] = []
 
     @classmethod
@@ -389,16 +392,15 @@ class AutoPipeline:
 
     __slots__ = (
         "_direct",
-        "_fast",
         "_kept",
         "_named",
         "_open",
-        "_packer",
         "_sending",
         "batches",
         "bounds",
         "calls",
         "direct_calls",
+        "pack",
         "pool",
         "slots",
     )
@@ -410,12 +412,8 @@ class AutoPipeline:
         # redis-py < 5.3 wants the command name; later versions deprecate passing it.
         parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
         self._named = parameter is not None and parameter.default is inspect.Parameter.empty
-        self._packer: Any = None
-        # hiredis only where it encodes as the pool's connections would: UTF-8, strict.
-        kwargs = getattr(pool, "connection_kwargs", {})
-        utf8 = str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-") in ("utf-8", "utf8")
-        strict = kwargs.get("encoding_errors", "strict") == "strict"
-        self._fast: Any = _hiredis_pack if utf8 and strict else None
+        # ``args`` as the bytes the pool's connections would send (their encoder).
+        self.pack = Packer(pool.connection_class, getattr(pool, "connection_kwargs", {}))
         self._open: _Batch | None = None
         self._direct = False  # a call written by its own caller is in flight
         self._kept = KeptConnections.of(pool)
@@ -423,14 +421,6 @@ class AutoPipeline:
         self.batches = 0  # batches written (tests and the bench read them)
         self.calls = 0  # calls written
         self.direct_calls = 0  # of which written by their own caller (the pipeline idle)
-
-    def pack(self, args: Sequence[Any]) -> list[bytes]:
-        """``args`` as the bytes the pool's connections would send (their encoder)."""
-        if self._fast and _PLAIN_ARGS.issuperset(map(type, args)):
-            return [self._fast(tuple(args))]
-        if self._packer is None:  # never connected: only its encoder and packer are used
-            self._packer = self.pool.connection_class(**self.pool.connection_kwargs)
-        return list(self._packer.pack_command(*args))
 
     async def call(self, packed: Sequence[bytes], replies: int = 1) -> Any:
         """``packed``'s reply: written at once by this coroutine when the pipeline is idle

@@ -40,6 +40,7 @@ from redis import BlockingConnectionPool
 from redis import ConnectionPool as _PlainPool
 from redis import Redis as _SyncRedis
 from redis.asyncio import BlockingConnectionPool as _AsyncBlockingPool
+from redis.asyncio import ConnectionPool as _AsyncPlainPool
 from redis.asyncio import Redis as _AsyncRedis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -66,6 +67,7 @@ __all__ = [
     "connect_async",
     "connect_sync",
     "embedded_server",
+    "idle_to_keep",
     "lean_async_pool",
     "lean_pool",
 ]
@@ -333,8 +335,6 @@ class KeptAsyncConnectionsPool(_AsyncBlockingPool):
     never make a caller wait: with at most ``max_connections`` calls in flight (the
     store's guard), one is free for it."""
 
-    memtier_takes_back_kept = True  # read by memtier.autopipeline._kept_for
-
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         kept = getattr(self, "_memtier_kept", None)
         if kept is not None and kept.idle and not self.can_get_connection():
@@ -346,15 +346,21 @@ class KeptAsyncConnectionsPool(_AsyncBlockingPool):
 _IDLE_IN_A_CALLERS_POOL = 16
 
 
-def _idle_to_keep(pool: Any) -> int:
-    """How many connections the lean path may keep idle between calls.  memtier's own pool
-    takes them back on demand: as many as it has.  redis-py's plain pool (it raises
-    ``MaxConnectionsError`` when full, never waits) a quarter of its bound, at most 16, so
-    the caller's own commands keep three quarters.  Any other pool (blocking, sentinel, a
-    subclass): none, every call goes through it."""
+def idle_to_keep(pool: Any) -> int:
+    """How many connections a lean path may keep idle between calls (the sync lean pool,
+    the asyncio direct calls).  memtier's own pools take them back on demand: as many as
+    they have.  redis-py's plain pools (they raise ``MaxConnectionsError`` when full,
+    never wait) a quarter of their bound, at most 16, so the caller's own commands keep
+    three quarters.  Any other pool (blocking, sentinel, a subclass): none, every call
+    goes through it."""
     bound = getattr(pool, "max_connections", 0)
     if not isinstance(bound, int):
         return 0
+    if isinstance(pool, KeptConnectionsPool | KeptAsyncConnectionsPool):
+        return bound
+    if type(pool) is _PlainPool or type(pool) is _AsyncPlainPool:
+        return min(_IDLE_IN_A_CALLERS_POOL, bound // 4)
+    return 0
     if isinstance(pool, KeptConnectionsPool):
         return bound
     if type(pool) is _PlainPool:
@@ -396,7 +402,7 @@ class LeanPool:
     to the pool usable), and always give it back.
 
     With ``keep_idle`` > 0 (only the one LeanPool :func:`lean_pool` keeps per pool; how
-    many: :func:`_idle_to_keep`) a connection goes back to an idle stack of this
+    many: :func:`idle_to_keep`) a connection goes back to an idle stack of this
     LeanPool, not through the pool: redis-py 8's ``get_connection`` / ``release`` pair
     costs 15-40 us a call (a lock, observability counters, an event dispatch), a tenth
     of the client's own work per append.  The stack never holds more than there were
@@ -568,7 +574,7 @@ def lean_pool(client: Any) -> LeanPool | None:
         return None
     lean: LeanPool | None = getattr(pool, "_memtier_lean", None)
     if lean is None:  # one per pool: the idle connections it keeps are the pool's
-        lean = LeanPool(pool, keep_idle=_idle_to_keep(pool))
+        lean = LeanPool(pool, keep_idle=idle_to_keep(pool))
         setattr(pool, "_memtier_lean", lean)  # noqa: B010 - a redis-py object, untyped here
     return lean
 

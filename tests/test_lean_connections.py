@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
@@ -37,11 +38,12 @@ from servers import held_connections, running_server
 from memtier import MemtierConfig
 from memtier.connection import (
     _HIREDIS_PACK,
+    KeptAsyncConnectionsPool,
     KeptConnectionsPool,
     LeanPool,
     SyncClientGuard,
-    _idle_to_keep,
     connect_sync,
+    idle_to_keep,
     lean_pool,
 )
 from memtier.engine import ScriptCall
@@ -122,14 +124,19 @@ def test_how_many_connections_each_kind_of_pool_may_keep_idle() -> None:
     class Custom(redis.ConnectionPool):
         pass
 
-    assert _idle_to_keep(KeptConnectionsPool(max_connections=50)) == 50
-    assert _idle_to_keep(redis.ConnectionPool(max_connections=100)) == 16
-    assert _idle_to_keep(redis.ConnectionPool(max_connections=8)) == 2
-    assert _idle_to_keep(redis.ConnectionPool(max_connections=3)) == 0
-    assert _idle_to_keep(redis.BlockingConnectionPool(max_connections=50)) == 0
-    assert _idle_to_keep(Custom(max_connections=100)) == 0
+    assert idle_to_keep(KeptConnectionsPool(max_connections=50)) == 50
+    assert idle_to_keep(redis.ConnectionPool(max_connections=100)) == 16
+    assert idle_to_keep(redis.ConnectionPool(max_connections=8)) == 2
+    assert idle_to_keep(redis.ConnectionPool(max_connections=3)) == 0
+    assert idle_to_keep(redis.BlockingConnectionPool(max_connections=50)) == 0
+    assert idle_to_keep(Custom(max_connections=100)) == 0
+    # asyncio pools, the same rule (the auto-pipeline's direct calls keep them)
+    assert idle_to_keep(KeptAsyncConnectionsPool(max_connections=50)) == 50
+    assert idle_to_keep(redis.asyncio.ConnectionPool(max_connections=100)) == 16
+    assert idle_to_keep(redis.asyncio.ConnectionPool(max_connections=3)) == 0
+    assert idle_to_keep(redis.asyncio.BlockingConnectionPool(max_connections=50)) == 0
     pool = redis.ConnectionPool(max_connections=3)
-    assert LeanPool(pool, keep_idle=_idle_to_keep(pool))._idle is None
+    assert LeanPool(pool, keep_idle=idle_to_keep(pool))._idle is None
 
 
 # ------------------------------------------------------------------ the state machine
