@@ -361,11 +361,6 @@ def idle_to_keep(pool: Any) -> int:
     if type(pool) is _PlainPool or type(pool) is _AsyncPlainPool:
         return min(_IDLE_IN_A_CALLERS_POOL, bound // 4)
     return 0
-    if isinstance(pool, KeptConnectionsPool):
-        return bound
-    if type(pool) is _PlainPool:
-        return min(_IDLE_IN_A_CALLERS_POOL, bound // 4)
-    return 0
 
 
 def _checked(conn: Any) -> Any:

@@ -298,6 +298,49 @@ async def test_a_context_read_on_a_stale_slot_map_is_redirected_and_answers_once
         assert _in_use(store.client) == 0
 
 
+@pytest.mark.parametrize("reread", [True, False], ids=["map-reread", "closed-at-once"])
+async def test_a_node_dropped_from_the_slot_map_leaves_no_connection_open(
+    cluster: Any, reread: bool
+) -> None:
+    """A slot-map refresh that leaves a node out (as redis-py's ``initialize`` does when
+    ``CLUSTER SLOTS`` omits it during a failover) drops redis-py's node object; redis-py
+    then closes only that node's free connections, and on close only its current
+    nodes'.  So a node pipeline must keep no connection of its own between calls (a
+    node's ``acquire_connection`` is a deque pop: nothing to save): after the next call
+    finds a new object for that node name, or after the store closes, no connection of
+    the dropped object is open (a connection kept idle by its pipeline would be)."""
+    namespace = "t" + uuid.uuid4().hex[:10]
+    store = AsyncConversationStore.from_config(_config(cluster.url, namespace=namespace))
+    try:
+        await store.open()
+        key = ConversationKey(str(uuid.uuid4()), "im")
+        await store.append(key, AvatarMessage(text="kept"))
+        router = store.executor.lean_cluster_for(store.client)
+        assert isinstance(router, AsyncClusterLean)
+        slot = router.slot(next(iter(router._slots)))
+        manager = store.client.nodes_manager
+        dropped = manager.get_node_from_slot(slot)
+        assert router._pipelines[dropped.name].direct_calls >= 1
+        assert any(c.is_connected for c in dropped._connections)  # the kept one
+        for known in (manager.nodes_cache, manager.startup_nodes):  # as initialize() does
+            survivors = {n: node for n, node in known.items() if n != dropped.name}
+            manager.set_nodes(known, survivors, remove_old=True)
+        if reread:
+            store.client._initialize = True  # the next call re-reads the map
+            await store.append(key, AvatarMessage(text="after"))
+            fresh = manager.get_node_from_slot(slot)
+            assert fresh.name == dropped.name and fresh is not dropped
+            assert router._pipelines[fresh.name].pool.node is fresh
+            await asyncio.sleep(0.05)  # redis-py's disconnect task for the dropped node
+            assert not any(c.is_connected for c in dropped._connections)
+            assert [t.seq for t in (await store.context(key)).turns] == [1, 2]
+    finally:
+        await store.close()
+    assert not any(c.is_connected for c in dropped._connections)
+    for node in store.client.get_nodes():
+        assert not any(c.is_connected for c in node._connections)
+
+
 async def _concurrent(url: str, scripts: ScriptRegistry, limit: int, n: int) -> None:
     config = MemtierConfig.load(redis_url=url, redis={**SETTINGS, "max_connections": limit})
     client, _ = connect_async(config)
