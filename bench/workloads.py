@@ -205,6 +205,14 @@ async def run_concurrently(
     return time.perf_counter() - started
 
 
+def _with_key(prepared: Any, key: Any) -> Any:
+    """``prepared`` for another key (a named tuple since 2026-12-03, a dataclass before:
+    the bench also runs older trees)."""
+    if hasattr(prepared, "_replace"):
+        return prepared._replace(key=key)
+    return dataclasses.replace(prepared, key=key)
+
+
 def populate(
     store: ConversationStore,
     keys: Sequence[ConversationKey],
@@ -236,7 +244,7 @@ def populate(
             if unique_ids:  # exactly what append() sends: a uuid4 hex turn id
                 prepared = core.prepare_turn(key, AvatarMessage(text=text))
             else:
-                prepared = dataclasses.replace(shared, key=key)
+                prepared = _with_key(shared, key)
             call = core.append_call(prepared)
             pipe.evalsha(script.sha, script.num_keys, *call.keys, *call.args)
             pending += 1

@@ -23,11 +23,14 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memtier.engine import ScriptCall
 
-__all__ = ["ScriptSpec", "header_inputs"]
+if TYPE_CHECKING:
+    from memtier.scripts import Durable
+
+__all__ = ["BoundSpec", "ScriptSpec", "header_inputs"]
 
 _TupleGetter = Callable[[Mapping[str, Any]], tuple[Any, ...]]
 _INPUT_LINE = re.compile(r"^\s*(KEYS|ARGV)\[(\d+)\]\s+([A-Za-z_][A-Za-z0-9_]*)")
@@ -87,6 +90,12 @@ class ScriptSpec:
             )
         return self._argv_getter(argv)
 
+    def bind(self, keys: Mapping[str, str], argv: Mapping[str, str | int | bytes]) -> BoundSpec:
+        """A :class:`BoundSpec`: this script's calls with ``keys`` and ``argv`` (the part
+        that is the same call after call) given now, checked once; each call then gives
+        the rest, by position, as :meth:`BoundSpec.names` lists them."""
+        return BoundSpec(self, keys, argv)
+
     def call_with_tail(
         self,
         keys: Mapping[str, str] | tuple[str, ...],
@@ -114,6 +123,51 @@ class ScriptSpec:
     def arg(self, call: ScriptCall, name: str) -> Any:
         """The value of ARGV ``name`` in ``call`` (a call of this script)."""
         return call.args[self.index(name)]
+
+
+class BoundSpec:
+    """A script's calls with part of their inputs fixed (``append_turn``'s partition
+    keys and limits: the same for every append to one partition and channel).  The hot
+    path fills in the rest by position -- no mapping built, no names compared per call;
+    the names were checked when it was bound."""
+
+    __slots__ = ("_arg_slots", "_argv", "_key_slots", "_keys", "names", "spec")
+
+    def __init__(
+        self, spec: ScriptSpec, keys: Mapping[str, str], argv: Mapping[str, str | int | bytes]
+    ) -> None:
+        unknown = (keys.keys() - spec._key_set) | (argv.keys() - spec._argv_set)
+        if unknown:
+            raise TypeError(f"{spec.script}: unknown inputs {sorted(unknown)}")
+        self.spec = spec
+        self._keys = [keys.get(role, "") for role in spec.keys]
+        self._argv: list[str | int | bytes] = [argv.get(name, "") for name in spec.argv]
+        self._key_slots = tuple(i for i, role in enumerate(spec.keys) if role not in keys)
+        self._arg_slots = tuple(i for i, name in enumerate(spec.argv) if name not in argv)
+        # What each call gives, in this order: the free KEYS roles, then the free ARGV.
+        self.names: tuple[tuple[str, ...], tuple[str, ...]] = (
+            tuple(spec.keys[i] for i in self._key_slots),
+            tuple(spec.argv[i] for i in self._arg_slots),
+        )
+
+    def call(
+        self,
+        keys: tuple[str, ...],
+        argv: tuple[str | int | bytes, ...],
+        durable: Durable | None = None,
+    ) -> ScriptCall:
+        """The call with the free KEYS ``keys`` and the free ARGV ``argv``, in
+        :attr:`names` order."""
+        key_slots, arg_slots = self._key_slots, self._arg_slots
+        if len(keys) != len(key_slots) or len(argv) != len(arg_slots):
+            raise TypeError(f"{self.spec.script}: a bound call takes {self.names}")
+        all_keys = self._keys.copy()
+        for i, value in zip(key_slots, keys):  # noqa: B905 - lengths checked above
+            all_keys[i] = value
+        all_args = self._argv.copy()
+        for i, arg in zip(arg_slots, argv):  # noqa: B905
+            all_args[i] = arg
+        return ScriptCall(self.spec.script, tuple(all_keys), tuple(all_args), durable=durable)
 
 
 def _tuple_getter(names: tuple[str, ...]) -> _TupleGetter:

@@ -40,6 +40,46 @@ def test_calls_built_by_name_put_every_value_at_its_position(
         assert call.args[spec.index(name)] == values[name] == spec.arg(call, name)
 
 
+@given(NAMES.filter(bool), NAMES, st.data())
+@example(["session", "lru"], ["prefix", "turn_id"], None)
+def test_a_bound_call_equals_the_call_built_by_name(
+    keys: list[str], argv: list[str], data: st.DataObject | None
+) -> None:
+    """Any split of the inputs into bound (per partition) and free (per call): the bound
+    call is the call :meth:`ScriptSpec.call` builds from all of them by name."""
+    spec = ScriptSpec("probe", tuple(keys), tuple(argv))
+    key_values = {role: f"k:{role}" for role in keys}
+    arg_values: dict[str, str | int] = {name: f"v:{name}" for name in argv}
+    if data is not None:
+        arg_values = {n: data.draw(st.text(max_size=5) | st.integers()) for n in argv}
+        fixed_keys = data.draw(st.sets(st.sampled_from(keys)))
+        fixed_args = data.draw(st.sets(st.sampled_from(argv))) if argv else set()
+    else:
+        fixed_keys, fixed_args = {"lru"}, {"prefix"}
+    bound = spec.bind(
+        {r: key_values[r] for r in fixed_keys}, {n: arg_values[n] for n in fixed_args}
+    )
+    free_keys, free_args = bound.names
+    assert set(free_keys) == set(keys) - fixed_keys
+    assert set(free_args) == set(argv) - fixed_args
+    call = bound.call(
+        tuple(key_values[r] for r in free_keys), tuple(arg_values[n] for n in free_args)
+    )
+    assert call == spec.call(key_values, **arg_values)
+    with pytest.raises(TypeError, match="bound call takes"):
+        bound.call(
+            tuple(key_values[r] for r in free_keys), (*(arg_values[n] for n in free_args), 1)
+        )
+
+
+def test_binding_an_unknown_name_is_refused() -> None:
+    spec = ScriptSpec("probe", ("session",), ("turn_id",))
+    with pytest.raises(TypeError, match="unknown inputs"):
+        spec.bind({"sesion": "k"}, {})
+    with pytest.raises(TypeError, match="unknown inputs"):
+        spec.bind({}, {"turnid": 1})
+
+
 def test_missing_or_unknown_names_are_refused() -> None:
     spec = ScriptSpec("probe", ("session",), ("a", "b"))
     with pytest.raises(TypeError, match="missing \\['b'\\]"):

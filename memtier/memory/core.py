@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 import orjson
 
@@ -60,6 +60,7 @@ from memtier.memory.scriptspecs import (
 from memtier.memory.turncodec import decode_record, encode_payload, record_flags
 from memtier.redaction import sanitize
 from memtier.scripts import Durable
+from memtier.scriptspec import BoundSpec
 from memtier.wire import ms_to_datetime
 
 __all__ = [
@@ -93,9 +94,9 @@ class AppendStatus:
     TURN_TOO_LARGE = -3
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedTurn:
-    """A turn after redaction and bounding: what is sent to Redis."""
+class PreparedTurn(NamedTuple):
+    """A turn after redaction and bounding: what is sent to Redis (immutable; a named
+    tuple because one is built per append, at a quarter of a frozen dataclass's cost)."""
 
     key: ConversationKey
     turn: Turn
@@ -110,9 +111,25 @@ class PreparedTurn:
 class _AppendFixed:
     """The part of an ``append_turn`` call that depends only on partition and channel."""
 
-    keys: dict[str, str]
-    argv: dict[str, str | int | bytes]
+    bound: BoundSpec
     durable: Durable | None
+
+
+_TURN_CLASSES: Final = tuple(TURN_TYPES.values())
+# The text fields of each turn kind that are redacted and bounded (names are checked).
+_BODY_FIELDS: Final = {
+    "avatar": ("text",),
+    "agent": ("text",),
+    "tool": ("summary",),
+    "action": ("outcome",),
+}
+_ANY_BODY: Final = ("text", "summary", "outcome")
+
+# The inputs append_call gives per append (the rest is bound per partition and channel).
+_APPEND_FREE: Final = (
+    ("session", "turns", "turn_ids"),
+    ("member", "turn_id", "payload", "turn_bytes", "flags", "new_session_id", "clock_override"),
+)
 
 
 def new_session_id() -> str:
@@ -164,7 +181,7 @@ class MemoryCore:
     # --- append --------------------------------------------------------------------------------
     def prepare_turn(self, key: ConversationKey, turn: Turn) -> PreparedTurn:
         """Redact, then bound, every text field; build the JSON payload."""
-        if not isinstance(turn, tuple(TURN_TYPES.values())):
+        if not isinstance(turn, _TURN_CLASSES):
             raise ValidationError(
                 "turn must be AvatarMessage, AgentResponse, ToolSummary or ActionResult"
             )
@@ -183,24 +200,28 @@ class MemoryCore:
         truncated = False
         out: dict[str, str] = {}
         used = 0  # UTF-8 bytes of the sanitized fields so far
-        # Names (tool, action) are short labels in a fixed grammar, checked again here (a
-        # model_construct()ed turn skips pydantic): refused, never rewritten, so what is
-        # stored is what snapshot validation accepts.  The body gets the rest of the budget;
-        # sanitize() redacts before it bounds, so a cut can never leave half a secret behind.
-        for name in ("tool", "action"):
-            if name in fields:
-                out[name] = check_name(fields[name], name)
-                used += len(out[name])  # ASCII: bytes == characters
-        budget = conv.max_turn_bytes - used
-        if turn.kind in ("tool", "action"):
-            budget = min(budget, conv.max_tool_result_bytes)
-        for name in ("text", "summary", "outcome"):
-            if name in fields:
-                clean = sanitize(fields[name], budget)
+        kind = turn.kind
+        budget = conv.max_turn_bytes
+        if kind in ("tool", "action"):
+            # Names (tool, action) are short labels in a fixed grammar, checked again here
+            # (a model_construct()ed turn skips pydantic): refused, never rewritten, so what
+            # is stored is what snapshot validation accepts.  The body gets the rest of the
+            # budget; sanitize() redacts before it bounds, so a cut can never leave half a
+            # secret behind.
+            for name in ("tool", "action"):
+                if name in fields:
+                    out[name] = check_name(fields[name], name)
+                    used += len(out[name])  # ASCII: bytes == characters
+            budget = min(budget - used, conv.max_tool_result_bytes)
+        for name in _BODY_FIELDS.get(kind, _ANY_BODY):
+            if name not in fields:
+                continue
+            clean = sanitize(fields[name], budget)
+            if clean.kinds:
                 kinds += clean.kinds
-                truncated |= clean.truncated
-                out[name] = clean.text
-                used += clean.byte_length
+            truncated |= clean.truncated
+            out[name] = clean.text
+            used += clean.byte_length
         turn_bytes = used
         if turn_bytes > conv.max_session_bytes:  # unreachable with a valid config; defence
             raise TurnTooLargeError(
@@ -208,19 +229,27 @@ class MemoryCore:
                 turn_bytes=turn_bytes,
                 limit_bytes=conv.max_session_bytes,
             )
-        if turn.turn_id is not None:
-            check_turn_id_for_append(turn.turn_id)
-        # 16 URL-safe base64 characters (96 random bits): stored twice per turn (record
-        # and id zset), so 32 bytes a turn less than 32 hex characters; a collision inside
-        # one session's id window (<= 1,024 ids) has a chance below 2**-76.
-        turn_id = turn.turn_id or secrets.token_urlsafe(12)
+        turn_id = turn.turn_id
+        if turn_id is not None:
+            check_turn_id_for_append(turn_id)
+        else:
+            # 16 URL-safe base64 characters (96 random bits): stored twice per turn (record
+            # and id zset), so 32 bytes a turn less than 32 hex characters; a collision
+            # inside one session's id window (<= 1,024 ids) has a chance below 2**-76.
+            turn_id = secrets.token_urlsafe(12)
         if out != fields:
             # Sanitising changed the content: it must still be a record that a snapshot
             # flush and recovery accept (one shared validator; "\x00" as a name is empty).
-            check_fields_for_append(turn.kind, out, turn_id)
-        payload = encode_payload(turn.kind, turn_id, out)
+            check_fields_for_append(kind, out, turn_id)
+        payload = encode_payload(kind, turn_id, out)
         return PreparedTurn(
-            key, turn, turn_id, payload, turn_bytes, truncated, tuple(dict.fromkeys(kinds))
+            key,
+            turn,
+            turn_id,
+            payload,
+            turn_bytes,
+            truncated,
+            tuple(dict.fromkeys(kinds)) if kinds else (),
         )
 
     def durable(self, part: PartitionKeys) -> Durable | None:
@@ -240,27 +269,19 @@ class MemoryCore:
             fixed = self._append_fixed[(part.partition, key.channel)] = self._append_bounds(
                 part, key.channel
             )
-        keys = {
-            "session": sk.session,
-            "turns": sk.turns,
-            "turn_ids": sk.turn_ids,
-            **fixed.keys,
-        }
-        args = {
-            **fixed.argv,
-            "member": member,
-            "turn_id": prepared.turn_id,
-            "payload": prepared.payload,
-            "turn_bytes": prepared.turn_bytes,
-            "flags": record_flags(prepared.turn.kind == "tool"),
-            "new_session_id": session_id or new_session_id(),
-            "clock_override": self.clock_arg(),
-        }
-        return ScriptCall(
-            APPEND_TURN.script,
-            APPEND_TURN.key_tuple(keys),
-            APPEND_TURN.arg_tuple(args),
-            durable=fixed.durable,
+        # The free inputs in _APPEND_FREE order (checked against the spec when bound).
+        return fixed.bound.call(
+            (sk.session, sk.turns, sk.turn_ids),
+            (
+                member,
+                prepared.turn_id,
+                prepared.payload,
+                prepared.turn_bytes,
+                record_flags(prepared.turn.kind == "tool"),
+                session_id or new_session_id(),
+                self.clock_arg(),
+            ),
+            fixed.durable,
         )
 
     def _append_bounds(self, part: PartitionKeys, channel: Channel) -> _AppendFixed:
@@ -294,7 +315,10 @@ class MemoryCore:
             "sweep_interval_ms": limits.SWEEP_INTERVAL_MS,
             "ttl_refresh_ms": limits.TTL_REFRESH_MS,
         }
-        return _AppendFixed(keys, argv, self.durable(part))
+        bound = APPEND_TURN.bind(keys, argv)
+        if bound.names != _APPEND_FREE:  # a spec change must update append_call's order
+            raise AssertionError(f"append_turn's free inputs are {bound.names}")
+        return _AppendFixed(bound, self.durable(part))
 
     def decode_append(self, prepared: PreparedTurn, reply: Sequence[Any]) -> AppendReceipt:
         status = int(reply[0])

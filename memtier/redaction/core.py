@@ -116,7 +116,7 @@ def redact(text: str) -> RedactionResult:
             break
         for kind, n in counts.items():
             found[kind] = found.get(kind, 0) + n
-    return RedactionResult(text, sorted_kinds(found))
+    return RedactionResult(text, sorted_kinds(found) if found else ())
 
 
 def redact_text(text: str) -> str:
@@ -219,8 +219,12 @@ def sanitize(text: str, max_bytes: int) -> SanitizedText:
     if not text.isascii():
         encode_utf8(text)  # refuse lone surrogates before doing any work (ASCII has none)
     result = redact(text)
-    kinds = set(result.kinds)
     out, truncated = bound_utf8(result.text, max_bytes)
+    if not truncated and not result.kinds:  # the common case: final as it is
+        return SanitizedText(
+            out, len(out) if out.isascii() else len(out.encode("utf-8")), (), False
+        )
+    kinds = set(result.kinds)
     rounds = 1
     # Text with nothing redacted and nothing cut is final; otherwise check again (a cut can
     # expose a new match; and never rely on redact()'s bounded fixpoint loop alone).
