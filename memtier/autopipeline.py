@@ -105,7 +105,7 @@ class Packer:
 
     def __call__(self, args: Sequence[Any]) -> list[bytes]:
         if self._fast is not None and _PLAIN_ARGS.issuperset(map(type, args)):
-            return [self._fast(tuple(args))]
+            return [self._fast(args if type(args) is tuple else tuple(args))]
         if self._slow is None:
             self._slow = self._connection_class(**self._kwargs)
         return list(self._slow.pack_command(*args))

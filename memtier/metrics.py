@@ -252,9 +252,16 @@ def count_event(reason: str, count: int = 1) -> None:
         EVENTS.labels(reason).inc(count)
 
 
+_EVENT_SCRIPTS: Final = frozenset(
+    ("drop_session", "sweep_expired", "emit_event", "apply_compaction", "restore_session")
+)
+
+
 def count_script_events(script: str, args: Sequence[Any], reply: Any) -> None:
     """Count the events a memory script reports it published (``append_turn``'s are
     counted from its receipt by the store)."""
+    if script not in _EVENT_SCRIPTS:  # append_turn, context_head...: nothing to count here
+        return
     try:
         if script == "drop_session" and int(reply[0]) == 1:
             count_event(_text(args[DROP_SESSION.index("reason")]))
