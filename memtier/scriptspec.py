@@ -105,8 +105,7 @@ class ScriptSpec:
     ) -> ScriptCall:
         """:meth:`call`, then a counted tail after the declared ARGV (``snapshot_page``'s
         members, ``restore_session``'s records): the script's header documents it."""
-        call = self.call(keys, **argv)
-        return dataclasses.replace(call, args=(*call.args, *tail))
+        return ScriptCall(self.script, self.key_tuple(keys), (*self.arg_tuple(argv), *tail))
 
     def replace(self, call: ScriptCall, /, **argv: str | int | bytes) -> ScriptCall:
         """``call`` (a call of this script) with the ARGV named in ``argv`` changed."""

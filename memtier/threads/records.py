@@ -36,7 +36,9 @@ __all__ = ["entry_from_json", "entry_row", "pairs", "text", "thread_from_fields"
 
 def pairs(flat: Sequence[Any]) -> dict[str, str]:
     """A flat ``field, value, ...`` reply (HGETALL inside a script) as a dict."""
-    return {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+    decoded = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]  # text()
+    # An odd last element is left out (as the pairwise reading always did).
+    return dict(zip(decoded[0::2], decoded[1::2], strict=False))
 
 
 def usage_of(fields: Mapping[str, str]) -> dict[str, int]:

@@ -8,7 +8,6 @@ triples, meter pairs) declares the fixed part; :func:`with_tail` appends the res
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from typing import Final
 
@@ -166,10 +165,13 @@ def thread_call(
     """A call of ``spec`` on one thread: its KEYS picked by role, ARGV by name, then the
     counted ``tail``."""
     roles = thread_roles(keys, owner)
-    call = spec.call({role: roles[role] for role in spec.keys}, **argv)
-    return with_tail(call, tail)
+    return ScriptCall(
+        spec.script,
+        spec.key_tuple({role: roles[role] for role in spec.keys}),
+        (*spec.arg_tuple(argv), *tail),
+    )
 
 
 def with_tail(call: ScriptCall, tail: Iterable[str | int | bytes]) -> ScriptCall:
     """``call`` with the counted tail of its ARGV appended (the header documents it)."""
-    return dataclasses.replace(call, args=(*call.args, *tail))
+    return ScriptCall(call.script, call.keys, (*call.args, *tail), call.attempts, call.durable)
