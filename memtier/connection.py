@@ -368,7 +368,10 @@ def _checked(conn: Any) -> Any:
     out: connected (again, after a failure or ``pool.disconnect()``), nothing unread (a
     reply left behind, or the server closed the socket: reconnect)."""
     try:
-        conn.connect()
+        if getattr(conn, "_sock", None) is None:
+            # (connect() returns at once on a connected socket, but only after its retry
+            # wrapper: a few us a call, on every call, for nothing.)
+            conn.connect()
         if conn.can_read():
             raise RedisConnectionError("Connection has data")
     except (RedisConnectionError, RedisTimeoutError, OSError):

@@ -12,7 +12,7 @@ import re
 from datetime import datetime
 from enum import StrEnum
 from functools import lru_cache
-from typing import Annotated, Any, ClassVar, Final, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Final, Literal
 from uuid import UUID
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError
 from memtier import limits
 from memtier.errors import ErrorCode, InvalidNameError, UnsupportedChannelError, ValidationError
 from memtier.redaction import sanitize
+from memtier.trustedmodels import trusted
 from memtier.wire import ms_to_datetime
 
 __all__ = [
@@ -436,32 +437,3 @@ class Event(_Strict):
     session_id: str | None
     timestamp: datetime
     detail: str | None = None
-
-
-_M = TypeVar("_M", bound=BaseModel)
-# The slot descriptors of BaseModel's four instance slots: setting through them directly is
-# what ``object.__setattr__`` ends up doing, without its per-call name lookup (the read path
-# builds 40 models per context of 20 turns).
-_SET_DICT: Final = BaseModel.__dict__["__dict__"].__set__
-_SET_FIELDS_SET: Final = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_SET_EXTRA: Final = BaseModel.__dict__["__pydantic_extra__"].__set__
-_SET_PRIVATE: Final = BaseModel.__dict__["__pydantic_private__"].__set__
-_new: Final = object.__new__
-
-
-def trusted(model: type[_M], values: dict[str, Any]) -> _M:
-    """An instance of a frozen memtier model from values the caller built and checked.
-
-    What ``model_construct`` does (no validation), without its per-call overhead, which
-    in pydantic 2.x costs more than validating: ``values`` must name every field, in
-    declaration order, with the declared types (tests/memory/test_core_decode.py compares
-    the result with a validated instance).  Only for models without private attributes or
-    ``model_post_init``; the read path uses it (memory core, turn-record codec), and the
-    append receipt.
-    """
-    obj = _new(model)
-    _SET_DICT(obj, values)
-    _SET_FIELDS_SET(obj, set(values))
-    _SET_EXTRA(obj, None)
-    _SET_PRIVATE(obj, None)
-    return obj

@@ -39,7 +39,14 @@ from memtier.threads.models import (
     Ownership,
     check_identity,
 )
-from memtier.threads.records import entry_from_json, entry_row, pairs, text, thread_from_fields
+from memtier.threads.records import (
+    entry_from_json,
+    entry_from_row,
+    entry_row,
+    pairs,
+    text,
+    thread_from_fields,
+)
 from memtier.threads.runlimits import TurnBudget
 from memtier.threads.runner import AgentDenied, RunnerReply
 from memtier.threads.runoptions import validate_run_options
@@ -474,7 +481,7 @@ def _commit(
         request_id=state.request_id,
         status=ContinueStatus(res["status"]),
         leaf_id=res.get("leafId"),
-        entries=tuple(entry_from_json(e) for e in entry_json),
+        entries=tuple(entry_from_row(e) for e in entries),  # the rows just stored
         reason=res.get("reason"),
     )
 
