@@ -220,23 +220,23 @@ def sanitize(text: str, max_bytes: int) -> SanitizedText:
         encode_utf8(text)  # refuse lone surrogates before doing any work (ASCII has none)
     result = redact(text)
     out, truncated = bound_utf8(result.text, max_bytes)
-    if not truncated and not result.kinds:  # the common case: final as it is
-        return SanitizedText(
-            out, len(out) if out.isascii() else len(out.encode("utf-8")), (), False
-        )
-    kinds = set(result.kinds)
-    rounds = 1
-    # Text with nothing redacted and nothing cut is final; otherwise check again (a cut can
-    # expose a new match; and never rely on redact()'s bounded fixpoint loop alone).
-    while (truncated or kinds) and contains_secret(out):
-        if rounds >= MAX_SANITIZE_ROUNDS:
-            out, _ = bound_utf8(FALLBACK_TEXT, max_bytes)
-            truncated = True
-            break
-        again = redact(out)
-        kinds.update(again.kinds)
-        out, cut = bound_utf8(again.text, max_bytes)
-        truncated = truncated or cut
-        rounds += 1
+    found = result.kinds  # already unique and in order
+    # Text with nothing redacted and nothing cut is final (the common case); otherwise check
+    # again (a cut can expose a new match; and never rely on redact()'s bounded fixpoint
+    # loop alone).
+    if truncated or found:
+        kinds = set(found)
+        rounds = 1
+        while contains_secret(out):
+            if rounds >= MAX_SANITIZE_ROUNDS:
+                out, _ = bound_utf8(FALLBACK_TEXT, max_bytes)
+                truncated = True
+                break
+            again = redact(out)
+            kinds.update(again.kinds)
+            out, cut = bound_utf8(again.text, max_bytes)
+            truncated = truncated or cut
+            rounds += 1
+        found = sorted_kinds(list(kinds))
     nbytes = len(out) if out.isascii() else len(out.encode("utf-8"))
-    return SanitizedText(out, nbytes, sorted_kinds(list(kinds)), truncated)
+    return SanitizedText(out, nbytes, found, truncated)

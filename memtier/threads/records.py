@@ -143,36 +143,21 @@ def entry_from_row(data: Mapping[str, Any]) -> ConversationEntry:
     Built without validation when every value has the type :func:`entry_row` gives it
     (the rows memtier wrote): validating four entries per turn was a tenth of a
     continue's model work.  Any other row is validated, and refused as it always was."""
-    entry_id, parent = data["id"], data.get("parentId") or None  # (the order errors had)
-    role = EntryRole(data["role"])
-    content = data["content"]
-    created = ms_to_datetime(int(data["createdAt"]))
-    request_id = data.get("requestId")
-    truncated = True if data.get("truncated") else None
+    values = {  # built in the order errors had (a bad role before a missing content)
+        "id": data["id"],
+        "parent_id": data.get("parentId") or None,
+        "role": EntryRole(data["role"]),
+        "content": data["content"],
+        "created_at": ms_to_datetime(int(data["createdAt"])),
+        "request_id": data.get("requestId"),
+        "truncated": True if data.get("truncated") else None,
+    }
+    parent, request_id = values["parent_id"], values["request_id"]
     if (
-        type(entry_id) is str
-        and type(content) is str
+        type(values["id"]) is str
+        and type(values["content"]) is str
         and (parent is None or type(parent) is str)
         and (request_id is None or type(request_id) is str)
     ):
-        return trusted(
-            ConversationEntry,
-            {
-                "id": entry_id,
-                "parent_id": parent,
-                "role": role,
-                "content": content,
-                "created_at": created,
-                "request_id": request_id,
-                "truncated": truncated,
-            },
-        )
-    return ConversationEntry(
-        id=entry_id,
-        parent_id=parent,
-        role=role,
-        content=content,
-        created_at=created,
-        request_id=request_id,
-        truncated=truncated,
-    )
+        return trusted(ConversationEntry, values)
+    return ConversationEntry(**values)

@@ -165,11 +165,7 @@ def thread_call(
     """A call of ``spec`` on one thread: its KEYS picked by role, ARGV by name, then the
     counted ``tail``."""
     roles = thread_roles(keys, owner)
-    return ScriptCall(
-        spec.script,
-        spec.key_tuple({role: roles[role] for role in spec.keys}),
-        (*spec.arg_tuple(argv), *tail),
-    )
+    return spec.call_with_tail({role: roles[role] for role in spec.keys}, tail, **argv)
 
 
 def with_tail(call: ScriptCall, tail: Iterable[str | int | bytes]) -> ScriptCall:
