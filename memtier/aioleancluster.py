@@ -58,7 +58,12 @@ T = TypeVar("T")
 _GENERIC_EXECUTE = RedisCluster.execute_command
 
 # The parts of redis-py's asyncio cluster internals this path reads (checked once).
-_MANAGER_PARTS = ("get_node_from_slot", "move_node_to_end_of_cached_nodes")
+_MANAGER_PARTS = (
+    "get_node_from_slot",
+    "move_node_to_end_of_cached_nodes",
+    "nodes_cache",
+    "startup_nodes",
+)
 _NODE_PARTS = ("acquire_connection", "release", "update_active_connections_for_reconnect")
 
 
@@ -71,10 +76,11 @@ class _NodePool:
     """What :class:`~memtier.autopipeline.AutoPipeline` needs of a pool, over one asyncio
     cluster node's own connection list (redis-py's ``ClusterNode``)."""
 
-    __slots__ = ("_memtier_kept", "connection_class", "connection_kwargs", "node")
+    __slots__ = ("_memtier_kept", "connection_class", "connection_kwargs", "manager", "node")
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: Any, manager: Any) -> None:
         self.node = node
+        self.manager = manager  # redis-py's NodesManager: which node objects it still closes
         self.connection_class = node.connection_class
         self.connection_kwargs = node.connection_kwargs
 
@@ -82,7 +88,24 @@ class _NodePool:
         return self.node.acquire_connection()
 
     async def release(self, conn: Any) -> None:
-        self.node.release(conn)
+        node = self.node
+        if not self._known(node):
+            # redis-py dropped this node object from its map (a failover's slot map may
+            # omit a node for a moment) after this connection was taken -- by a batch
+            # queued before the drop and sent after it.  redis-py closed the node's
+            # connections it held then and never closes this object again (its aclose
+            # walks the current map), so a connection given back open would stay open.
+            await conn.disconnect(nowait=True)
+        node.release(conn)
+
+    def _known(self, node: Any) -> bool:
+        """``node`` is the object redis-py's map (or its startup list) holds: closed by
+        the client's ``aclose``."""
+        name = node.name
+        return (
+            self.manager.nodes_cache.get(name) is node
+            or self.manager.startup_nodes.get(name) is node
+        )
 
 
 class AsyncClusterLean(SlotCache):
@@ -176,7 +199,9 @@ class AsyncClusterLean(SlotCache):
         if pipeline is None or pipeline.pool.node is not node:
             if len(self._pipelines) >= PIPELINES_CEILING:
                 self._pipelines.clear()
-            pipeline = AutoPipeline(_NodePool(node), self._bounds, self.guard)
+            pipeline = AutoPipeline(
+                _NodePool(node, self.client.nodes_manager), self._bounds, self.guard
+            )
             self._pipelines[node.name] = pipeline
         return pipeline
 

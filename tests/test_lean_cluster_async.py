@@ -341,6 +341,50 @@ async def test_a_node_dropped_from_the_slot_map_leaves_no_connection_open(
         assert not any(c.is_connected for c in node._connections)
 
 
+_PING = (b"*1\r\n$4\r\nPING\r\n",)
+
+
+@pytest.mark.parametrize("calls", [1, 8])
+async def test_calls_queued_for_a_dropped_node_leave_no_connection_open(
+    cluster: Any, calls: int
+) -> None:
+    """Calls queued on a node's pipeline before redis-py drops that node object from its
+    map, and sent after: their batch takes a connection of the dropped object (its free
+    one, before redis-py's disconnect task runs, or a new one).  redis-py never closes
+    that object again (its ``aclose`` walks the current map), so the pipeline closes
+    the connection when the batch gives it back: none is open after the calls, nor after
+    the store closes.  (Seen in CI as a ResourceWarning for a node of a failover test.)"""
+    namespace = "t" + uuid.uuid4().hex[:10]
+    store = AsyncConversationStore.from_config(_config(cluster.url, namespace=namespace))
+    try:
+        await store.open()
+        key = ConversationKey(str(uuid.uuid4()), "im")
+        await store.append(key, AvatarMessage(text="kept"))
+        router = store.executor.lean_cluster_for(store.client)
+        assert isinstance(router, AsyncClusterLean) and router.pipelined
+        slot = router.slot(next(iter(router._slots)))
+        manager = store.client.nodes_manager
+        dropped = manager.get_node_from_slot(slot)
+        pipeline = router.pipeline_for(dropped)
+        assert pipeline is not None
+        queued = [pipeline.submit(_PING) for _ in range(calls)]  # the send task not run yet
+        for known in (manager.nodes_cache, manager.startup_nodes):  # as initialize() does
+            survivors = {n: node for n, node in known.items() if n != dropped.name}
+            manager.set_nodes(known, survivors, remove_old=True)
+        assert await asyncio.gather(*queued) == [b"PONG"] * calls  # sent to the old object
+        await asyncio.sleep(0.05)  # redis-py's own disconnect task for the dropped node
+        assert dropped._connections, "the batch took no connection of the dropped node"
+        assert not any(c.is_connected for c in dropped._connections)
+        store.client._initialize = True  # the next call re-reads the map
+        await store.append(key, AvatarMessage(text="after"))
+        assert [t.seq for t in (await store.context(key)).turns] == [1, 2]
+    finally:
+        await store.close()
+    assert not any(c.is_connected for c in dropped._connections)
+    for node in store.client.get_nodes():
+        assert not any(c.is_connected for c in node._connections)
+
+
 async def _concurrent(url: str, scripts: ScriptRegistry, limit: int, n: int) -> None:
     config = MemtierConfig.load(redis_url=url, redis={**SETTINGS, "max_connections": limit})
     client, _ = connect_async(config)
