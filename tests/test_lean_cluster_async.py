@@ -298,6 +298,35 @@ async def test_a_context_read_on_a_stale_slot_map_is_redirected_and_answers_once
         assert _in_use(store.client) == 0
 
 
+def _drop_node(manager: Any, dropped: Any) -> None:
+    """Leave ``dropped`` out of redis-py's map and startup list, as ``initialize()`` does
+    when ``CLUSTER SLOTS`` omits a node (redis-py then closes its free connections)."""
+    for known in (manager.nodes_cache, manager.startup_nodes):
+        survivors = {n: node for n, node in known.items() if n != dropped.name}
+        manager.set_nodes(known, survivors, remove_old=True)
+
+
+async def _store_with_a_called_node(
+    url: str,
+) -> tuple[AsyncConversationStore, ConversationKey, AsyncClusterLean, int, Any]:
+    """An open store that appended once: its router, the session's slot and its node."""
+    namespace = "t" + uuid.uuid4().hex[:10]
+    store = AsyncConversationStore.from_config(_config(url, namespace=namespace))
+    await store.open()
+    key = ConversationKey(str(uuid.uuid4()), "im")
+    await store.append(key, AvatarMessage(text="kept"))
+    router = store.executor.lean_cluster_for(store.client)
+    assert isinstance(router, AsyncClusterLean) and router.pipelined
+    slot = router.slot(next(iter(router._slots)))
+    return store, key, router, slot, store.client.nodes_manager.get_node_from_slot(slot)
+
+
+def _all_closed(store: AsyncConversationStore, dropped: Any) -> None:
+    assert not any(c.is_connected for c in dropped._connections)
+    for node in store.client.get_nodes():
+        assert not any(c.is_connected for c in node._connections)
+
+
 @pytest.mark.parametrize("reread", [True, False], ids=["map-reread", "closed-at-once"])
 async def test_a_node_dropped_from_the_slot_map_leaves_no_connection_open(
     cluster: Any, reread: bool
@@ -309,22 +338,12 @@ async def test_a_node_dropped_from_the_slot_map_leaves_no_connection_open(
     node's ``acquire_connection`` is a deque pop: nothing to save): after the next call
     finds a new object for that node name, or after the store closes, no connection of
     the dropped object is open (a connection kept idle by its pipeline would be)."""
-    namespace = "t" + uuid.uuid4().hex[:10]
-    store = AsyncConversationStore.from_config(_config(cluster.url, namespace=namespace))
+    store, key, router, slot, dropped = await _store_with_a_called_node(cluster.url)
     try:
-        await store.open()
-        key = ConversationKey(str(uuid.uuid4()), "im")
-        await store.append(key, AvatarMessage(text="kept"))
-        router = store.executor.lean_cluster_for(store.client)
-        assert isinstance(router, AsyncClusterLean)
-        slot = router.slot(next(iter(router._slots)))
         manager = store.client.nodes_manager
-        dropped = manager.get_node_from_slot(slot)
         assert router._pipelines[dropped.name].direct_calls >= 1
         assert any(c.is_connected for c in dropped._connections)  # the kept one
-        for known in (manager.nodes_cache, manager.startup_nodes):  # as initialize() does
-            survivors = {n: node for n, node in known.items() if n != dropped.name}
-            manager.set_nodes(known, survivors, remove_old=True)
+        _drop_node(manager, dropped)
         if reread:
             store.client._initialize = True  # the next call re-reads the map
             await store.append(key, AvatarMessage(text="after"))
@@ -336,9 +355,7 @@ async def test_a_node_dropped_from_the_slot_map_leaves_no_connection_open(
             assert [t.seq for t in (await store.context(key)).turns] == [1, 2]
     finally:
         await store.close()
-    assert not any(c.is_connected for c in dropped._connections)
-    for node in store.client.get_nodes():
-        assert not any(c.is_connected for c in node._connections)
+    _all_closed(store, dropped)
 
 
 _PING = (b"*1\r\n$4\r\nPING\r\n",)
@@ -354,23 +371,12 @@ async def test_calls_queued_for_a_dropped_node_leave_no_connection_open(
     that object again (its ``aclose`` walks the current map), so the pipeline closes
     the connection when the batch gives it back: none is open after the calls, nor after
     the store closes.  (Seen in CI as a ResourceWarning for a node of a failover test.)"""
-    namespace = "t" + uuid.uuid4().hex[:10]
-    store = AsyncConversationStore.from_config(_config(cluster.url, namespace=namespace))
+    store, key, router, _, dropped = await _store_with_a_called_node(cluster.url)
     try:
-        await store.open()
-        key = ConversationKey(str(uuid.uuid4()), "im")
-        await store.append(key, AvatarMessage(text="kept"))
-        router = store.executor.lean_cluster_for(store.client)
-        assert isinstance(router, AsyncClusterLean) and router.pipelined
-        slot = router.slot(next(iter(router._slots)))
-        manager = store.client.nodes_manager
-        dropped = manager.get_node_from_slot(slot)
         pipeline = router.pipeline_for(dropped)
         assert pipeline is not None
         queued = [pipeline.submit(_PING) for _ in range(calls)]  # the send task not run yet
-        for known in (manager.nodes_cache, manager.startup_nodes):  # as initialize() does
-            survivors = {n: node for n, node in known.items() if n != dropped.name}
-            manager.set_nodes(known, survivors, remove_old=True)
+        _drop_node(store.client.nodes_manager, dropped)
         assert await asyncio.gather(*queued) == [b"PONG"] * calls  # sent to the old object
         await asyncio.sleep(0.05)  # redis-py's own disconnect task for the dropped node
         assert dropped._connections, "the batch took no connection of the dropped node"
@@ -380,9 +386,7 @@ async def test_calls_queued_for_a_dropped_node_leave_no_connection_open(
         assert [t.seq for t in (await store.context(key)).turns] == [1, 2]
     finally:
         await store.close()
-    assert not any(c.is_connected for c in dropped._connections)
-    for node in store.client.get_nodes():
-        assert not any(c.is_connected for c in node._connections)
+    _all_closed(store, dropped)
 
 
 async def _concurrent(url: str, scripts: ScriptRegistry, limit: int, n: int) -> None:
