@@ -153,8 +153,26 @@ fi
 
 say "pytest $* (collected $collected)"
 status=0
-"$PY" -m pytest --junitxml="$junit" "$@" 2>&1 | tee "$pytest_log"
+"$PY" -m pytest --junitxml="$junit" --durations=25 "$@" 2>&1 | tee "$pytest_log"
 status=${PIPESTATUS[0]}
+
+# Where the suite's time goes (CI time is a budget): the ten slowest test files.
+"$PY" - "$junit" <<'EOF' || true
+import collections
+import sys
+import xml.etree.ElementTree as ET
+
+try:
+    cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
+except (OSError, ET.ParseError):
+    raise SystemExit
+by_file: collections.Counter[str] = collections.Counter()
+for case in cases:
+    name = case.get("classname", "?").split(".")
+    by_file[".".join(n for n in name if not n[:1].isupper())] += float(case.get("time", 0))
+print("== run.sh: slowest test modules (s):", ", ".join(
+    f"{name} {seconds:.0f}" for name, seconds in by_file.most_common(10)))
+EOF
 
 counts=$("$PY" - "$junit" <<'EOF'
 import sys
