@@ -156,25 +156,10 @@ status=0
 "$PY" -m pytest --junitxml="$junit" --durations=25 "$@" 2>&1 | tee "$pytest_log"
 status=${PIPESTATUS[0]}
 
-# Where the suite's time goes (CI time is a budget): the ten slowest test files.
-"$PY" - "$junit" <<'EOF' || true
-import collections
-import sys
-import xml.etree.ElementTree as ET
-
-try:
-    cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
-except (OSError, ET.ParseError):
-    raise SystemExit
-by_file: collections.Counter[str] = collections.Counter()
-for case in cases:
-    name = case.get("classname", "?").split(".")
-    by_file[".".join(n for n in name if not n[:1].isupper())] += float(case.get("time", 0))
-print("== run.sh: slowest test modules (s):", ", ".join(
-    f"{name} {seconds:.0f}" for name, seconds in by_file.most_common(10)))
-EOF
-
+# The counts (stdout, read below) and, on stderr for the log, where the suite's time went
+# (CI time is a budget): the ten slowest test modules.
 counts=$("$PY" - "$junit" <<'EOF'
+import collections
 import sys
 import xml.etree.ElementTree as ET
 
@@ -189,6 +174,12 @@ failures = sum(int(s.get("failures", 0)) for s in suites)
 errors = sum(int(s.get("errors", 0)) for s in suites)
 skipped = sum(int(s.get("skipped", 0)) for s in suites)
 print(total, total - failures - errors - skipped, failures, errors, skipped)
+by_module: collections.Counter[str] = collections.Counter()
+for case in root.iter("testcase"):
+    parts = case.get("classname", "?").split(".")  # a test class's name is capitalised
+    by_module[".".join(p for p in parts if not p[:1].isupper())] += float(case.get("time", 0))
+slowest = ", ".join(f"{name} {s:.0f}" for name, s in by_module.most_common(10))
+print("== run.sh: slowest test modules (s):", slowest, file=sys.stderr)
 EOF
 )
 read -r executed passed failed errored skipped <<<"$counts"
