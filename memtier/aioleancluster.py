@@ -88,20 +88,19 @@ class _NodePool:
         return self.node.acquire_connection()
 
     async def release(self, conn: Any) -> None:
-        node = self.node
-        if not self._known(node):
+        if not self._known():
             # redis-py dropped this node object from its map (a failover's slot map may
             # omit a node for a moment) after this connection was taken -- by a batch
             # queued before the drop and sent after it.  redis-py closed the node's
             # connections it held then and never closes this object again (its aclose
             # walks the current map), so a connection given back open would stay open.
             await conn.disconnect(nowait=True)
-        node.release(conn)
+        self.node.release(conn)
 
-    def _known(self, node: Any) -> bool:
-        """``node`` is the object redis-py's map (or its startup list) holds: closed by
-        the client's ``aclose``."""
-        name = node.name
+    def _known(self) -> bool:
+        """This pool's node is the object redis-py's map (or its startup list) holds:
+        closed by the client's ``aclose``."""
+        node, name = self.node, self.node.name
         return (
             self.manager.nodes_cache.get(name) is node
             or self.manager.startup_nodes.get(name) is node
