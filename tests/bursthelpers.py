@@ -1,4 +1,4 @@
-"""Helpers of the concurrency-burst tests: a manual failover on the fixture cluster, and back.
+"""Helpers of the concurrency-burst tests: a manual failover on the fixture cluster.
 
 Only servers the fixtures started are touched (their ports come from the fixture), and
 every wait is a bounded poll.
@@ -9,16 +9,15 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from redis.crc import key_slot
-from servers import RedisClusterServers
+from servers import CLUSTER_NODE_TIMEOUT_MS, RedisClusterServers
 
 FAILOVER_TIMEOUT_S = 60.0
 POLL_S = 0.05
 FAILOVER_ATTEMPTS = 4
-FAILBACK_ROUNDS = 2
 MANUAL_FAILOVER_S = 12.0  # Redis gives a manual failover 5 s; a loaded box needs more
 
 
@@ -118,34 +117,123 @@ def _linked(cluster: RedisClusterServers, replica: int) -> bool:
     )
 
 
-def failover_to(cluster: RedisClusterServers, replica: int) -> None:
+# When each node's shard last failed over, by (cluster, node port).  Redis refuses the
+# election of a shard failed over less than twice the node timeout ago (30 s here; seen:
+# refused at 0.1 s and at 27 s, granted at 50 s): it gives up after 5 s, and the test waits
+# and asks again, or forces.  :func:`quiet_shard` steers each test to the quietest shard
+# and waits out the rest of that window instead.
+_LAST_FAILOVER: dict[tuple[int, int], float] = {}
+VOTE_WINDOW_S = 2 * CLUSTER_NODE_TIMEOUT_MS / 1000 + 1.0
+
+
+def quiet_shard(cluster: RedisClusterServers, keys: list[str]) -> int:
+    """Index in ``keys`` of one whose shard failed over longest ago (never, best); returns
+    once that shard may fail over again without an election being refused."""
+
+    def last(index: int) -> float:
+        primary, _ = slot_owner(cluster, keys[index])
+        return _LAST_FAILOVER.get((cluster.port, primary), float("-inf"))
+
+    times = [last(i) for i in range(len(keys))]
+    chosen = times.index(min(times))
+    time.sleep(max(0.0, times[chosen] + VOTE_WINDOW_S - time.monotonic()))
+    return chosen
+
+
+def failover_to(
+    cluster: RedisClusterServers,
+    replica: int,
+    before_forced: Callable[[], None] | None = None,
+    events: list[str] | None = None,
+) -> tuple[str, ...] | None:
     """``CLUSTER FAILOVER`` on ``replica`` (coordinated, no data loss); wait until it leads.
+
+    Leads means both sides agree: ``replica`` says it is a primary *and* its old primary
+    says it is now ``replica``'s replica.  ``ROLE`` on the replica alone is not enough: a
+    manual failover that timed out can leave it saying "master" for a moment, under its
+    old epoch, before it goes back to replicating the same primary (seen here on Redis
+    7.0.15, second try after a timed-out first one).
 
     A manual failover is given up by Redis after 5 s (say, while the replica is still
     syncing after the previous one, or on a loaded machine): wait for its replication
-    link, then ask again, a bounded number of times (the later ones with FORCE).
+    link, then ask again, a bounded number of times (the later ones with FORCE, then
+    TAKEOVER).  Those two skip the handshake that makes the replica catch up first, so
+    what it has not received is lost: before one, ``before_forced()`` stops the writers
+    and this waits until the replica has everything its primary has.  Returns the options
+    of the last ``CLUSTER FAILOVER`` sent (None: none was needed).  ``events`` collects a
+    timeline for failure messages.
     """
+
+    def note(text: str) -> None:
+        if events is not None:
+            events.append(f"{time.monotonic():.2f} {text}")
+
+    options: tuple[str, ...] | None = None  # those of the last CLUSTER FAILOVER sent
+    old_primary: list[int] = []
     for attempt in range(FAILOVER_ATTEMPTS):
-        if role(cluster, replica) == "master":
-            return
+        if old_primary and _took_over(cluster, replica, old_primary[0]):
+            return options
         wait_for(f"node {replica}'s replication link", lambda: _linked(cluster, replica))
+        old_primary[:] = [_primary_of(cluster, replica)]
         # After two coordinated tries, FORCE: no handshake with the (busy) primary, still an
-        # election by the primaries; nothing is writing by then, so the replica is in sync.
-        # The last try is TAKEOVER (no election): a primary that voted for a replica of
-        # the same primary refuses to vote again for twice the node timeout (30 s here),
-        # so repeated elections can all be denied (seen in CI: "never became primary").
+        # election by the primaries; the writers are stopped first and the replica caught
+        # up, so nothing acknowledged is lost.  The last try is TAKEOVER (no election):
+        # elections of a shard failed over less than twice the node timeout ago are refused
+        # (``_LAST_FAILOVER``), so they can all be denied (seen in CI: "never became
+        # primary").
         last = attempt == FAILOVER_ATTEMPTS - 1
         options = ("TAKEOVER",) if last else ("FORCE",) if attempt >= 2 else ()
+        if options:
+            if before_forced is not None:
+                before_forced()
+            wait_for(f"node {replica} to catch up", lambda: _caught_up(cluster, replica))
+        note(f"CLUSTER FAILOVER {' '.join(options)} on {replica} (primary {old_primary[0]})")
         with cluster.node_client(replica) as conn:
             conn.execute_command("CLUSTER", "FAILOVER", *options)
-        with contextlib.suppress(AssertionError):
+        try:
             wait_for(
-                f"node {replica} to become primary",
-                lambda: role(cluster, replica) == "master",
+                f"node {replica} to take over from {old_primary[0]}",
+                lambda: _took_over(cluster, replica, old_primary[0]),
                 timeout_s=MANUAL_FAILOVER_S,
             )
+        except AssertionError:
+            note(
+                f"not taken over: {replica} {role(cluster, replica)}, "
+                f"{old_primary[0]} {role(cluster, old_primary[0])}"
+            )
+            continue
+        note(f"{replica} took over from {old_primary[0]}")
+        for node in (old_primary[0], replica):
+            _LAST_FAILOVER[(cluster.port, node)] = time.monotonic()
+        return options
+    raise AssertionError(f"node {replica} never became primary")
+
+
+def _primary_of(cluster: RedisClusterServers, replica: int) -> int:
+    with cluster.node_client(replica, socket_timeout=5) as conn:
+        reply = conn.execute_command("ROLE")
+    assert _text(reply[0]) == "slave", f"node {replica} is not a replica"
+    return int(reply[2])
+
+
+def _took_over(cluster: RedisClusterServers, replica: int, old_primary: int) -> bool:
+    """``replica`` leads, and ``old_primary`` replicates from it (both say so)."""
     if role(cluster, replica) != "master":
-        raise AssertionError(f"node {replica} never became primary")
+        return False
+    with cluster.node_client(old_primary, socket_timeout=5) as conn:
+        reply = conn.execute_command("ROLE")
+    return _text(reply[0]) == "slave" and int(reply[2]) == replica
+
+
+def _caught_up(cluster: RedisClusterServers, replica: int) -> bool:
+    """``replica`` has received everything its primary has written (no writer running)."""
+    with cluster.node_client(replica, socket_timeout=5) as conn:
+        mine = conn.info("replication")
+    if mine.get("role") != "slave" or mine.get("master_link_status") != "up":
+        return False
+    with cluster.node_client(int(mine["master_port"]), socket_timeout=5) as conn:
+        theirs = conn.info("replication")
+    return int(mine["slave_repl_offset"]) >= int(theirs["master_repl_offset"])
 
 
 def settled(cluster: RedisClusterServers) -> bool:
@@ -155,25 +243,18 @@ def settled(cluster: RedisClusterServers) -> bool:
 
 
 @contextlib.contextmanager
-def restored_topology(cluster: RedisClusterServers) -> Iterator[None]:
+def settled_topology(cluster: RedisClusterServers) -> Iterator[None]:
     """The body may fail a shard over: afterwards the cluster is healthy and settled (every
     node ``cluster_state:ok``, three primaries, each replica linked), which is what later
-    tests need.  The original primaries are asked to take over again; Redis may decline a
-    fail-back so soon (its vote rules), and then the swapped, healthy roles stay."""
-    primaries = set(cluster.primaries())
-    try:
-        yield
-    finally:
-        for _ in range(FAILBACK_ROUNDS):
-            # A node just demoted still says "master" for a moment: settle first.
-            wait_for("the cluster to settle", lambda: settled(cluster))
-            demoted = [port for port in sorted(primaries) if role(cluster, port) != "master"]
-            if not demoted:
-                break
-            for port in demoted:
-                with contextlib.suppress(AssertionError):
-                    failover_to(cluster, port)
-        wait_for("a healthy, settled cluster", lambda: settled(cluster))
+    tests need.
+
+    The swapped roles stay; nothing fails back.  A fail-back is one more failover of the
+    shard, and Redis refuses the next election of a shard failed over less than twice the
+    node timeout ago (see ``_LAST_FAILOVER``): each test's failover after a fail-back was
+    refused, timed out after 5 s and had to be asked again, or forced.
+    """
+    yield
+    wait_for("a healthy, settled cluster", lambda: settled(cluster))
 
 
 class FailoverAfter:
@@ -191,23 +272,49 @@ class FailoverAfter:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.started = threading.Event()  # set as the failover thread starts
+        self.quiet = threading.Event()  # set before a forced try: send no more calls
+        self.in_flight = 0  # calls between enter() and done()
         self.finished = threading.Event()
+        self.events: list[str] = []  # the failover's timeline, for failure messages
+
+    def enter(self) -> None:
+        """A call is about to be sent (:meth:`done` when it has ended)."""
+        with self._lock:
+            self.in_flight += 1
+
+    def _stop_writers(self) -> None:
+        # Before a forced failover (which loses what the replica has not received): no
+        # call sent from now on, and every call sent has ended.
+        self.quiet.set()
+        wait_for("the calls in flight to end", lambda: self.in_flight == 0)
 
     def done(self) -> None:
         with self._lock:
+            self.in_flight -= 1
             self._count += 1
             if self._count != self.after or self._thread is not None:
                 return
             self._thread = threading.Thread(target=self._run, name="burst-failover")
+            self.started.set()
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            failover_to(self.cluster, self.replica)
+            failover_to(self.cluster, self.replica, self._stop_writers, self.events)
         except BaseException as exc:
             self._error = exc
         finally:
             self.finished.set()
+
+    @contextlib.contextmanager
+    def explained(self) -> Iterator[None]:
+        """A failed check in the body says what the failover did, and when."""
+        try:
+            yield
+        except AssertionError as exc:
+            timeline = "\n".join(self.events) or "(no failover command sent)"
+            raise AssertionError(f"{exc}\nfailover timeline:\n{timeline}") from exc
 
     def join(self) -> None:
         assert self._thread is not None, "the burst ended before the failover started"

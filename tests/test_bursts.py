@@ -3,8 +3,10 @@
 On fakeredis, a real redis-server and a real Redis Cluster; conversation memory and
 threads; from many threads (sync API) and from one event loop (asyncio API); and the same
 bursts while the cluster shard that holds the keys fails over (``CLUSTER FAILOVER`` on
-its replica; a healthy topology is restored afterwards, the original primaries if Redis
-agrees to fail back).
+its replica; the cluster is healthy and settled afterwards, with the roles swapped).  The
+failover bursts send calls in three phases, so that calls are in flight across it: the
+first tenth at once (their completions start the failover), then one call per 10 ms while
+it runs, then the rest (at least a quarter) once both nodes agree on the new roles.
 
 Each burst checks: every call returns or raises a *typed* memtier error (nothing else);
 a healthy burst succeeds entirely; during a failover, every retryable failure retried
@@ -14,13 +16,15 @@ with the same id ends stored exactly once, and each session's sequence is gaples
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from bursthelpers import FailoverAfter, restored_topology
+from bursthelpers import FAILOVER_TIMEOUT_S, FailoverAfter, quiet_shard, settled_topology
 
 from memtier import (
     AsyncConversationService,
@@ -36,6 +40,7 @@ from memtier import (
     create_conversation_service,
     retry,
 )
+from memtier.keys import MemoryKeyspace, ThreadKeyspace
 
 SIZES = [20, 200, 2000]
 TURNS_PER_KEY = 100  # below max_turns_per_session: no compaction in the middle of a burst
@@ -60,35 +65,127 @@ def typed(outcome: Any) -> None:
         raise AssertionError(f"untyped error escaped: {outcome!r}") from outcome
 
 
-def run_sync(
-    calls: list[Callable[[], Any]], after_each: Callable[[], None] | None = None
-) -> list[Any]:
+def run_sync(calls: list[Callable[[], Any]]) -> list[Any]:
+    def guarded(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as exc:
+            return exc
+
+    with ThreadPoolExecutor(SYNC_WORKERS) as pool:
+        return list(pool.map(guarded, calls, timeout=600))
+
+
+async def run_async(calls: list[Callable[[], Any]]) -> list[Any]:
+    async def guarded(call: Callable[[], Any]) -> Any:
+        try:
+            return await call()
+        except Exception as exc:
+            return exc
+
+    return list(await asyncio.gather(*(guarded(c) for c in calls)))
+
+
+# A failover burst's calls in three phases, so that calls are in flight across the
+# failover however long Redis takes (0.1 s to over 10 s here): the first ``after`` at once
+# (their completions start the failover); then the middle ones one per PACE_S while it runs;
+# the rest (at least a quarter) once it has ended.  A failover that must be forced stops
+# the middle phase first (``FailoverAfter.quiet``): a forced one loses what the replica has
+# not received, and the promise under test is that of a coordinated failover.
+PACE_S = 0.01
+
+
+@dataclass
+class Phases:
+    """How many calls were sent once the failover had begun, and after it had ended."""
+
+    during: int = 0
+    after: int = 0
+
+    def check(self) -> None:
+        assert self.during > 0, "no call was sent while the failover ran"
+        assert self.after > 0, "no call was sent after the failover"
+
+
+def _split(calls: list[Any], failover: FailoverAfter) -> tuple[list[Any], list[Any], list[Any]]:
+    reserve = max(1, len(calls) // 4)
+    assert failover.after < len(calls) - reserve, "too few calls for three phases"
+    return calls[: failover.after], calls[failover.after : -reserve], calls[-reserve:]
+
+
+def run_sync_across(calls: list[Callable[[], Any]], failover: FailoverAfter) -> list[Any]:
+    """:func:`run_sync` in the three phases above (the failover started by the first)."""
+    first, middle, last = _split(calls, failover)
+    phases = Phases()
+
     def guarded(call: Callable[[], Any]) -> Any:
         try:
             return call()
         except Exception as exc:
             return exc
         finally:
-            if after_each is not None:
-                after_each()
+            failover.done()
+
+    def send(call: Callable[[], Any]) -> Any:
+        failover.enter()
+        return pool.submit(guarded, call)
 
     with ThreadPoolExecutor(SYNC_WORKERS) as pool:
-        return list(pool.map(guarded, calls, timeout=600))
+        futures = [send(call) for call in first]
+        assert failover.started.wait(FAILOVER_TIMEOUT_S), "the failover never started"
+        # At least one call as the failover begins (it polls the nodes before it asks).
+        while (
+            middle
+            and not failover.quiet.is_set()
+            and (phases.during == 0 or not failover.finished.is_set())
+        ):
+            phases.during += 1
+            futures.append(send(middle.pop(0)))
+            time.sleep(PACE_S)
+        assert failover.finished.wait(FAILOVER_TIMEOUT_S * 3), "the failover never ended"
+        phases.after += len(middle) + len(last)
+        futures += [send(call) for call in middle + last]
+        outcomes = [future.result(timeout=600) for future in futures]
+    phases.check()
+    return outcomes
 
 
-async def run_async(
-    calls: list[Callable[[], Any]], after_each: Callable[[], None] | None = None
-) -> list[Any]:
+async def run_async_across(calls: list[Callable[[], Any]], failover: FailoverAfter) -> list[Any]:
+    """:func:`run_async` in the three phases above (the failover started by the first)."""
+    first, middle, last = _split(calls, failover)
+    phases = Phases()
+
     async def guarded(call: Callable[[], Any]) -> Any:
         try:
             return await call()
         except Exception as exc:
             return exc
         finally:
-            if after_each is not None:
-                after_each()
+            failover.done()
 
-    return list(await asyncio.gather(*(guarded(c) for c in calls)))
+    def send(call: Callable[[], Any]) -> Any:
+        failover.enter()
+        return asyncio.ensure_future(guarded(call))
+
+    tasks = [send(call) for call in first]
+    started = await asyncio.to_thread(failover.started.wait, FAILOVER_TIMEOUT_S)
+    assert started, "the failover never started"
+    # At least one call as the failover begins (it polls the nodes before it asks).
+    while (
+        middle
+        and not failover.quiet.is_set()
+        and (phases.during == 0 or not failover.finished.is_set())
+    ):
+        phases.during += 1
+        tasks.append(send(middle.pop(0)))
+        await asyncio.sleep(PACE_S)
+    ended = await asyncio.to_thread(failover.finished.wait, FAILOVER_TIMEOUT_S * 3)
+    assert ended, "the failover never ended"
+    phases.after += len(middle) + len(last)
+    tasks += [send(call) for call in middle + last]
+    outcomes = list(await asyncio.gather(*tasks))
+    phases.check()
+    return outcomes
 
 
 def check_memory(
@@ -198,6 +295,26 @@ async def test_async_store_life_cycle_open_close_reopen(backend: Any) -> None:
         await opened.close()
 
 
+NAMESPACES_TRIED = 12  # namespaces under the test's own, to find a quiet shard (of 3)
+
+
+def failover_config(backend: Any, slot_key: Callable[[str], str]) -> tuple[MemtierConfig, str]:
+    """A config whose ``slot_key(namespace)`` is on the shard :func:`quiet_shard` picks, and
+    that key.  The namespace extends the fixture's, so the fixture still deletes its keys."""
+    namespaces = [f"{backend.namespace}-{i}" for i in range(NAMESPACES_TRIED)]
+    keys = [slot_key(namespace) for namespace in namespaces]
+    chosen = quiet_shard(backend.server, keys)
+    return MemtierConfig.load(redis_url=backend.url, namespace=namespaces[chosen]), keys[chosen]
+
+
+def _partition_key(namespace: str) -> str:
+    return MemoryKeyspace(namespace).partition(0).meta
+
+
+def _owner_slot_key(namespace: str) -> str:
+    return ThreadKeyspace(namespace).owner(OWNER.tenant_id, OWNER.user_id).index
+
+
 ON_CLUSTER = pytest.mark.parametrize(
     "backend", [pytest.param("cluster", marks=pytest.mark.cluster)], indirect=True
 )
@@ -208,13 +325,13 @@ ON_CLUSTER = pytest.mark.parametrize(
 def test_memory_sync_burst_during_a_failover(backend: Any, n: int) -> None:
     retry.set_testing(False)  # real backoff: the retry horizon must cover the failover
     turns = plan(n)
-    config = backend.config()
-    with restored_topology(backend.server), ConversationStore.from_config(config) as store:
-        partition = store.core.keyspace.partition(0).meta
+    config, partition = failover_config(backend, _partition_key)
+    with settled_topology(backend.server), ConversationStore.from_config(config) as store:
         failover = FailoverAfter(backend.server, partition, after=max(1, n // 10))
-        outcomes = run_sync(memory_calls_sync(store, turns), failover.done)
+        outcomes = run_sync_across(memory_calls_sync(store, turns), failover)
         failover.join()
-    check_memory(config, turns, outcomes, all_succeed=False)
+    with failover.explained():
+        check_memory(config, turns, outcomes, all_succeed=False)
 
 
 @ON_CLUSTER
@@ -222,17 +339,17 @@ def test_memory_sync_burst_during_a_failover(backend: Any, n: int) -> None:
 async def test_memory_async_burst_during_a_failover(backend: Any, n: int) -> None:
     retry.set_testing(False)
     turns = plan(n)
-    config = backend.config()
+    config, partition = failover_config(backend, _partition_key)
     store = AsyncConversationStore.from_config(config)
-    with restored_topology(backend.server):
+    with settled_topology(backend.server):
         try:
-            partition = store.core.keyspace.partition(0).meta
             failover = FailoverAfter(backend.server, partition, after=max(1, n // 10))
-            outcomes = await run_async(memory_calls_async(store, turns), failover.done)
+            outcomes = await run_async_across(memory_calls_async(store, turns), failover)
             await asyncio.to_thread(failover.join)
         finally:
             await store.close()
-    await asyncio.to_thread(check_memory, config, turns, outcomes, all_succeed=False)
+    with failover.explained():
+        await asyncio.to_thread(check_memory, config, turns, outcomes, all_succeed=False)
 
 
 # --- conversation threads ----------------------------------------------------------------------
@@ -313,26 +430,20 @@ async def test_threads_async_burst_on_a_fresh_service(backend: Any, n: int) -> N
         await asyncio.to_thread(check_threads, checker, outcomes, request_ids, all_succeed=True)
 
 
-def _owner_slot_key(service: Any) -> str:
-    from memtier.keys import ThreadKeyspace
-
-    return ThreadKeyspace(service.config.namespace).owner(OWNER.tenant_id, OWNER.user_id).index
-
-
 @ON_CLUSTER
 @pytest.mark.parametrize("n", SIZES)
 def test_threads_sync_burst_during_a_failover(backend: Any, n: int) -> None:
     retry.set_testing(False)
     request_ids = [f"req-{i}" for i in range(n)]
-    config = backend.config()
+    config, owner_key = failover_config(backend, _owner_slot_key)
     with (
-        restored_topology(backend.server),
+        settled_topology(backend.server),
         ConversationService(backend.sync_client(), config) as service,
     ):
-        failover = FailoverAfter(backend.server, _owner_slot_key(service), after=max(1, n // 10))
-        outcomes = run_sync(create_calls(service, request_ids), failover.done)
+        failover = FailoverAfter(backend.server, owner_key, after=max(1, n // 10))
+        outcomes = run_sync_across(create_calls(service, request_ids), failover)
         failover.join()
-    with ConversationService(backend.sync_client(), config) as checker:
+    with failover.explained(), ConversationService(backend.sync_client(), config) as checker:
         check_threads(checker, outcomes, request_ids, all_succeed=False)
 
 
@@ -341,16 +452,14 @@ def test_threads_sync_burst_during_a_failover(backend: Any, n: int) -> None:
 async def test_threads_async_burst_during_a_failover(backend: Any, n: int) -> None:
     retry.set_testing(False)
     request_ids = [f"req-{i}" for i in range(n)]
-    config = backend.config()
+    config, owner_key = failover_config(backend, _owner_slot_key)
     service = AsyncConversationService(backend.async_client(), config)
-    with restored_topology(backend.server):
+    with settled_topology(backend.server):
         try:
-            failover = FailoverAfter(
-                backend.server, _owner_slot_key(service), after=max(1, n // 10)
-            )
-            outcomes = await run_async(create_calls(service, request_ids), failover.done)
+            failover = FailoverAfter(backend.server, owner_key, after=max(1, n // 10))
+            outcomes = await run_async_across(create_calls(service, request_ids), failover)
             await asyncio.to_thread(failover.join)
         finally:
             await service.aclose()
-    with ConversationService(backend.sync_client(), config) as checker:
+    with failover.explained(), ConversationService(backend.sync_client(), config) as checker:
         await asyncio.to_thread(check_threads, checker, outcomes, request_ids, all_succeed=False)
