@@ -102,6 +102,16 @@ class Phases:
     during: int = 0
     after: int = 0
 
+    def next_during(self, middle: list[Any], failover: FailoverAfter) -> Any | None:
+        """The next middle-phase call to send now, or None: that phase is over.  At least
+        one goes as the failover begins (it polls the nodes before it asks)."""
+        if not middle or failover.quiet.is_set():
+            return None
+        if self.during > 0 and failover.finished.is_set():
+            return None
+        self.during += 1
+        return middle.pop(0)
+
     def check(self) -> None:
         assert self.during > 0, "no call was sent while the failover ran"
         assert self.after > 0, "no call was sent after the failover"
@@ -133,14 +143,8 @@ def run_sync_across(calls: list[Callable[[], Any]], failover: FailoverAfter) -> 
     with ThreadPoolExecutor(SYNC_WORKERS) as pool:
         futures = [send(call) for call in first]
         assert failover.started.wait(FAILOVER_TIMEOUT_S), "the failover never started"
-        # At least one call as the failover begins (it polls the nodes before it asks).
-        while (
-            middle
-            and not failover.quiet.is_set()
-            and (phases.during == 0 or not failover.finished.is_set())
-        ):
-            phases.during += 1
-            futures.append(send(middle.pop(0)))
+        while (call := phases.next_during(middle, failover)) is not None:
+            futures.append(send(call))
             time.sleep(PACE_S)
         assert failover.finished.wait(FAILOVER_TIMEOUT_S * 3), "the failover never ended"
         phases.after += len(middle) + len(last)
@@ -170,14 +174,8 @@ async def run_async_across(calls: list[Callable[[], Any]], failover: FailoverAft
     tasks = [send(call) for call in first]
     started = await asyncio.to_thread(failover.started.wait, FAILOVER_TIMEOUT_S)
     assert started, "the failover never started"
-    # At least one call as the failover begins (it polls the nodes before it asks).
-    while (
-        middle
-        and not failover.quiet.is_set()
-        and (phases.during == 0 or not failover.finished.is_set())
-    ):
-        phases.during += 1
-        tasks.append(send(middle.pop(0)))
+    while (call := phases.next_during(middle, failover)) is not None:
+        tasks.append(send(call))
         await asyncio.sleep(PACE_S)
     ended = await asyncio.to_thread(failover.finished.wait, FAILOVER_TIMEOUT_S * 3)
     assert ended, "the failover never ended"
