@@ -143,7 +143,7 @@ def quiet_shard(cluster: RedisClusterServers, keys: list[str]) -> int:
 def failover_to(
     cluster: RedisClusterServers,
     replica: int,
-    before_forced: Callable[[], None] | None = None,
+    before_retry: Callable[[], None] | None = None,
     events: list[str] | None = None,
 ) -> tuple[str, ...] | None:
     """``CLUSTER FAILOVER`` on ``replica`` (coordinated, no data loss); wait until it leads.
@@ -157,11 +157,13 @@ def failover_to(
     A manual failover is given up by Redis after 5 s (say, while the replica is still
     syncing after the previous one, or on a loaded machine): wait for its replication
     link, then ask again, a bounded number of times (the later ones with FORCE, then
-    TAKEOVER).  Those two skip the handshake that makes the replica catch up first, so
-    what it has not received is lost: before one, ``before_forced()`` stops the writers
-    and this waits until the replica has everything its primary has.  Returns the options
-    of the last ``CLUSTER FAILOVER`` sent (None: none was needed).  ``events`` collects a
-    timeline for failure messages.
+    TAKEOVER).  Only the first try runs under the callers' writes: before any later one,
+    ``before_retry()`` stops the writers and this waits until the replica has everything
+    its primary has.  FORCE and TAKEOVER skip the handshake that makes the replica catch
+    up, so what it has not received is lost; and the transient "master" above followed a
+    retry (whether it takes writes was not checked).  The promise under test is that of
+    one coordinated failover.  Returns the options of the last ``CLUSTER FAILOVER`` sent
+    (None: none was needed).  ``events`` collects a timeline for failure messages.
     """
 
     def note(text: str) -> None:
@@ -176,16 +178,15 @@ def failover_to(
         wait_for(f"node {replica}'s replication link", lambda: _linked(cluster, replica))
         old_primary[:] = [_primary_of(cluster, replica)]
         # After two coordinated tries, FORCE: no handshake with the (busy) primary, still an
-        # election by the primaries; the writers are stopped first and the replica caught
-        # up, so nothing acknowledged is lost.  The last try is TAKEOVER (no election):
+        # election by the primaries.  The last try is TAKEOVER (no election):
         # elections of a shard failed over less than twice the node timeout ago are refused
         # (``_LAST_FAILOVER``), so they can all be denied (seen in CI: "never became
         # primary").
         last = attempt == FAILOVER_ATTEMPTS - 1
         options = ("TAKEOVER",) if last else ("FORCE",) if attempt >= 2 else ()
-        if options:
-            if before_forced is not None:
-                before_forced()
+        if attempt > 0:
+            if before_retry is not None:
+                before_retry()
             wait_for(f"node {replica} to catch up", lambda: _caught_up(cluster, replica))
         note(f"CLUSTER FAILOVER {' '.join(options)} on {replica} (primary {old_primary[0]})")
         with cluster.node_client(replica) as conn:
@@ -273,7 +274,7 @@ class FailoverAfter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.started = threading.Event()  # set as the failover thread starts
-        self.quiet = threading.Event()  # set before a forced try: send no more calls
+        self.quiet = threading.Event()  # set before a retried failover: send no more calls
         self.in_flight = 0  # calls between enter() and done()
         self.finished = threading.Event()
         self.events: list[str] = []  # the failover's timeline, for failure messages
@@ -284,8 +285,8 @@ class FailoverAfter:
             self.in_flight += 1
 
     def _stop_writers(self) -> None:
-        # Before a forced failover (which loses what the replica has not received): no
-        # call sent from now on, and every call sent has ended.
+        # Before a failover is asked again (see failover_to): no call sent from now on,
+        # and every call sent has ended.
         self.quiet.set()
         wait_for("the calls in flight to end", lambda: self.in_flight == 0)
 

@@ -89,9 +89,9 @@ async def run_async(calls: list[Callable[[], Any]]) -> list[Any]:
 # A failover burst's calls in three phases, so that calls are in flight across the
 # failover however long Redis takes (0.1 s to over 10 s here): the first ``after`` at once
 # (their completions start the failover); then the middle ones one per PACE_S while it runs;
-# the rest (at least a quarter) once it has ended.  A failover that must be forced stops
-# the middle phase first (``FailoverAfter.quiet``): a forced one loses what the replica has
-# not received, and the promise under test is that of a coordinated failover.
+# the rest (at least a quarter) once it has ended.  A failover that must be asked again
+# stops the middle phase first (``FailoverAfter.quiet``; see ``failover_to``): the promise
+# under test is that of one coordinated failover.
 PACE_S = 0.01
 
 
