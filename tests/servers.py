@@ -809,26 +809,48 @@ class Backend:
         """Delete every key containing the namespace (on every primary); returns the count."""
         if self.kind == "fake":
             return 0  # the per-test FakeServer is dropped with the test
-        client = self._new_sync()
+        pattern = f"*{self.namespace}*"
+        if not self.is_cluster:
+            with self._new_sync() as client:
+                return self._delete_matching(client, pattern)
+        # One plain client per primary, not a cluster client: right after a failover a
+        # cluster client may refresh its slot map mid-SCAN and drop a node object whose
+        # connection it never closes (redis-py; a ResourceWarning at teardown).  Every
+        # node the cluster lists is asked its ROLE (a node's list can be a moment stale).
+        assert self._node_url is not None
+        with redis.Redis.from_url(self._node_url) as startup:
+            listed = _text(startup.execute_command("CLUSTER", "NODES")).splitlines()
+        addresses = [line.split()[1].split("@")[0] for line in listed if line.strip()]
         deleted = 0
-        try:
-            pattern = f"*{self.namespace}*"
-            if self.is_cluster:
-                keys = client.scan_iter(match=pattern, count=1000, target_nodes=client.PRIMARIES)
-            else:
-                keys = client.scan_iter(match=pattern, count=1000)
-            batch: list[Any] = []
-            for key in keys:
-                batch.append(key)
-                if len(batch) >= 500:
-                    deleted += int(client.delete(*batch))
-                    batch.clear()
-                if deleted + len(batch) >= self.KEY_CLEANUP_CAP:
-                    raise RuntimeError(f"more than {self.KEY_CLEANUP_CAP} keys under {self}")
-            if batch:
-                deleted += int(client.delete(*batch))
-        finally:
-            client.close()
+        for address in addresses:
+            host, _, port = address.rpartition(":")
+            with redis.Redis(host=host, port=int(port)) as node:
+                if _text(node.execute_command("ROLE")[0]) == "master":
+                    deleted += self._delete_matching(node, pattern, deleted)
+        return deleted
+
+    def _delete_matching(self, client: Any, pattern: str, before: int = 0) -> int:
+        """``UNLINK`` of the keys ``client``'s node holds that match ``pattern``, one key
+        per command (a Cluster node refuses multi-key commands across slots)."""
+        deleted = 0
+        batch: list[Any] = []
+
+        def flush() -> int:
+            with client.pipeline(transaction=False) as pipe:
+                for key in batch:
+                    pipe.unlink(key)
+                done = sum(int(n) for n in pipe.execute())
+            batch.clear()
+            return done
+
+        for key in client.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += flush()
+            if before + deleted + len(batch) >= self.KEY_CLEANUP_CAP:
+                raise RuntimeError(f"more than {self.KEY_CLEANUP_CAP} keys under {self}")
+        if batch:
+            deleted += flush()
         return deleted
 
     async def aclose(self) -> None:

@@ -319,6 +319,36 @@ ON_CLUSTER = pytest.mark.parametrize(
 
 
 @ON_CLUSTER
+def test_a_refused_failover_is_asked_again_with_the_writers_stopped(backend: Any) -> None:
+    """The helper's retry path, which the bursts meet only when Redis refuses: a shard
+    failed over and at once back is refused (the vote window, see ``_LAST_FAILOVER``);
+    the burst's writers must then be stopped before the failover is asked again, and the
+    failover ends with both nodes agreeing on the new roles."""
+    key = _partition_key(backend.namespace)
+    with settled_topology(backend.server):
+        quiet_shard(backend.server, [key])
+        first = FailoverAfter(backend.server, key, after=1)
+        first.enter()
+        first.done()  # starts it
+        first.join()
+        back = FailoverAfter(backend.server, key, after=1)  # the new roles: straight back
+        assert (back.primary, back.replica) == (first.replica, first.primary)
+        back.enter()
+        back.done()
+        writes = 0
+        while not (back.quiet.is_set() or back.finished.is_set()):
+            back.enter()  # a write in flight while the failover runs, as in the bursts
+            time.sleep(0.01)
+            back.done()
+            writes += 1
+        back.join()
+    with back.explained():
+        assert back.quiet.is_set(), "no retry stopped the writers (was the failover back refused?)"
+        asked = [event for event in back.events if "CLUSTER FAILOVER" in event]
+        assert len(asked) >= 2 and back.in_flight == 0 and writes > 0
+
+
+@ON_CLUSTER
 @pytest.mark.parametrize("n", SIZES)
 def test_memory_sync_burst_during_a_failover(backend: Any, n: int) -> None:
     retry.set_testing(False)  # real backoff: the retry horizon must cover the failover
