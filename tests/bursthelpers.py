@@ -128,7 +128,8 @@ VOTE_WINDOW_S = 2 * CLUSTER_NODE_TIMEOUT_MS / 1000 + 1.0
 
 def quiet_shard(cluster: RedisClusterServers, keys: list[str]) -> int:
     """Index in ``keys`` of one whose shard failed over longest ago (never, best); returns
-    once that shard may fail over again without an election being refused."""
+    once that shard may fail over again without an election being refused (as far as the
+    window above is known)."""
 
     def last(index: int) -> float:
         primary, _ = slot_owner(cluster, keys[index])
@@ -284,10 +285,21 @@ class FailoverAfter:
         with self._lock:
             self.in_flight += 1
 
+    def enter_unless_quiet(self) -> bool:
+        """:meth:`enter`, unless the writers were stopped (False: send nothing).  Checked
+        and counted under the lock that :meth:`_stop_writers` sets ``quiet`` under, so no
+        call slips in after it saw none in flight."""
+        with self._lock:
+            if self.quiet.is_set():
+                return False
+            self.in_flight += 1
+            return True
+
     def _stop_writers(self) -> None:
         # Before a failover is asked again (see failover_to): no call sent from now on,
         # and every call sent has ended.
-        self.quiet.set()
+        with self._lock:
+            self.quiet.set()
         wait_for("the calls in flight to end", lambda: self.in_flight == 0)
 
     def done(self) -> None:

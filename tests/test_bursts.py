@@ -16,6 +16,9 @@ with the same id ends stored exactly once, and each session's sequence is gaples
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +27,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from bursthelpers import FAILOVER_TIMEOUT_S, FailoverAfter, quiet_shard, settled_topology
+from bursthelpers import (
+    FAILOVER_TIMEOUT_S,
+    FailoverAfter,
+    quiet_shard,
+    settled,
+    settled_topology,
+    wait_for,
+)
+from servers import RedisClusterServers, require_real_redis
 
 from memtier import (
     AsyncConversationService,
@@ -103,11 +114,12 @@ class Phases:
     after: int = 0
 
     def next_during(self, middle: list[Any], failover: FailoverAfter) -> Any | None:
-        """The next middle-phase call to send now, or None: that phase is over.  At least
-        one goes as the failover begins (it polls the nodes before it asks)."""
-        if not middle or failover.quiet.is_set():
+        """The next middle-phase call, already counted in flight (send it now), or None:
+        that phase is over.  At least one goes as the failover begins (it polls the nodes
+        before it asks); none once the writers were stopped for a retried failover."""
+        if not middle or (self.during > 0 and failover.finished.is_set()):
             return None
-        if self.during > 0 and failover.finished.is_set():
+        if not failover.enter_unless_quiet():
             return None
         self.during += 1
         return middle.pop(0)
@@ -136,15 +148,16 @@ def run_sync_across(calls: list[Callable[[], Any]], failover: FailoverAfter) -> 
         finally:
             failover.done()
 
-    def send(call: Callable[[], Any]) -> Any:
-        failover.enter()
+    def send(call: Callable[[], Any], entered: bool = False) -> Any:
+        if not entered:
+            failover.enter()
         return pool.submit(guarded, call)
 
     with ThreadPoolExecutor(SYNC_WORKERS) as pool:
         futures = [send(call) for call in first]
         assert failover.started.wait(FAILOVER_TIMEOUT_S), "the failover never started"
         while (call := phases.next_during(middle, failover)) is not None:
-            futures.append(send(call))
+            futures.append(send(call, entered=True))
             time.sleep(PACE_S)
         assert failover.finished.wait(FAILOVER_TIMEOUT_S * 3), "the failover never ended"
         phases.after += len(middle) + len(last)
@@ -167,15 +180,16 @@ async def run_async_across(calls: list[Callable[[], Any]], failover: FailoverAft
         finally:
             failover.done()
 
-    def send(call: Callable[[], Any]) -> Any:
-        failover.enter()
+    def send(call: Callable[[], Any], entered: bool = False) -> Any:
+        if not entered:
+            failover.enter()
         return asyncio.ensure_future(guarded(call))
 
     tasks = [send(call) for call in first]
     started = await asyncio.to_thread(failover.started.wait, FAILOVER_TIMEOUT_S)
     assert started, "the failover never started"
     while (call := phases.next_during(middle, failover)) is not None:
-        tasks.append(send(call))
+        tasks.append(send(call, entered=True))
         await asyncio.sleep(PACE_S)
     ended = await asyncio.to_thread(failover.finished.wait, FAILOVER_TIMEOUT_S * 3)
     assert ended, "the failover never ended"
@@ -316,36 +330,6 @@ def _owner_slot_key(namespace: str) -> str:
 ON_CLUSTER = pytest.mark.parametrize(
     "backend", [pytest.param("cluster", marks=pytest.mark.cluster)], indirect=True
 )
-
-
-@ON_CLUSTER
-def test_a_refused_failover_is_asked_again_with_the_writers_stopped(backend: Any) -> None:
-    """The helper's retry path, which the bursts meet only when Redis refuses: a shard
-    failed over and at once back is refused (the vote window, see ``_LAST_FAILOVER``);
-    the burst's writers must then be stopped before the failover is asked again, and the
-    failover ends with both nodes agreeing on the new roles."""
-    key = _partition_key(backend.namespace)
-    with settled_topology(backend.server):
-        quiet_shard(backend.server, [key])
-        first = FailoverAfter(backend.server, key, after=1)
-        first.enter()
-        first.done()  # starts it
-        first.join()
-        back = FailoverAfter(backend.server, key, after=1)  # the new roles: straight back
-        assert (back.primary, back.replica) == (first.replica, first.primary)
-        back.enter()
-        back.done()
-        writes = 0
-        while not (back.quiet.is_set() or back.finished.is_set()):
-            back.enter()  # a write in flight while the failover runs, as in the bursts
-            time.sleep(0.01)
-            back.done()
-            writes += 1
-        back.join()
-    with back.explained():
-        assert back.quiet.is_set(), "no retry stopped the writers (was the failover back refused?)"
-        asked = [event for event in back.events if "CLUSTER FAILOVER" in event]
-        assert len(asked) >= 2 and back.in_flight == 0 and writes > 0
 
 
 @ON_CLUSTER
@@ -491,3 +475,50 @@ async def test_threads_async_burst_during_a_failover(backend: Any, n: int) -> No
             await service.aclose()
     with failover.explained(), ConversationService(backend.sync_client(), config) as checker:
         await asyncio.to_thread(check_threads, checker, outcomes, request_ids, all_succeed=False)
+
+
+PAUSE_S = 7.0  # the primary's stop: past Redis's 5 s manual-failover limit, below 15 s
+
+
+class _PausableCluster(RedisClusterServers):
+    """A private cluster whose node processes the test may stop and continue."""
+
+    def pid(self, port: int) -> int:
+        for node in self._nodes:
+            if node.port == port and node.pid is not None:
+                return node.pid
+        raise KeyError(port)
+
+
+@pytest.mark.cluster
+def test_a_failover_given_up_is_asked_again_with_the_writers_stopped() -> None:
+    """The helper's retry path, which the bursts meet only when Redis gives a failover
+    up: the primary is stopped (SIGSTOP) as the failover is asked, so the handshake
+    cannot finish and Redis gives it up after 5 s; it is continued after 7 s, well inside
+    the node timeout (15 s: no automatic failover).  The writers must be stopped before
+    the failover is asked again, and it ends with both nodes agreeing on the new roles.
+    On a private cluster, so the shared one's shards keep their vote windows."""
+    require_real_redis("redis-server")
+    with _PausableCluster() as cluster:
+        wait_for("a healthy, settled cluster", lambda: settled(cluster))
+        failover = FailoverAfter(cluster, "{retry}:k", after=1)
+        primary = cluster.pid(failover.primary)
+        os.kill(primary, signal.SIGSTOP)
+        resume = threading.Timer(PAUSE_S, os.kill, (primary, signal.SIGCONT))
+        resume.start()
+        try:
+            failover.enter()
+            failover.done()  # starts it
+            writes = 0
+            while not failover.finished.is_set() and failover.enter_unless_quiet():
+                time.sleep(0.01)  # a write in flight while the failover runs, as in bursts
+                failover.done()
+                writes += 1
+            failover.join()
+        finally:
+            resume.join()
+            os.kill(primary, signal.SIGCONT)  # (a no-op once the timer has run)
+    with failover.explained():
+        assert failover.quiet.is_set(), "no retry stopped the writers"
+        asked = [event for event in failover.events if "CLUSTER FAILOVER" in event]
+        assert len(asked) >= 2 and failover.in_flight == 0 and writes > 0
