@@ -65,17 +65,22 @@ def _slot_owner_now(cluster: RedisClusterServers, key: str) -> tuple[int, int]:
     return primary, replicas[0]
 
 
+def role_reply(cluster: RedisClusterServers, port: int) -> Any:
+    """The node's ``ROLE`` reply: ``[b"master", offset, replicas]`` or
+    ``[b"slave", host, primary port, state, offset]``."""
+    with cluster.node_client(port, socket_timeout=5) as conn:
+        return conn.execute_command("ROLE")
+
+
 def replicas_of(cluster: RedisClusterServers, primary: int) -> list[int]:
-    with cluster.node_client(primary, socket_timeout=5) as conn:
-        reply = conn.execute_command("ROLE")
+    reply = role_reply(cluster, primary)
     if _text(reply[0]) != "master":
         return []
     return [int(_text(r[1])) for r in reply[2]]
 
 
 def role(cluster: RedisClusterServers, port: int) -> str:
-    with cluster.node_client(port, socket_timeout=5) as conn:
-        return _text(conn.execute_command("ROLE")[0])
+    return _text(role_reply(cluster, port)[0])
 
 
 def healthy(cluster: RedisClusterServers, primaries: set[int]) -> bool:
@@ -146,7 +151,7 @@ def failover_to(
     replica: int,
     before_retry: Callable[[], None] | None = None,
     events: list[str] | None = None,
-) -> tuple[str, ...] | None:
+) -> None:
     """``CLUSTER FAILOVER`` on ``replica`` (coordinated, no data loss); wait until it leads.
 
     Leads means both sides agree: ``replica`` says it is a primary *and* its old primary
@@ -163,21 +168,19 @@ def failover_to(
     its primary has.  FORCE and TAKEOVER skip the handshake that makes the replica catch
     up, so what it has not received is lost; and the transient "master" above followed a
     retry (whether it takes writes was not checked).  The promise under test is that of
-    one coordinated failover.  Returns the options of the last ``CLUSTER FAILOVER`` sent
-    (None: none was needed).  ``events`` collects a timeline for failure messages.
+    one coordinated failover.  ``events`` collects a timeline for failure messages.
     """
 
     def note(text: str) -> None:
         if events is not None:
             events.append(f"{time.monotonic():.2f} {text}")
 
-    options: tuple[str, ...] | None = None  # those of the last CLUSTER FAILOVER sent
-    old_primary: list[int] = []
+    old_primary: int | None = None  # known once asked: a try may end past its wait
     for attempt in range(FAILOVER_ATTEMPTS):
-        if old_primary and _took_over(cluster, replica, old_primary[0]):
-            return options
+        if old_primary is not None and _took_over(cluster, replica, old_primary):
+            return
         wait_for(f"node {replica}'s replication link", lambda: _linked(cluster, replica))
-        old_primary[:] = [_primary_of(cluster, replica)]
+        old_primary = _primary_of(cluster, replica)
         # After two coordinated tries, FORCE: no handshake with the (busy) primary, still an
         # election by the primaries.  The last try is TAKEOVER (no election):
         # elections of a shard failed over less than twice the node timeout ago are refused
@@ -189,31 +192,30 @@ def failover_to(
             if before_retry is not None:
                 before_retry()
             wait_for(f"node {replica} to catch up", lambda: _caught_up(cluster, replica))
-        note(f"CLUSTER FAILOVER {' '.join(options)} on {replica} (primary {old_primary[0]})")
+        note(f"CLUSTER FAILOVER {' '.join(options)} on {replica} (primary {old_primary})")
         with cluster.node_client(replica) as conn:
             conn.execute_command("CLUSTER", "FAILOVER", *options)
         try:
             wait_for(
-                f"node {replica} to take over from {old_primary[0]}",
-                lambda: _took_over(cluster, replica, old_primary[0]),
+                f"node {replica} to take over from {old_primary}",
+                lambda primary=old_primary: _took_over(cluster, replica, primary),
                 timeout_s=MANUAL_FAILOVER_S,
             )
         except AssertionError:
             note(
                 f"not taken over: {replica} {role(cluster, replica)}, "
-                f"{old_primary[0]} {role(cluster, old_primary[0])}"
+                f"{old_primary} {role(cluster, old_primary)}"
             )
             continue
-        note(f"{replica} took over from {old_primary[0]}")
-        for node in (old_primary[0], replica):
+        note(f"{replica} took over from {old_primary}")
+        for node in (old_primary, replica):
             _LAST_FAILOVER[(cluster.port, node)] = time.monotonic()
-        return options
+        return
     raise AssertionError(f"node {replica} never became primary")
 
 
 def _primary_of(cluster: RedisClusterServers, replica: int) -> int:
-    with cluster.node_client(replica, socket_timeout=5) as conn:
-        reply = conn.execute_command("ROLE")
+    reply = role_reply(cluster, replica)
     assert _text(reply[0]) == "slave", f"node {replica} is not a replica"
     return int(reply[2])
 
@@ -222,8 +224,7 @@ def _took_over(cluster: RedisClusterServers, replica: int, old_primary: int) -> 
     """``replica`` leads, and ``old_primary`` replicates from it (both say so)."""
     if role(cluster, replica) != "master":
         return False
-    with cluster.node_client(old_primary, socket_timeout=5) as conn:
-        reply = conn.execute_command("ROLE")
+    reply = role_reply(cluster, old_primary)
     return _text(reply[0]) == "slave" and int(reply[2]) == replica
 
 
