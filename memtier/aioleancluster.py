@@ -21,12 +21,12 @@ Faults keep redis-py's meaning, and memtier's retry layer stays the one that ret
   (:meth:`memtier.scripts.LuaScript.call_lean_cluster_async`).
 * a connection error or timeout -- as redis-py's own cluster client does for it: the
   node's connections are marked for reconnect, the node goes last in the cached list,
-  and the client is marked for re-initialisation (the store's guard re-reads the slot
-  map before the next attempt); the error is raised unchanged, so
+  and a slot-map refresh is asked for (:func:`request_refresh`: the store's guard runs
+  it before the next attempt, once redis-py's pacing lets it); the error is raised unchanged, so
   :func:`memtier.retry.classify` decides as on the generic path (a lost reply is
   ``outcome unknown``: retried because every memtier script is replay-safe).
-* ``CLUSTERDOWN``, a slot no node covers -- the client is marked for re-initialisation
-  and the error raised to the retry layer.
+* ``CLUSTERDOWN``, a slot no node covers -- a refresh is asked for and the error raised
+  to the retry layer.
 * ``TRYAGAIN`` -- raised to the retry layer, as on the sync lean path.
 """
 
@@ -47,7 +47,7 @@ from memtier.autopipeline import AutoPipeline, Packer, PipelineBounds, Slots, ca
 from memtier.errors import TransientBackendError
 from memtier.leancluster import SlotCache
 
-__all__ = ["PIPELINES_CEILING", "AsyncClusterLean", "lean_cluster_async"]
+__all__ = ["PIPELINES_CEILING", "AsyncClusterLean", "lean_cluster_async", "request_refresh"]
 
 log = logging.getLogger("memtier")
 
@@ -64,7 +64,26 @@ _MANAGER_PARTS = (
     "nodes_cache",
     "startup_nodes",
 )
-_NODE_PARTS = ("acquire_connection", "release", "update_active_connections_for_reconnect")
+_NODE_PARTS = ("acquire_connection", "release")
+# How a node's connections are marked after a connection error: redis-py >= 8.2 marks its
+# free ones (lazily reconnected when taken), earlier releases its in-use ones.
+_MARK_ON_ERROR = "_mark_free_connections_for_reconnect_on_error"
+_MARK_ACTIVE = "update_active_connections_for_reconnect"
+
+
+def request_refresh(client: Any, failed_node: str | None = None) -> None:
+    """Ask ``client`` to re-read its slot map, as redis-py's own error paths do: from
+    redis-py 8.2 on through its request (requests merge, the refresh runs in the next
+    call's ``initialize()`` once ``topology_refresh_min_interval`` has passed since the
+    last one: a failover does not start a refresh storm), before it by setting the flag
+    that makes the next ``initialize()`` refresh."""
+    request = getattr(client, "_request_refresh", None)
+    if request is None:
+        client._initialize = True
+    elif failed_node is None:
+        request()
+    else:
+        request(last_failed_node_name=failed_node)
 
 
 # Node pipelines kept per client: one per primary; past it (a cluster of thousands of
@@ -166,10 +185,10 @@ class AsyncClusterLean(SlotCache):
         try:
             node = client.nodes_manager.get_node_from_slot(slot)
         except SlotNotCoveredError:
-            client._initialize = True  # redis-py re-reads the map for this too
+            request_refresh(client)  # redis-py re-reads the map for this too
             raise
         if node is None:  # pragma: no cover - a map being rebuilt
-            client._initialize = True
+            request_refresh(client)
             raise TransientBackendError("no primary known for the keys' slot; retrying")
         self.calls += 1
         pipeline = self.pipeline_for(node)
@@ -182,11 +201,11 @@ class AsyncClusterLean(SlotCache):
             finally:
                 node.release(conn)
         except ClusterDownError:
-            client._initialize = True
+            request_refresh(client)
             raise
-        except (RedisConnectionError, RedisTimeoutError):
+        except (RedisConnectionError, RedisTimeoutError) as exc:
             # The connection is dropped already; the node may be gone (as redis-py does).
-            self._failed(node)
+            self._failed(node, exc)
             raise
 
     def pipeline_for(self, node: Any) -> AutoPipeline | None:
@@ -204,15 +223,18 @@ class AsyncClusterLean(SlotCache):
             self._pipelines[node.name] = pipeline
         return pipeline
 
-    def _failed(self, node: Any) -> None:
+    def _failed(self, node: Any, exc: Exception) -> None:
         """What redis-py's cluster client does after a connection error on ``node``."""
-        client = self.client
         try:
-            node.update_active_connections_for_reconnect()
-            client.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
-        except Exception as exc:  # another layout: the re-initialisation still happens
-            log.debug("memtier: cluster node bookkeeping failed: %s: %s", type(exc).__name__, exc)
-        client._initialize = True
+            mark = getattr(node, _MARK_ON_ERROR, None)
+            if mark is not None:
+                mark(exc)
+            else:
+                getattr(node, _MARK_ACTIVE)()
+            self.client.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
+        except Exception as err:  # another layout: the re-initialisation still happens
+            log.debug("memtier: cluster node bookkeeping failed: %s: %s", type(err).__name__, err)
+        request_refresh(self.client, node.name)
 
 
 def lean_cluster_async(
@@ -235,6 +257,9 @@ def lean_cluster_async(
     from redis.asyncio.cluster import ClusterNode
 
     if not all(inspect.isfunction(getattr(ClusterNode, name, None)) for name in _NODE_PARTS):
+        return None
+    marks = (_MARK_ON_ERROR, _MARK_ACTIVE)
+    if not any(inspect.isfunction(getattr(ClusterNode, name, None)) for name in marks):
         return None
     if not hasattr(client, "_initialize") or not hasattr(client, "keyslot"):
         return None

@@ -223,12 +223,17 @@ def _reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
         or type(parser) is not _AsyncHiredisParser
         or getattr(conn, "health_check_interval", None)
         or not all(hasattr(parser, a) for a in _PARSER_PARTS)
+        # redis-py >= 8.2 sets these to None until on_connect (earlier left them unset).
+        or parser._reader is None
+        or parser._stream is None
     ):
         return cast("Callable[[], Awaitable[Any]]", conn.read_response)
     reader: Any = parser._reader
     stream: Any = parser._stream
     size: int = parser._read_size
     push_type: Any = parser._hiredis_PushNotificationType
+    # Any: redis-py types this method from 8.2 on only.
+    handle_push: Any = parser.handle_push_response
 
     async def read() -> Any:
         while True:
@@ -254,7 +259,7 @@ def _reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
                 reader.feed(data)
                 reply = reader.gets()
             if push_type is not None and isinstance(reply, push_type):
-                await parser.handle_push_response(reply)  # type: ignore[no-untyped-call]
+                await handle_push(reply)
                 continue  # not our reply: the next one is
             if isinstance(reply, (ResponseError, RedisConnectionError)):
                 raise reply

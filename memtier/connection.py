@@ -238,12 +238,21 @@ class AsyncClientGuard:
         self._slots = asyncio.Semaphore(self.limit)
         self._lock = asyncio.Lock()
         self._opened = False
+        self._initialize_due: Callable[[], bool] | None = getattr(client, "_initialize_due", None)
         self.opens = 0  # initialisations performed (tests read it)
 
     def _stale(self) -> bool:
         # redis-py's asyncio RedisCluster sets ``_initialize`` until initialize() ran and
-        # again when a node failed; a standalone client has no such attribute.
-        return not self._opened or getattr(self.client, "_initialize", False) is True
+        # again when a refresh of its slot map is asked for; from 8.2 on the flag stays
+        # set until a paced refresh is due (``_initialize_due``), and initialize() does
+        # nothing before: re-opening on the flag alone would take the lock on every call
+        # meanwhile.  A standalone client has neither attribute.
+        if not self._opened:
+            return True
+        due = self._initialize_due
+        if due is not None:
+            return bool(due())
+        return getattr(self.client, "_initialize", False) is True
 
     async def open(self) -> None:
         """Initialise the client now (idempotent; concurrent callers share one)."""

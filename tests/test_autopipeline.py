@@ -1194,8 +1194,9 @@ def test_the_batch_reader_gives_what_redis_pys_read_response_gives(
 
     from memtier.autopipeline import _reply_reader
 
-    # RESP3: the HELLO on connect reads its reply first (then RESP3's own types).
-    hello = b"%1\r\n$6\r\nserver\r\n$5\r\nredis\r\n" if protocol == 3 else b""
+    # RESP3: the HELLO on connect reads its reply first (then RESP3's own types); it
+    # names the protocol, as Redis's does (redis-py >= 8.2 checks it).
+    hello = b"%2\r\n$6\r\nserver\r\n$5\r\nredis\r\n$5\r\nproto\r\n:3\r\n" if protocol == 3 else b""
     resp3 = [b"_\r\n", b"#t\r\n", b",3.5\r\n", b"%1\r\n+a\r\n:1\r\n"] if protocol == 3 else []
     replies = [*replies, *resp3]
     stream = hello + b"".join(replies)

@@ -17,9 +17,12 @@ import re
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+import redis.exceptions
+from clusterrefresh import ask_refresh_and_wait_due
 from servers import running_server
 
 from memtier import (
@@ -36,6 +39,7 @@ from memtier import (
     RedisConfig,
     create_conversation_service,
 )
+from memtier.aioleancluster import request_refresh
 from memtier.connection import AsyncClientGuard, SyncClientGuard, connect_async, connect_sync
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
@@ -313,12 +317,43 @@ async def test_async_cluster_client_is_reopened_after_redis_py_marks_it_stale(
         key = ConversationKey(str(uuid.uuid4()), "im")
         await store.append(key, AvatarMessage(text="one"))
         assert store.guard.opens == 1
-        store.client._initialize = True  # what redis-py does after a node failed
+        await ask_refresh_and_wait_due(store.client)  # as after a node failed
         receipts = await asyncio.gather(
             *[store.append(key, AvatarMessage(text=f"t{i}")) for i in range(20)]
         )
         assert store.guard.opens == 2  # one re-initialisation for 20 concurrent calls
         assert sorted(r.seq for r in receipts) == list(range(2, 22))
+    finally:
+        await store.close()
+
+
+@pytest.mark.cluster
+async def test_async_cluster_refresh_asked_for_before_it_is_due_takes_no_lock_per_call(
+    redis_cluster: Any,
+) -> None:
+    """redis-py >= 8.2 paces the slot-map refreshes its error paths ask for: the flag
+    stays set until the refresh is due.  Meanwhile calls run on the current map without
+    re-opening the client (no guard lock, no initialize() per call); the first call once
+    it is due re-reads the map, once."""
+    config = MemtierConfig.load(redis_url=redis_cluster.url, namespace="t" + uuid.uuid4().hex[:8])
+    store = await AsyncConversationStore.open(config)
+    try:
+        if not hasattr(store.client, "_initialize_due"):
+            pytest.skip("this redis-py does not pace slot-map refreshes (before 8.2)")
+        key = ConversationKey(str(uuid.uuid4()), "im")
+        await store.append(key, AvatarMessage(text="one"))
+        request_refresh(store.client)  # right after the first map read: not due yet
+        assert store.client._initialize is True and not store.client._initialize_due()
+        first = await asyncio.gather(
+            *[store.append(key, AvatarMessage(text=f"t{i}")) for i in range(20)]
+        )
+        assert store.guard.opens == 1
+        await ask_refresh_and_wait_due(store.client)
+        second = await asyncio.gather(
+            *[store.append(key, AvatarMessage(text=f"u{i}")) for i in range(20)]
+        )
+        assert store.guard.opens == 2 and store.client._initialize is False
+        assert sorted(r.seq for r in first + second) == list(range(2, 42))
     finally:
         await store.close()
 
@@ -358,3 +393,74 @@ def test_sync_threads_service_is_guarded(backend: Any) -> None:
     with create_conversation_service(backend.config(redis={"max_connections": 3})) as service:
         assert service.guard.limit == 3
         service.create(Ownership("acme", "g"), title="x", request_id="r")
+
+
+# --- slot-map refreshes asked for by the asyncio lean cluster path ---------------------------
+
+
+class _PacedClient:
+    """What memtier calls of a redis-py >= 8.2 asyncio cluster client's refresh request."""
+
+    def __init__(self) -> None:
+        self._initialize = False
+        self.requests: list[dict[str, Any]] = []
+
+    def _request_refresh(self, **named: Any) -> None:
+        self.requests.append(named)
+        self._initialize = True
+
+
+class _FlagClient:
+    """A redis-py < 8.2 asyncio cluster client: the flag is the request."""
+
+    _initialize = False
+
+
+@pytest.mark.parametrize("failed", [None, "127.0.0.1:7000"])
+def test_a_refresh_is_asked_for_the_way_the_installed_redis_py_asks(failed: str | None) -> None:
+    paced = _PacedClient()
+    request_refresh(paced, failed)
+    named = {} if failed is None else {"last_failed_node_name": failed}
+    assert paced.requests == [named] and paced._initialize is True
+    flag = _FlagClient()
+    request_refresh(flag, failed)
+    assert flag._initialize is True
+
+
+def test_a_connection_error_on_a_node_is_handled_as_the_installed_redis_py_handles_it() -> None:
+    """redis-py >= 8.2 marks the node's free connections (given the error) and asks for
+    a paced refresh naming the node; before, it marked the in-use ones and set the flag.
+    Either way the node goes last in the cached lists."""
+    from memtier.aioleancluster import AsyncClusterLean
+
+    marked: list[Any] = []
+    moved: list[str] = []
+
+    class Manager:
+        def move_node_to_end_of_cached_nodes(self, name: str) -> None:
+            moved.append(name)
+
+    class NewNode:
+        name = "127.0.0.1:7001"
+
+        def _mark_free_connections_for_reconnect_on_error(self, exc: Exception) -> bool:
+            marked.append(exc)
+            return True
+
+    class OldNode:
+        name = "127.0.0.1:7002"
+
+        def update_active_connections_for_reconnect(self) -> None:
+            marked.append("active")
+
+    error = redis.exceptions.ConnectionError("lost")
+    paced = _PacedClient()
+    paced.nodes_manager = Manager()  # type: ignore[attr-defined]
+    AsyncClusterLean._failed(cast(Any, SimpleNamespace(client=paced)), NewNode(), error)
+    assert marked == [error] and moved == [NewNode.name]
+    assert paced.requests == [{"last_failed_node_name": NewNode.name}]
+    flag = _FlagClient()
+    flag.nodes_manager = Manager()  # type: ignore[attr-defined]
+    AsyncClusterLean._failed(cast(Any, SimpleNamespace(client=flag)), OldNode(), error)
+    assert marked == [error, "active"] and moved == [NewNode.name, OldNode.name]
+    assert flag._initialize is True

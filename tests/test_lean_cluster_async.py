@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+from clusterrefresh import ask_refresh_and_wait_due
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from redis.asyncio.cluster import RedisCluster
@@ -345,7 +346,7 @@ async def test_a_node_dropped_from_the_slot_map_leaves_no_connection_open(
         assert any(c.is_connected for c in dropped._connections)  # the kept one
         _drop_node(manager, dropped)
         if reread:
-            store.client._initialize = True  # the next call re-reads the map
+            await ask_refresh_and_wait_due(store.client)  # the next call re-reads the map
             await store.append(key, AvatarMessage(text="after"))
             fresh = manager.get_node_from_slot(slot)
             assert fresh.name == dropped.name and fresh is not dropped
@@ -381,7 +382,7 @@ async def test_calls_queued_for_a_dropped_node_leave_no_connection_open(
         await asyncio.sleep(0.05)  # redis-py's own disconnect task for the dropped node
         assert dropped._connections, "the batch took no connection of the dropped node"
         assert not any(c.is_connected for c in dropped._connections)
-        store.client._initialize = True  # the next call re-reads the map
+        await ask_refresh_and_wait_due(store.client)  # the next call re-reads the map
         await store.append(key, AvatarMessage(text="after"))
         assert [t.seq for t in (await store.context(key)).turns] == [1, 2]
     finally:
