@@ -124,6 +124,46 @@ def _runs_compared(run: Run) -> list[str]:
     return [*out, ""]
 
 
+def _page_hold_probe() -> str:
+    """What ``bench.pagehold`` (its latest JSON, if kept) shows of the longest page holds."""
+    path = RESULTS / "pagehold.json"
+    if not path.exists():
+        return "(No per-call measurement kept: `python -m bench.pagehold` makes one.)"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    runs = data["runs"]
+    ms = 1000.0
+
+    def span(values: list[float]) -> str:
+        return f"{min(values):.2f}-{max(values):.2f}"
+
+    preempted_max = sum(
+        1 for r in runs if r["longest_disturbed_call_s"] >= r["longest_undisturbed_call_s"]
+    )
+    over = [r for r in runs if r["longest_undisturbed_call_s"] * ms > data["target_ms"]]
+    return (
+        f"Per call (`bench/results/pagehold.json`, commit `{data['meta']['commit']}`, "
+        f"{len(runs)} flushes of {data['meta']['sessions']:,} sessions with the same two "
+        "writers; redis-server's /proc scheduler counters read around every page call and "
+        "its SLOWLOG entry after it): the longest hold of "
+        f"{preempted_max} of the {len(runs)} flushes was a call during which redis-server "
+        "was preempted (taken off its CPU mid-script; SLOWLOG counts the wait), "
+        f"{span([r['longest_disturbed_call_s'] * ms for r in runs])} ms, while the longest "
+        "call it ran through undisturbed held the shard "
+        f"{span([r['longest_undisturbed_call_s'] * ms for r in runs])} ms (p99 of all pages "
+        f"{span([r['server_page_p99_ms'] for r in runs])} ms)"
+        + (
+            ": the page work itself stays within the 2 ms goal; what passes it is the "
+            "scheduling of this 2-CPU machine, which no page bound removes."
+            if not over
+            else f"; in {len(over)} of the {len(runs)} flushes an undisturbed page also "
+            "passed 2 ms (the longest "
+            f"{max(r['longest_undisturbed_call_s'] for r in over) * ms:.2f} ms, of "
+            f"{runs[0]['calls']:,} calls per flush): the page work's own worst case is at "
+            "the goal's edge, and the holds well past it are preempted calls."
+        )
+    )
+
+
 def _analysis(run: Run) -> list[str]:
     m, r, cmds = run.med, run.ratio, run.cmds
     tv = lambda name: _target_value(run, name)  # noqa: E731
@@ -339,11 +379,10 @@ def _analysis(run: Run) -> list[str]:
         "with pages bounded for the 2 ms hold, whatever the client does.  The longest "
         "single `snapshot_page` call held the shard "
         f"{m('workers.flush_page_hold'):.1f} ms inside Redis (SLOWLOG; goal 2 ms; the "
-        f"flusher saw {m('workers.flush_page_call'):.1f} ms round trips), while a "
+        f"flusher saw {m('workers.flush_page_call'):.1f} ms round trips); a "
         "`return 1` script called every ms in the same flush (the hold floor) took up to "
-        f"{m('workers.flush_hold_floor'):.1f} ms: what redis-server preempted on this "
-        "loaded 2-CPU machine adds to any script, not page work (docs/performance.md, "
-        '"The page hold against its floor").  Appends from two other '
+        f"{m('workers.flush_hold_floor'):.1f} ms.  {_page_hold_probe()}  Appends from "
+        "two other "
         f"processes saw their longest latency grow by {m('workers.flush_blocked'):.1f} ms "
         "(goal < 5 ms; the spread is wide, the same appends without a flush already show "
         "multi-ms outliers here).",

@@ -247,6 +247,7 @@ def bench_flush_blocking(
     namespace: str | None = None,
     page_bounds: tuple[int, int] | None = None,
     server_pid: int | None = None,
+    sample_pages: bool = False,
 ) -> dict[str, Any]:
     """Append latency from other processes while a flush of ``sessions`` sessions runs.
 
@@ -254,6 +255,14 @@ def bench_flush_blocking(
     defaults (to compare bounds; the flush clamps them to its ceilings).  ``server_pid``
     (a server on this host): also ``server_preempted`` / ``server_runqueue_wait_ms``,
     how often redis-server was preempted during the flush and how long it waited to run.
+    ``sample_pages`` (with ``server_pid``): redis-server's scheduler counters are read
+    before and after every ``snapshot_page`` call, which tells the calls during which it
+    was preempted (an involuntary switch) from those during which it ran undisturbed, and
+    each call's hold inside Redis is read from SLOWLOG right after it (``page_sched``:
+    ``calls_undisturbed``, ``longest_undisturbed_call_s``, ``calls_disturbed``,
+    ``longest_disturbed_call_s``, ``longest_disturbed_wait_s``; holds under the SLOWLOG
+    threshold count as 0).  The reads (two /proc files twice, one SLOWLOG GET per call)
+    slow the flush: its rate is then not the flush's.
 
     Returns ``flush_s``, ``flush_bytes``, ``flush_bytes_per_s``, ``sessions``,
     ``floor_s`` (:func:`bench.flushfloor.flush_floor` of the same sessions, right after),
@@ -288,13 +297,41 @@ def bench_flush_blocking(
         page_times: list[float] = []
         result: dict[str, Any] = {}
 
+        # (hold in Redis s, 0 = under the SLOWLOG threshold; preempted; run-queue wait ns)
+        sampled: list[tuple[float, int, int]] = []
+        sampling = sample_pages and server_pid is not None
+        page_sha = store.scripts["snapshot_page"].sha
+        last_logged = [-1]
+
+        def page_hold_s() -> float:
+            """The call just made, from SLOWLOG: the newest page entry not seen yet (the
+            flusher's calls run one at a time; the writers' appends are logged too)."""
+            for entry in store.client.slowlog_get(32):
+                command = entry.get("command", b"")
+                text = command.decode("utf-8", "replace") if isinstance(command, bytes) else command
+                if page_sha in str(text) and int(entry["id"]) > last_logged[0]:
+                    last_logged[0] = int(entry["id"])
+                    return int(entry["duration"]) / 1e6
+            return 0.0
+
         def execute(request: Any) -> Any:
+            page = getattr(request, "script", "") == "snapshot_page"
+            before = server_sched(server_pid) if page and sampling else None
             t0 = time.perf_counter()
             try:
                 return store.executor.execute(request)
             finally:
-                if getattr(request, "script", "") == "snapshot_page":
+                if page:
                     page_times.append(time.perf_counter() - t0)
+                    if before is not None:
+                        after = server_sched(server_pid)
+                        sampled.append(
+                            (
+                                page_hold_s(),
+                                after["nonvoluntary"] - before["nonvoluntary"],
+                                after["runqueue_wait_ns"] - before["runqueue_wait_ns"],
+                            )
+                        )
 
         def flush() -> None:
             assert store.snapshots is not None
@@ -331,6 +368,8 @@ def bench_flush_blocking(
         # written raw, right after it (the writers have stopped).
         floor = flush_floor(store, Path(storage_path))
         base, under = _summary(baseline), _summary(during)
+        if sampling:
+            result["page_sched"] = _page_sched(sampled)
         return {
             **result,
             **server,
@@ -349,6 +388,23 @@ def bench_flush_blocking(
         store.close()
         if owned_dir is not None:
             owned_dir.cleanup()
+
+
+def _page_sched(sampled: list[tuple[float, int, int]]) -> dict[str, Any]:
+    """The page calls split by whether redis-server was preempted during them.  (Not by
+    run-queue wait: redis-server waits to run after nearly every wakeup, before it reads
+    the request, which SLOWLOG does not time; an involuntary switch takes it off a CPU
+    while it runs.)"""
+    calm = [t for t, preempted, _ in sampled if preempted == 0]
+    hit = [(t, wait) for t, preempted, wait in sampled if preempted]
+    return {
+        "calls": len(sampled),
+        "calls_undisturbed": len(calm),
+        "longest_undisturbed_call_s": max(calm, default=0.0),
+        "calls_disturbed": len(hit),
+        "longest_disturbed_call_s": max((t for t, _ in hit), default=0.0),
+        "longest_disturbed_wait_s": max((w for _, w in hit), default=0) / 1e9,
+    }
 
 
 SLOWLOG_THRESHOLD_US = 100  # every page (~0.5-2 ms) is logged; most appends (~50 us) not

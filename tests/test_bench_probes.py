@@ -267,3 +267,17 @@ def test_coldcache_quick(tmp_path: Path) -> None:
     for name, row in rows.items():
         assert row["n"] == data["meta"]["rounds"] and row["median"] > 0, name
     assert set(data["ratio_to_hot"]) == {"after_sleep", "after_round_trip"}
+
+
+@pytest.mark.real
+def test_pagehold_quick(tmp_path: Path) -> None:
+    data = _run("bench.pagehold", tmp_path)
+    assert data["meta"]["sessions"] == 300 and len(data["runs"]) == 1
+    run = data["runs"][0]
+    # Every page call was sampled and classified; a page that held the shard past the
+    # SLOWLOG threshold has its hold (the flush of 300 sessions makes dozens of pages).
+    assert run["calls"] >= 10
+    assert run["calls_undisturbed"] + run["calls_disturbed"] == run["calls"]
+    longest = max(run["longest_undisturbed_call_s"], run["longest_disturbed_call_s"])
+    assert longest * 1000 == pytest.approx(run["server_max_page_ms"], abs=0.001)
+    assert isinstance(data["undisturbed_within_target"], bool)
