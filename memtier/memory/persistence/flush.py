@@ -59,7 +59,8 @@ PAGE_SESSIONS: Final = 32
 # every run at the same flush rate (-3 % to +12 %); 16 / 8 KiB and 8 / 4 KiB cut p99
 # further but cost 20-45 % of the rate in round trips.  The longest call is the same for
 # every bound (2-9 ms even for 0.1 ms pages): redis-server preempted mid-script on this
-# loaded machine, which a `return 1` script in the same flush shows too.
+# loaded machine (bench.pagehold reads its /proc counters around each page call: the
+# holds past 2.6 ms were all preempted calls; undisturbed pages 1.3-2.6 ms at most).
 PAGE_BYTES: Final = 16 * 1024
 # Hard ceilings: flush_plan's arguments may lower the bounds, never pass these.
 MAX_PAGE_SESSIONS: Final = 64  # snapshot_page-2.lua caps its members at 256
