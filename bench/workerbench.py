@@ -307,9 +307,7 @@ def bench_flush_blocking(
             """The call just made, from SLOWLOG: the newest page entry not seen yet (the
             flusher's calls run one at a time; the writers' appends are logged too)."""
             for entry in store.client.slowlog_get(32):
-                command = entry.get("command", b"")
-                text = command.decode("utf-8", "replace") if isinstance(command, bytes) else command
-                if page_sha in str(text) and int(entry["id"]) > last_logged[0]:
+                if page_sha in _slowlog_text(entry) and int(entry["id"]) > last_logged[0]:
                     last_logged[0] = int(entry["id"])
                     return int(entry["duration"]) / 1e6
             return 0.0
@@ -407,6 +405,12 @@ def _page_sched(sampled: list[tuple[float, int, int]]) -> dict[str, Any]:
     }
 
 
+def _slowlog_text(entry: dict[str, Any]) -> str:
+    """A SLOWLOG entry's command line as text (redis-py gives bytes or str)."""
+    command = entry.get("command", b"")
+    return command.decode("utf-8", "replace") if isinstance(command, bytes) else str(command)
+
+
 SLOWLOG_THRESHOLD_US = 100  # every page (~0.5-2 ms) is logged; most appends (~50 us) not
 
 
@@ -451,10 +455,7 @@ class _SlowLog:
         pages: list[int] = []
         floor = other = 0
         for entry in entries:
-            command = entry.get("command", b"")
-            text = (
-                command.decode("utf-8", "replace") if isinstance(command, bytes) else str(command)
-            )
+            text = _slowlog_text(entry)
             duration = int(entry["duration"])
             if page_sha in text:
                 pages.append(duration)
