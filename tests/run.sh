@@ -195,6 +195,11 @@ fi
 if [ "$executed" -lt "$collected" ]; then
     flags+=("ONLY $executed OF $collected COLLECTED TESTS RAN")
 fi
+# With CI set nothing may skip (every skip site fails there itself; this catches one
+# that does not): a skipped test counted as passing would hide what it did not check.
+if [ -n "${CI:-}" ] && [ "$skipped" -gt 0 ]; then
+    flags+=("$skipped SKIPPED WITH CI SET")
+fi
 if [ "$floor" -gt 0 ] && [ "$collected" -lt "$floor" ]; then
     flags+=("COLLECTED $collected < EXPECTED FLOOR $floor (tests/expected_test_count)")
 fi

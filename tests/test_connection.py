@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import threading
 import uuid
@@ -339,7 +340,11 @@ async def test_async_cluster_refresh_asked_for_before_it_is_due_takes_no_lock_pe
     store = await AsyncConversationStore.open(config)
     try:
         if not hasattr(store.client, "_initialize_due"):
-            pytest.skip("this redis-py does not pace slot-map refreshes (before 8.2)")
+            message = "this redis-py does not pace slot-map refreshes (before 8.2)"
+            # CI installs the newest redis-py: there the paced path must be tested.
+            if os.environ.get("CI"):
+                pytest.fail(message + " (CI is set: never skipped)", pytrace=False)
+            pytest.skip(message)
         key = ConversationKey(str(uuid.uuid4()), "im")
         await store.append(key, AvatarMessage(text="one"))
         request_refresh(store.client)  # right after the first map read: not due yet
