@@ -35,6 +35,7 @@ and on generated malformed ones).
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -43,6 +44,7 @@ from typing import Any, Final
 import orjson
 from pydantic import BaseModel
 
+from memtier.eviction import SEED, evict_random
 from memtier.memory.delimiters import (
     UNTRUSTED_CLOSING,
     escape_delimiters,
@@ -69,10 +71,11 @@ _MESSAGE_FIELDS: Final = frozenset(ContextMessage.model_fields)
 _fromtimestamp: Final = datetime.fromtimestamp
 
 # The read cache's hard bounds: the last read of at most MAX_CACHED_KEYS keys, holding at
-# most MAX_CACHED_CHARS characters of records in all (the least recently read key goes
-# first); a read of more than MAX_CACHED_TURNS records is not kept.  In memory a record
-# takes about three times its length with its decoded values (its text and its wrapped
-# content), so the cache holds at most ~12 MiB; a context(20) of 300 B turns keeps ~21 KB.
+# most MAX_CACHED_CHARS characters of records in all (past a bound, a key chosen at random
+# goes: memtier.eviction); a read of more than MAX_CACHED_TURNS records is not kept.  In
+# memory a record takes about three times its length with its decoded values (its text and
+# its wrapped content), so the cache holds at most ~12 MiB; a context(20) of 300 B turns
+# keeps ~21 KB.
 MAX_CACHED_KEYS: Final = 256
 MAX_CACHED_TURNS: Final = 64
 MAX_CACHED_CHARS: Final = 4 * 1024 * 1024
@@ -93,7 +96,7 @@ class ReadCache:
     looked up by).
     """
 
-    __slots__ = ("_chars", "_keys", "_lock", "_max_keys")
+    __slots__ = ("_chars", "_keys", "_lock", "_max_keys", "_rng")
 
     def __init__(self, max_keys: int = MAX_CACHED_KEYS) -> None:
         # At most MAX_CACHED_KEYS whatever is asked; 0 keeps nothing (every read decodes).
@@ -101,6 +104,7 @@ class ReadCache:
         self._keys: dict[str, tuple[int, dict[Any, _Entry]]] = {}
         self._chars = 0  # characters of the records held, over all keys
         self._lock = threading.Lock()
+        self._rng = random.Random(SEED)
 
     def take(self, member: str) -> dict[Any, _Entry] | None:
         """The key's last read, removed (the caller keeps the new one)."""
@@ -121,8 +125,8 @@ class ReadCache:
             if old is not None:
                 self._chars -= old[0]
             while keys and (len(keys) >= self._max_keys or self._chars + chars > MAX_CACHED_CHARS):
-                oldest = next(iter(keys))  # dict order: the least recently read first
-                self._chars -= keys.pop(oldest)[0]
+                # at random, not the least recently read (see memtier.eviction)
+                self._chars -= evict_random(keys, self._rng)[1][0]
             keys[member] = (chars, decoded)
             self._chars += chars
 

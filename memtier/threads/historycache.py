@@ -15,24 +15,27 @@ same for the life of the thread; a thread deleted and created again under the sa
 has a new incarnation (its entry ids start again), so an old cache never matches it.
 
 Bounded in code: :data:`MAX_THREADS` thread keys, :data:`MAX_BYTES` of entry bytes in
-all (a path longer than :data:`MAX_THREAD_BYTES` keeps only its prefix within it); the
-least recently claimed thread is dropped first.  It holds only what the replies held
-(stored, redacted content).
+all (a path longer than :data:`MAX_THREAD_BYTES` keeps only its prefix within it); past a
+bound, threads other than the one just claimed are dropped at random
+(:mod:`memtier.eviction`: a service that takes its threads in turn would otherwise drop
+each one just before its next claim).  It holds only what the replies held (stored,
+redacted content).
 """
 
 from __future__ import annotations
 
+import random
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from memtier.eviction import SEED, evict_random
 from memtier.threads.models import ConversationEntry
 
 __all__ = ["MAX_BYTES", "MAX_THREADS", "MAX_THREAD_BYTES", "HistoryCache", "KnownHistory"]
 
-MAX_THREADS: Final = 256  # thread keys kept (least recently claimed dropped first)
+MAX_THREADS: Final = 256  # thread keys kept (past it, one other than the newest goes)
 MAX_BYTES: Final = 8 * 2**20  # entry bytes kept in all (plus the models decoded from them)
 MAX_THREAD_BYTES: Final = 2 * 2**20  # entry bytes kept of one thread's path (its prefix)
 
@@ -55,8 +58,9 @@ class HistoryCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._threads: OrderedDict[str, KnownHistory] = OrderedDict()
+        self._threads: dict[str, KnownHistory] = {}
         self._bytes = 0
+        self._rng = random.Random(SEED)
 
     def known(self, thread_key: str) -> KnownHistory | None:
         """The thread's kept path, or None (what the next claim names)."""
@@ -92,7 +96,7 @@ class HistoryCache:
             self._threads[thread_key] = kept
             self._bytes += size
             while self._bytes > MAX_BYTES or len(self._threads) > MAX_THREADS:
-                _, dropped = self._threads.popitem(last=False)
+                _, dropped = evict_random(self._threads, self._rng, spare=thread_key)
                 self._bytes -= dropped.size
 
     def forget(self, thread_key: str) -> None:

@@ -13,16 +13,19 @@ this is the same computation, done once per distinct row per process.
 
 Bounded in code: :data:`MAX_THREADS` thread keys, :data:`MAX_BYTES` of rows (data and
 served JSON) in all, :data:`MAX_ROWS_PER_THREAD` rows per thread (its memo starts over
-beyond), rows of more than :data:`MAX_ROW_BYTES` never kept; the least recently read
-thread is dropped first.  It holds only what the ledger held (stored, redacted rows) and
-their served form.
+beyond), rows of more than :data:`MAX_ROW_BYTES` never kept; past a bound, threads
+other than the one being read are dropped at random (:mod:`memtier.eviction`: readers
+that poll many threads in turn would otherwise drop each one just before its next read).
+It holds only what the ledger held (stored, redacted rows) and their served form.
 """
 
 from __future__ import annotations
 
+import random
 import threading
-from collections import OrderedDict
 from typing import Final
+
+from memtier.eviction import SEED, evict_random
 
 __all__ = [
     "MAX_BYTES",
@@ -33,7 +36,7 @@ __all__ = [
     "ServedRows",
 ]
 
-MAX_THREADS: Final = 256  # thread keys kept (least recently read dropped first)
+MAX_THREADS: Final = 256  # thread keys kept (past it, one other than the one read goes)
 MAX_BYTES: Final = 8 * 2**20  # row data (characters) + served JSON (bytes) kept in all
 MAX_ROWS_PER_THREAD: Final = 4_000  # a thread's memo starts over beyond this
 MAX_ROW_BYTES: Final = 16 * 2**10  # a longer row (characters) is redacted each time, never kept
@@ -45,8 +48,9 @@ class ServedRows:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._threads: OrderedDict[str, tuple[dict[str, bytes], list[int]]] = OrderedDict()
+        self._threads: dict[str, tuple[dict[str, bytes], list[int]]] = {}
         self._bytes = 0
+        self._rng = random.Random(SEED)
 
     def memo(self, thread_key: str) -> dict[str, bytes]:
         """The thread's memo (new if none): look rows up and add them with :meth:`keep`."""
@@ -57,9 +61,8 @@ class ServedRows:
                     self._bytes -= held[1][0]
                 held = ({}, [0])
                 self._threads[thread_key] = held
-            self._threads.move_to_end(thread_key)
             while len(self._threads) > MAX_THREADS:
-                _, (_, dropped) = self._threads.popitem(last=False)
+                _, (_, dropped) = evict_random(self._threads, self._rng, spare=thread_key)
                 self._bytes -= dropped[0]
             return held[0]
 
@@ -76,7 +79,7 @@ class ServedRows:
             held[1][0] += size
             self._bytes += size
             while self._bytes > MAX_BYTES and self._threads:
-                _, (_, dropped) = self._threads.popitem(last=False)
+                _, (_, dropped) = evict_random(self._threads, self._rng, spare=thread_key)
                 self._bytes -= dropped[0]
 
     def stats(self) -> tuple[int, int]:

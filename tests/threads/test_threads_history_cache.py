@@ -299,10 +299,31 @@ def test_the_history_cache_keeps_its_bounds(monkeypatch: pytest.MonkeyPatch) -> 
     assert cache.known("k0") is None and cache.stats() == (0, 0)
     for i in range(1, 6):
         cache.keep(f"k{i}", "i", ids[:1], entries[:1], [300])
-    assert cache.stats() == (3, 900)  # least recently claimed dropped first
-    assert cache.known("k1") is None and cache.known("k5") is not None
+    assert cache.stats() == (3, 900)  # two of the others dropped, never the one just kept
+    assert cache.known("k5") is not None
+    assert sum(cache.known(f"k{i}") is None for i in range(1, 5)) == 2
     cache.keep("k6", "i", ids[:1], entries[:1], [400])  # 1,300 > MAX_BYTES: oldest go
     kept, size = cache.stats()
     assert size <= 1_000 and kept <= 3
     cache.keep("k6", "", ids[:1], entries[:1], [10])  # no incarnation: nothing kept
     assert cache.known("k6") is None
+
+
+def test_the_history_cache_keeps_hits_when_threads_are_claimed_in_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One thread more than fit, claimed round-robin (a worker serving its threads in
+    turn): dropping the least recently claimed would drop each just before its claim, and
+    no claim would find its history.  Dropped at random, most claims find it."""
+    monkeypatch.setattr(historycache, "MAX_THREADS", 4)
+    cache = HistoryCache()
+    entries = [_entry(1, "x")]
+    hits = claims = 0
+    for turn in range(200):
+        key = f"k{turn % 5}"
+        if turn >= 5:  # every thread was claimed once
+            claims += 1
+            hits += cache.known(key) is not None
+        cache.keep(key, "i", ["e1"], entries, [10])
+        assert cache.stats()[0] <= 4
+    assert hits >= claims // 3, (hits, claims)
