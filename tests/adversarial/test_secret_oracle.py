@@ -159,7 +159,11 @@ def detect_secrets_findings(
 
     A finding whose value is part of a planted look-alike is detect-secrets flagging a
     documented non-secret that memtier must keep (``client_secret: null`` read as YAML): it
-    is not a finding about memtier.
+    is not a finding about memtier.  Its keyword value runs to the end of the line, so a
+    look-alike followed by more text on its line (``client_secret: null with region: ...``)
+    is excused when the value's first word is the look-alike's and the look-alike itself
+    is on that line; the rest of the line is the planted text around it, which the
+    oracle's own scan covers.
     """
     kept = [x.text for x in lookalikes]
     from detect_secrets.core.scan import scan_file
@@ -177,9 +181,13 @@ def detect_secrets_findings(
                 # end of the line, and an escaped line break is no line break to it)
                 lines_of_value = views(secret.secret_value or "")[-1].splitlines() or [""]
                 value = lines_of_value[0].strip("\\\"' ")
-                if value and any(value in text for text in kept):
+                line = lines[secret.line_number - 1]
+                first_word = value.split(maxsplit=1)[0] if value else ""
+                if value and any(
+                    value in text or (first_word in text and text in line) for text in kept
+                ):
                     continue
-                found.append(f"{secret.type} {value!r}: {lines[secret.line_number - 1][:160]!r}")
+                found.append(f"{secret.type} {value!r}: {line[:160]!r}")
             path.unlink()
     return found
 
@@ -282,7 +290,10 @@ class Oracle:
             outcome = self.store.compact(key, force=True)
             if count > 2:  # the oldest turns went into a summary
                 assert outcome.status is CompactionStatus.APPLIED and outcome.folded, outcome
-                assert self.store.context(key).summary
+                # a summary is stored; its text may be empty: its budget is at most the
+                # bytes it replaces, and the counts of a few short turns can take it all
+                # (docs/workers.md, "What is folded")
+                assert self.store.context(key).summary is not None
         self.check_redis("after-compaction", survive=False)
         self.store.flush()
         self.check_files("after-second-flush", survive=False)
@@ -301,6 +312,7 @@ class Oracle:
 
 # Leaks the oracle found, pinned (each is also a unit test in tests/test_redaction_findings.py).
 UUID_LOOKALIKE = LookAlike("uuid", "request id 1d2c3b4a-5e6f-4a0b-9c8d-7e6f5a4b3c2d")
+PLACEHOLDER_NULL = LookAlike("placeholder", "client_secret: null")
 PINNED = {
     # "password": "..." inside a Python string: escaped quotes around name and value
     "escaped_json_assignment": pinned((K.SECRET_ASSIGNMENT, 1, 46, "python")),
@@ -354,6 +366,29 @@ def _oracle_backends() -> list[Any]:
             (3, PINNED["digest_in_json_then_more"]),
         ],
         [(1, PINNED["discord_17_digits"]), (2, PINNED["escaped_json_header"])],
+    ]
+)
+# Found when a new module changed the derandomised examples (Hypothesis draws constants
+# from the loaded code): four short turns whose summary's counts take its whole budget
+# (the summary text is empty by design), and a look-alike with more text after it on its
+# line (detect-secrets reads the keyword's value to the end of the line).
+@example(
+    sessions=[
+        [
+            (0, pinned("with region")),
+            (0, pinned("here ünïcode is")),
+            (2, pinned("日本語 asked ünïcode meeting what")),
+            (0, pinned("teleport 日本語 what")),
+        ]
+    ]
+)
+@example(
+    sessions=[
+        [
+            (0, pinned("with region")),
+            (2, pinned("here ünïcode is")),
+            (0, pinned(PLACEHOLDER_NULL, "with region:", (K.PRIVATE_KEY, 1, 0, "prose"))),
+        ]
     ]
 )
 def test_no_planted_secret_is_stored_anywhere(backend: Any, sessions: Any) -> None:
