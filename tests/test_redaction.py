@@ -735,6 +735,51 @@ def test_redact_json_rejects_non_json_and_deep_nesting() -> None:
     assert redact_json(deep, max_depth=80)[0] == deep
 
 
+# The clean-key memo (core._CLEAN_KEYS): object keys redact() left unchanged are not
+# redacted again.  It must change nothing: the same output and kinds with it cold and warm,
+# no key a detector changes ever in it, its bound, and the depth limit as before.
+JSON_KEYS = st.sampled_from(["content", "entryId", "text", "password", "api_key"]) | SECRETISH
+JSON_VALUES = st.recursive(
+    st.none() | st.integers() | SECRETISH,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(JSON_KEYS, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(JSON_KEYS, JSON_VALUES, max_size=5))
+def test_redact_json_is_the_same_with_the_clean_key_memo_cold_and_warm(value: object) -> None:
+    core._CLEAN_KEYS.clear()
+    cold = redact_json(value)
+    warm = redact_json(value)  # every clean key of value is in the memo now
+    assert warm == cold
+    for key in core._CLEAN_KEYS:
+        assert redact(key) == (key, ())  # nothing a detector changes is remembered
+    assert redact_json(cold[0]) == (cold[0], ())
+
+
+def test_the_clean_key_memo_keeps_its_bounds_and_the_depth_limit() -> None:
+    core._CLEAN_KEYS.clear()
+    redact_json({GH: 1, "content": "x", "k" * 65: 2})
+    remembered = sorted(core._CLEAN_KEYS)
+    assert remembered == ["content"]  # not the token, not a key past 64 characters
+    redact_json({f"key{i}": i for i in range(core._MAX_CLEAN_KEYS + 100)})
+    assert len(core._CLEAN_KEYS) == core._MAX_CLEAN_KEYS
+    # An object at depth max_depth is refused as before, even when its key is remembered
+    # and its value, under a sensitive key name, is replaced without being walked.
+    core._CLEAN_KEYS.clear()
+    redact_json({"password": "x"})
+    assert "password" in core._CLEAN_KEYS
+    nested: object = {"password": "hunter2x"}
+    for _ in range(3):
+        nested = [nested]
+    with pytest.raises(ValidationError):
+        redact_json(nested, max_depth=3)
+    out, kinds = redact_json(nested, max_depth=4)
+    assert kinds == (K.SECRET_ASSIGNMENT,) and "hunter2x" not in str(out)
+    core._CLEAN_KEYS.clear()
+
+
 # --- linear time on adversarial input ----------------------------------------------------------
 
 N = 256 * 1024

@@ -55,6 +55,14 @@ MAX_SANITIZE_ROUNDS: Final = 4
 REDACTOR_VERSION: Final = 1
 # bound JSON nesting in redact_json (threads events and exports are shallow).
 _MAX_JSON_DEPTH: Final = 64
+# Object keys redact() left unchanged: event and export data repeat a few key names
+# ("content", "entryId", ...) on every row, and redacting them again was about half of
+# the redaction of a ledger page read cold.  Only a clean key is remembered (never a
+# string a detector changed), only a short one, and at most _MAX_CLEAN_KEYS of them; once
+# full, further keys are redacted every time.  redact() is a pure function of the text.
+_CLEAN_KEYS: Final[set[str]] = set()
+_MAX_CLEAN_KEYS: Final = 4096
+_MAX_CLEAN_KEY_CHARS: Final = 64
 
 
 def _run_detector(detector: Detector, text: str, counts: dict[SecretKind, int]) -> str | None:
@@ -162,7 +170,21 @@ def redact_json(
             for key, item in node.items():
                 if not isinstance(key, str):
                     raise ValidationError("JSON object keys must be strings")
-                new_key = walk(key, depth + 1)
+                if depth < max_depth and key in _CLEAN_KEYS:
+                    new_key = key  # (at max_depth walk(key) raises, as it always did)
+                elif depth < max_depth:
+                    cleaned = redact(key)
+                    found.update(cleaned.kinds)
+                    new_key = cleaned.text
+                    if (
+                        not cleaned.kinds
+                        and new_key == key
+                        and len(key) <= _MAX_CLEAN_KEY_CHARS
+                        and len(_CLEAN_KEYS) < _MAX_CLEAN_KEYS
+                    ):
+                        _CLEAN_KEYS.add(key)
+                else:
+                    new_key = walk(key, depth + 1)
                 if (
                     isinstance(item, str)
                     and item
