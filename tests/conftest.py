@@ -39,8 +39,11 @@ from servers import (
 )
 
 # Hypothesis profiles.  ``ci`` (the default everywhere, and always when CI is set) is
-# derandomised: the same examples every run, so a stop can never fail by chance; a
-# failure it finds is pinned with ``@example`` next to the test.  ``explore`` runs
+# derandomised: the same examples every run of the same code, so a stop can never fail by
+# chance; a failure it finds is pinned with ``@example`` next to the test.  "The same
+# code" is wider than the test: Hypothesis also draws constants from every local module
+# loaded (hypothesis.internal.conjecture.providers), so an edit anywhere -- or running a
+# subset of the suite, which loads fewer modules -- can change a test's examples.  ``explore`` runs
 # random seeds with more examples, for looking for new failures:
 #   MEMTIER_HYPOTHESIS_PROFILE=explore bash tests/run.sh -k property
 settings.register_profile(
