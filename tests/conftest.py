@@ -42,9 +42,11 @@ from servers import (
 # derandomised: the same examples every run of the same code, so a stop can never fail by
 # chance; a failure it finds is pinned with ``@example`` next to the test.  "The same
 # code" is wider than the test: Hypothesis also draws constants from every local module
-# loaded (hypothesis.internal.conjecture.providers), so an edit anywhere -- or running a
-# subset of the suite, which loads fewer modules -- can change a test's examples.  ``explore`` runs
-# random seeds with more examples, for looking for new failures:
+# loaded (hypothesis.internal.conjecture.providers), so an edit anywhere in memtier or
+# bench can change a test's examples; every such module is loaded before the first test
+# (``_every_local_module_loaded``), so the order tests run in, a subset run or the worker
+# a test lands on does not.  ``explore`` runs random seeds with more examples, for
+# looking for new failures:
 #   MEMTIER_HYPOTHESIS_PROFILE=explore bash tests/run.sh -k property
 settings.register_profile(
     "ci",
@@ -112,6 +114,34 @@ def valkey_cluster() -> Iterator[ValkeyClusterServers]:
     require_real_redis("redis-cli")
     with ValkeyClusterServers() as cluster:
         yield cluster
+
+
+# The local packages whose modules Hypothesis draws constants from (tests/ is excluded by
+# Hypothesis itself).  Every module of them is imported before the first test.
+_LOCAL_PACKAGES = ("memtier", "bench")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _every_local_module_loaded() -> None:
+    """Import every module of memtier and bench before the first test runs.
+
+    Hypothesis draws constants from every local module loaded when a test draws (see the
+    profiles above).  A module that some test imports lazily would otherwise add its
+    constants only from then on, so a test's derandomised examples would depend on which
+    tests ran before it in the same process: under pytest-xdist that is decided by timing
+    (tests/run.sh runs two workers), and CI would not draw the same examples every run.
+    With every local module loaded first, each worker and a serial run draw from the same
+    constants whatever the order.  A module that fails to import fails every test here,
+    with its traceback (at the top of the file it would abort the whole collection).
+    """
+    import importlib
+    import pkgutil
+
+    for name in _LOCAL_PACKAGES:
+        package = importlib.import_module(name)
+        for info in pkgutil.walk_packages(package.__path__, name + "."):
+            if not info.name.endswith(".__main__"):  # runs a command line when imported
+                importlib.import_module(info.name)
 
 
 @pytest.fixture(autouse=True)
