@@ -116,11 +116,6 @@ def valkey_cluster() -> Iterator[ValkeyClusterServers]:
         yield cluster
 
 
-# The local packages whose modules Hypothesis draws constants from (tests/ is excluded by
-# Hypothesis itself).  Every module of them is imported before the first test.
-_LOCAL_PACKAGES = ("memtier", "bench")
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _every_local_module_loaded() -> None:
     """Import every module of memtier and bench before the first test runs.
@@ -135,13 +130,11 @@ def _every_local_module_loaded() -> None:
     with its traceback (at the top of the file it would abort the whole collection).
     """
     import importlib
-    import pkgutil
 
-    for name in _LOCAL_PACKAGES:
-        package = importlib.import_module(name)
-        for info in pkgutil.walk_packages(package.__path__, name + "."):
-            if not info.name.endswith(".__main__"):  # runs a command line when imported
-                importlib.import_module(info.name)
+    from localmodules import local_module_names
+
+    for name in local_module_names():
+        importlib.import_module(name)
 
 
 @pytest.fixture(autouse=True)

@@ -10,33 +10,16 @@ examples of later tests in that worker differ from run to run.  conftest's
 
 from __future__ import annotations
 
-import importlib
 import os
-import pkgutil
 import sys
 
 import pytest
 from hypothesis import settings
-
-# As conftest's _LOCAL_PACKAGES, written out again: the packages of this repository whose
-# modules Hypothesis counts as local (tests/ it leaves out itself).
-_LOCAL_PACKAGES = ("memtier", "bench")
-
-
-def _local_modules() -> list[str]:
-    names: list[str] = []
-    for name in _LOCAL_PACKAGES:
-        package = importlib.import_module(name)
-        names.extend(
-            info.name
-            for info in pkgutil.walk_packages(package.__path__, name + ".")
-            if not info.name.endswith(".__main__")
-        )
-    return names
+from localmodules import local_module_names
 
 
 def test_every_local_module_is_loaded_before_any_test_draws() -> None:
-    names = _local_modules()
+    names = local_module_names()
     assert len(names) > 100  # memtier's and bench's modules, found by the walk
     missing = [name for name in names if name not in sys.modules]
     assert missing == [], f"loaded only when a test imports them: {missing}"
