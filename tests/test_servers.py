@@ -302,8 +302,8 @@ def _run_inner_pytest(tmp_path: Path, env_overrides: dict[str, str]) -> str:
     tests_dir = Path(__file__).resolve().parent
     inner = tmp_path / "inner"
     inner.mkdir(exist_ok=True)
-    (inner / "conftest.py").write_text((tests_dir / "conftest.py").read_text(), encoding="utf-8")
-    (inner / "servers.py").write_text((tests_dir / "servers.py").read_text(), encoding="utf-8")
+    for name in ("conftest.py", "servers.py", "localmodules.py"):  # conftest and what it imports
+        (inner / name).write_text((tests_dir / name).read_text(), encoding="utf-8")
     (inner / "test_needs_redis.py").write_text(
         "def test_needs_redis(redis_server):\n    assert redis_server\n", encoding="utf-8"
     )
