@@ -27,7 +27,6 @@ os.environ.setdefault("FAKEREDIS_LUA_VERSION", "5.1")  # Redis's Lua; read when 
 
 from hypothesis import HealthCheck, settings
 from servers import (
-    ALLOW_SKIP_ENV,
     Backend,
     RedisClusterServers,
     RedisServer,
@@ -36,6 +35,7 @@ from servers import (
     ValkeyServer,
     find_valkey_server,
     require_real_redis,
+    unavailable,
 )
 
 # Hypothesis profiles.  ``ci`` (the default everywhere, and always when CI is set) is
@@ -92,11 +92,7 @@ def require_valkey() -> None:
     try:
         find_valkey_server()
     except RedisUnavailableError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"{exc} (CI is set: never skipped)", pytrace=False)
-        if os.environ.get(ALLOW_SKIP_ENV) == "1":
-            pytest.skip(f"{exc} Skipped because {ALLOW_SKIP_ENV}=1.")
-        pytest.fail(f"{exc} Set {ALLOW_SKIP_ENV}=1 to skip such tests locally.", pytrace=False)
+        unavailable(str(exc), skip_needs_opt_in=True)
 
 
 @pytest.fixture(scope="session")

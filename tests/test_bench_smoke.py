@@ -16,19 +16,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from servers import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
-ALLOW_SKIP_ENV = "MEMTIER_ALLOW_SKIP_REAL"
 
 
 def _require_redis_binaries() -> None:
     missing = [b for b in ("redis-server", "redis-benchmark") if shutil.which(b) is None]
     if not missing:
         return
-    message = f"{', '.join(missing)} not on PATH: the benchmark harness needs a real Redis"
-    if os.environ.get(ALLOW_SKIP_ENV) == "1" and not os.environ.get("CI"):
-        pytest.skip(message)
-    pytest.fail(message, pytrace=False)
+    unavailable(
+        f"{', '.join(missing)} not on PATH: the benchmark harness needs a real Redis",
+        skip_needs_opt_in=True,
+    )
 
 
 def _alive(pid: int) -> bool:

@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 import redis
 from redis.cluster import RedisCluster
-from servers import Backend, RedisClusterServers, RedisServer, ValkeyClusterServers, pid_alive
+from servers import (
+    ALLOW_SKIP_ENV,
+    Backend,
+    RedisClusterServers,
+    RedisServer,
+    ValkeyClusterServers,
+    pid_alive,
+    unavailable,
+)
 
 import memtier.retry
 from memtier.config import MemtierConfig, parse_redis_url
@@ -279,6 +287,26 @@ async def test_cluster_backend_teardown_deletes_on_every_primary(
     for port in redis_cluster.primaries():
         with redis_cluster.node_client(port) as node:
             assert list(node.scan_iter(match="*tclu0000000*")) == []
+
+
+@pytest.mark.parametrize("opt_in", [False, True])
+@pytest.mark.parametrize("ci", ["", "true"])
+@pytest.mark.parametrize("allow", ["", "1"])
+def test_unavailable_fails_under_ci_and_skips_only_as_allowed(
+    monkeypatch: pytest.MonkeyPatch, ci: str, allow: str, opt_in: bool
+) -> None:
+    """The one decision every "this machine lacks X" site calls: CI always fails; locally
+    a plain requirement skips, and an opt-in one (a real Redis) skips only with
+    MEMTIER_ALLOW_SKIP_REAL=1."""
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setenv(ALLOW_SKIP_ENV, allow)
+    skips = not ci and (allow == "1" or not opt_in)
+    expected = pytest.skip.Exception if skips else pytest.fail.Exception
+    with pytest.raises(expected) as raised:
+        unavailable("no widget here", skip_needs_opt_in=opt_in)
+    assert "no widget here" in str(raised.value)
+    if ci:
+        assert "never skipped" in str(raised.value)
 
 
 def test_missing_redis_fails_under_ci(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from ledger import (
     turn_text,
     wait_writers,
 )
-from servers import require_real_redis
+from servers import require_real_redis, unavailable
 
 from memtier import AvatarMessage, ConversationStore, MemtierConfig, MemtierError
 from memtier.keys import MemoryKeyspace
@@ -206,10 +206,7 @@ def test_aof_disk_full_refuses_writes_and_loses_no_acknowledged_turn(tmp_path: P
     """The AOF's disk fills up (a 1 MiB tmpfs): writes are refused, reads go on."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         # CI runs as root with util-linux (tests/run.sh installs it): there it must run.
-        message = "a private tmpfs needs root and unshare (util-linux)"
-        if os.environ.get("CI"):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable("a private tmpfs needs root and unshare (util-linux)")
     namespace = _namespace()
     config = {**AOF_ALWAYS, "appendfsync": "everysec"}  # `always` makes Redis exit instead
     with fault_redis(config, tmpfs_bytes=1 << 20) as server:

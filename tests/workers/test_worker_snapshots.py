@@ -20,6 +20,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from servers import unavailable
 from workhelpers import (
     Clock,
     key,
@@ -470,20 +471,13 @@ def test_flush_killed_at_random_points_never_leaves_an_accepted_partial(
         store.close()
 
 
-def _skip_outside_ci(message: str) -> None:
-    # CI runs as root with mount (tests/run.sh): there a missing tmpfs is a failure.
-    if os.environ.get("CI"):
-        pytest.fail(message + " (CI is set: never skipped)", pytrace=False)
-    pytest.skip(message)
-
-
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Any:
     """A 64 KiB tmpfs mounted for the test (root only); unmounted at teardown."""
     mount = shutil.which("mount")
     umount = shutil.which("umount")
     if os.geteuid() != 0 or not mount or not umount:
-        _skip_outside_ci("ENOSPC test needs root to mount a tmpfs (not root here)")
+        unavailable("ENOSPC test needs root to mount a tmpfs (not root here)")
     point = tmp_path / "tiny"
     point.mkdir()
     done = subprocess.run(
@@ -492,7 +486,7 @@ def tiny_disk(tmp_path: Path) -> Any:
         text=True,
     )
     if done.returncode != 0:
-        _skip_outside_ci(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
+        unavailable(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
     try:
         yield point
     finally:
