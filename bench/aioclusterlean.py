@@ -86,9 +86,9 @@ class Rig:
         source = MINIMAL_SCRIPT.read_text(encoding="utf-8")
         self.min_sha = str(await self.client.script_load(source))
         entry = orjson.dumps({"role": "user", "content": self.text})
-        for key in self.lists:
-            await self.client.delete(key)
-            await self.client.rpush(key, *([entry] * 100))
+        for list_key in self.lists:
+            await self.client.delete(list_key)
+            await self.client.rpush(list_key, *([entry] * 100))
 
     def rows(self) -> dict[str, Row]:
         client, text = self.client, self.text

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -34,7 +35,7 @@ __all__ = ["main"]
 T0 = 1_800_000_000_000
 
 
-def _fields(raw: dict[bytes, bytes]) -> dict[bytes, bytes]:
+def _fields(raw: Mapping[Any, Any]) -> dict[bytes, bytes]:
     """A session hash but the fields that hold server time: ``xp`` (TIME of the last
     PEXPIRE) left out, ``cq`` (a stream id, from TIME) kept as present."""
     out = {f: v for f, v in raw.items() if f != b"xp"}
@@ -46,7 +47,7 @@ def _fields(raw: dict[bytes, bytes]) -> dict[bytes, bytes]:
 def _dump(client: redis.Redis) -> dict[bytes, Any]:
     out: dict[bytes, Any] = {}
     for name in sorted(client.scan_iter(count=1000)):
-        kind = client.type(name).decode()
+        kind = cast(bytes, client.type(name)).decode()
         value: Any
         if kind == "hash":
             value = _fields(client.hgetall(name))
@@ -55,7 +56,7 @@ def _dump(client: redis.Redis) -> dict[bytes, Any]:
         elif kind == "zset":
             value = client.zrange(name, 0, -1, withscores=True)
         elif kind == "stream":
-            value = [entry[1] for entry in client.xrange(name)]
+            value = [entry[1] for entry in client.xrange(name) or []]
         else:
             value = client.dump(name)
         out[name] = (kind, value)
@@ -139,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         k for k in set(state_old) | set(state_new) if state_old.get(k) != state_new.get(k)
     )
     print(f"{args.calls} calls, paths {paths}; {len(state_old)} keys; {len(differ)} differ")
-    for name in differ[:5]:
-        print(f"  {name!r}: {state_old.get(name)!r} != {state_new.get(name)!r}")
+    for key_name in differ[:5]:
+        print(f"  {key_name!r}: {state_old.get(key_name)!r} != {state_new.get(key_name)!r}")
     return 1 if differ else 0
 
 

@@ -87,9 +87,9 @@ class Rig:
         self.i = 0
         self.lists = [f"{{cp}}:r:{i}" for i in range(32)]
         entry = orjson.dumps({"role": "user", "content": self.text})
-        for key in self.lists:
-            self.client.delete(key)
-            self.client.rpush(key, *([entry] * 100))
+        for list_key in self.lists:
+            self.client.delete(list_key)
+            self.client.rpush(list_key, *([entry] * 100))
 
     def close(self) -> None:
         self.client.connection_pool.release(self.conn)
@@ -172,7 +172,7 @@ def build_rows(rig: Rig) -> dict[str, tuple[str, Row]]:
     def lean_pool_each(args: list[tuple[Any, ...]]) -> None:
         pool = client.connection_pool
         for a in args:
-            c = pool.get_connection()
+            c: Any = pool.get_connection()
             try:
                 c.send_packed_command(c.pack_command("EVALSHA", *a))
                 c.read_response()
@@ -506,8 +506,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         rig.close()
     spy = {"status": "skipped"} if args.no_py_spy else _py_spy(args.out, args.quick)
-    summary = {k: {"label": rows[k][0], **spread(v)} for k, v in per_round.items()}
-    cpu = {k: spread(v) for k, v in cpu_round.items()}
+    summary: dict[str, dict[str, Any]] = {
+        k: {"label": rows[k][0], **spread(v)} for k, v in per_round.items()
+    }
+    cpu_spread = {k: spread(v) for k, v in cpu_round.items()}
     layers = []
     for label, upper, lower in LAYERS:
         if upper in per_round and lower in per_round:
@@ -532,14 +534,14 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {**meta, "load_per_round": loads, "py_spy": spy},
         "rows_us_per_op": summary,
         "rounds_us_per_op": per_round,
-        "client_cpu_us_per_op": cpu,
+        "client_cpu_us_per_op": cpu_spread,
         "rounds_client_cpu_us_per_op": cpu_round,
         "layers_us_per_op": layers,
         "stages_us_per_op": stages,
         "profiles": profiles,
     }
     out = write_json(args.out / f"callpath{tag}.json", data)
-    _print(summary, cpu, layers, stages, profiles)
+    _print(summary, cpu_spread, layers, stages, profiles)
     print(f"wrote {out}")
     return 0
 

@@ -79,9 +79,9 @@ class Rig:
         self.min_sha = str(self.client.script_load(MINIMAL_SCRIPT.read_text(encoding="utf-8")))
         self.lists = [f"{{cl{i}}}:r" for i in range(32)]
         entry = orjson.dumps({"role": "user", "content": self.text})
-        for key in self.lists:
-            self.client.delete(key)
-            self.client.rpush(key, *([entry] * 100))
+        for list_key in self.lists:
+            self.client.delete(list_key)
+            self.client.rpush(list_key, *([entry] * 100))
         self.i = 0
 
     def minimal_args(self, n: int) -> list[tuple[Any, ...]]:

@@ -166,7 +166,10 @@ def _page_hold_probe() -> str:
 
 def _analysis(run: Run) -> list[str]:
     m, r, cmds = run.med, run.ratio, run.cmds
-    tv = lambda name: _target_value(run, name)  # noqa: E731
+
+    def tv(name: str) -> float:
+        return _target_value(run, name)
+
     used_1m = (
         run.rows.get("scale.append.p50.1000000", {}).get("extra", {}).get("used_memory_after_fill")
         or 0
@@ -177,7 +180,9 @@ def _analysis(run: Run) -> list[str]:
     kinds = mem.get("bytes_by_key_kind", {})
     turns = max(1, int(mem.get("turns", 1)))
     per_kind = {k: v / turns for k, v in kinds.items()}
-    cpu = next((t for t in run.targets if t["name"].startswith("Redis CPU per append vs")), {})
+    cpu: dict[str, Any] = next(
+        (t for t in run.targets if t["name"].startswith("Redis CPU per append vs")), {}
+    )
     cpu_floor = cpu.get("floor") or math.nan
     base_srv = run.srv("base.append.300B.redispy")
     base_op = 1e6 / m("base.append.300B.redispy") if m("base.append.300B.redispy") else math.nan

@@ -61,7 +61,7 @@ class _Raw:
             chunk = view[:n]
             if sink is not None:
                 sink(chunk)
-            self.reader.feed(chunk)
+            self.reader.feed(chunk)  # type: ignore[arg-type]  # hiredis takes any buffer
             reply = self.reader.gets()
             if reply is not False:
                 if isinstance(reply, Exception):

@@ -425,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
             client.close()
     finally:
         shutil.rmtree(storage, ignore_errors=True)
-    spy = _py_spy(args.out, sessions, turns, tag) if args.py_spy else {"status": "skipped"}
+    spy: dict[str, Any] = (
+        _py_spy(args.out, sessions, turns, tag) if args.py_spy else {"status": "skipped"}
+    )
     plain = [f for f in flushes if not f["profiled"]]
     disk_rates = [d["bytes_per_s"] for d in disks]
     summary = {

@@ -26,6 +26,8 @@ import os
 import statistics
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,13 @@ def _summary(values: list[float]) -> dict[str, float]:
     }
 
 
+def _sent(
+    execute: Callable[[Any], Any], request: Callable[[ConversationKey], Any]
+) -> Callable[[ConversationKey], Any]:
+    """A read of one key: its request built and sent through the store's executor."""
+    return lambda key: execute(request(key))
+
+
 def measure(server: BenchRedis, reads: int, repeats: int) -> dict[str, Any]:
     client = server.client()
     admin = server.client()
@@ -76,10 +85,10 @@ def measure(server: BenchRedis, reads: int, repeats: int) -> dict[str, Any]:
         core, execute = store.core, store.executor.execute
         for script in ("context_head", "read_context"):
             client.script_load(store.scripts[script].source)
-        ways = {
-            "transaction": (lambda k, c=core, ex=execute: ex(c.context_call(k, LIMIT)), "exec"),
+        ways: dict[str, tuple[Callable[[ConversationKey], Any], str]] = {
+            "transaction": (_sent(execute, partial(core.context_call, limit=LIMIT)), "exec"),
             "read_context": (
-                lambda k, c=core, ex=execute: ex(c.script_context_call(k, LIMIT)),
+                _sent(execute, partial(core.script_context_call, limit=LIMIT)),
                 "evalsha",
             ),
         }

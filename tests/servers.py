@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Self
 
 import redis
 from redis.backoff import NoBackoff
@@ -362,7 +362,7 @@ class RedisServer:
             raise RuntimeError("RedisServer is not started")
         return self._node.client(**kwargs)
 
-    def start(self) -> RedisServer:
+    def start(self) -> Self:
         binary = self.binary()
         deadline = time.monotonic() + START_TIMEOUT_S
         for attempt in range(PORT_ATTEMPTS):
@@ -410,7 +410,7 @@ class RedisServer:
     def _cleanup_dir(self) -> None:
         shutil.rmtree(self._workdir, ignore_errors=True)
 
-    def __enter__(self) -> RedisServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -495,7 +495,7 @@ class RedisClusterServers:
                 found.append(node.port)
         return found
 
-    def start(self) -> RedisClusterServers:
+    def start(self) -> Self:
         binary = self.binary()
         find_binary("redis-cli")
         deadline = time.monotonic() + CLUSTER_TIMEOUT_S
@@ -616,7 +616,7 @@ class RedisClusterServers:
         finally:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
-    def __enter__(self) -> RedisClusterServers:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
