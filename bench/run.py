@@ -381,6 +381,7 @@ def _count_round_trips(server: Any, mem: Any, hist: Any) -> float:
 
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
             Counting.writes += 1
+            # redis-py leaves this method unannotated; the override only counts writes.
             super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
     pool = redis.ConnectionPool(host="127.0.0.1", port=server.port, connection_class=Counting)
