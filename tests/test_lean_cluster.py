@@ -37,6 +37,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
+from redispy import LEAN_CLUSTER
 from servers import RedisClusterServers, held_connections
 from test_lean_call import PROBE_LUA
 
@@ -48,7 +49,7 @@ from memtier.leancluster import ClusterLean, lean_cluster
 from memtier.retry import RetryPolicy
 from memtier.scripts import ScriptRegistry, load_registry
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.redis_py(LEAN_CLUSTER)]
 
 COUNTER_LUA = """#!lua
 -- KEYS[1] a counter; returns it incremented (how many times the script ran).

@@ -41,6 +41,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
+from redispy import LEAN_CLUSTER
 from test_lean_cluster import _CALLS, _registry
 
 from memtier import (
@@ -57,7 +58,7 @@ from memtier.executor import AsyncExecutor
 from memtier.retry import RetryPolicy
 from memtier.scripts import ScriptRegistry
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.redis_py(LEAN_CLUSTER)]
 
 SETTINGS = {
     "max_connections": 4,

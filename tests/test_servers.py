@@ -330,7 +330,8 @@ def _run_inner_pytest(tmp_path: Path, env_overrides: dict[str, str]) -> str:
     tests_dir = Path(__file__).resolve().parent
     inner = tmp_path / "inner"
     inner.mkdir(exist_ok=True)
-    for name in ("conftest.py", "servers.py", "localmodules.py"):  # conftest and what it imports
+    # conftest and every local module it imports
+    for name in ("conftest.py", "servers.py", "localmodules.py", "redispy.py"):
         (inner / name).write_text((tests_dir / name).read_text(), encoding="utf-8")
     (inner / "test_needs_redis.py").write_text(
         "def test_needs_redis(redis_server):\n    assert redis_server\n", encoding="utf-8"

@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 from ledger import Attempt, classify, judge, ledger_key, settle_unknowns, turn_text
 from redis.cluster import RedisCluster
+from redispy import LEAN_CLUSTER
 from servers import HOST, POLL_S, require_real_redis
 from test_cluster_faults import FaultCluster, _node_id, _slot
 
@@ -45,7 +46,7 @@ from memtier import AsyncConversationStore, AvatarMessage, ConversationStore, Me
 from memtier.aioleancluster import AsyncClusterLean
 from memtier.leancluster import ClusterLean
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.redis_py(LEAN_CLUSTER)]
 
 WRITERS = 3
 KEYS_PER_WRITER = 4
