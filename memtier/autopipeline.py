@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -401,7 +400,6 @@ class AutoPipeline:
     __slots__ = (
         "_direct",
         "_kept",
-        "_named",
         "_open",
         "_sending",
         "batches",
@@ -417,9 +415,6 @@ class AutoPipeline:
         self.pool = pool
         self.bounds = bounds
         self.slots = slots
-        # redis-py < 5.3 wants the command name; later versions deprecate passing it.
-        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
-        self._named = parameter is not None and parameter.default is inspect.Parameter.empty
         # ``args`` as the bytes the pool's connections would send (their encoder).
         self.pack = Packer(pool.connection_class, getattr(pool, "connection_kwargs", {}))
         self._open: _Batch | None = None
@@ -450,10 +445,7 @@ class AutoPipeline:
         try:
             conn = None if loop is None else await self._kept.take(loop)
             if conn is None:
-                pool = self.pool
-                conn = await (
-                    pool.get_connection("EVALSHA") if self._named else pool.get_connection()
-                )
+                conn = await self.pool.get_connection()
             return conn
         except BaseException:
             if slots is not None:

@@ -28,7 +28,6 @@ map stale (a failover, a topology change).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import queue
@@ -140,7 +139,7 @@ def connect_sync(config: MemtierConfig) -> tuple[Any, bool]:
         retry_on_error=[],
         **options,
     )
-    return _owning(Redis, pool), False
+    return Redis.from_pool(pool), False  # the client closes the pool it owns
 
 
 def connect_async(config: MemtierConfig) -> tuple[Any, bool]:
@@ -166,17 +165,7 @@ def connect_async(config: MemtierConfig) -> tuple[Any, bool]:
         retry_on_error=[],
         **options,
     )
-    return _owning(Redis, pool), False
-
-
-def _owning(cls: Any, pool: Any) -> Any:
-    """A client that closes ``pool`` when it is closed (``from_pool`` where redis-py has it)."""
-    from_pool = getattr(cls, "from_pool", None)
-    if from_pool is not None:
-        return from_pool(pool)
-    client = cls(connection_pool=pool)  # redis-py 5.0.0: the same, by hand
-    client.auto_close_connection_pool = True
-    return client
+    return Redis.from_pool(pool), False  # the client closes the pool it owns
 
 
 def _busy(limit: int, timeout_s: float) -> BackendBusyError:
@@ -422,15 +411,10 @@ class LeanPool:
     touching them.
     """
 
-    __slots__ = ("_exhausted", "_idle", "_keep", "_named", "_packer", "_pid", "pool")
+    __slots__ = ("_exhausted", "_idle", "_keep", "_packer", "_pid", "pool")
 
-    def __init__(self, pool: Any, *, named: bool | None = None, keep_idle: int = 0) -> None:
+    def __init__(self, pool: Any, *, keep_idle: int = 0) -> None:
         self.pool = pool
-        if named is None:  # decided once by a caller that makes one per call (cluster)
-            # redis-py < 5.3 wants the command name; later versions deprecate passing it.
-            parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
-            named = parameter is not None and parameter.default is inspect.Parameter.empty
-        self._named = named
         self._keep = keep_idle
         self._exhausted: Callable[[], bool] | None = getattr(pool, "exhausted", None)
         self._idle: deque[Any] | None = deque() if keep_idle > 0 else None
@@ -443,7 +427,7 @@ class LeanPool:
         strict = kwargs.get("encoding_errors", "strict") == "strict"
         self._packer = _HIREDIS_PACK if utf8 and strict else None
 
-    def _get(self, name: str) -> Any:
+    def _get(self) -> Any:
         idle = self._idle
         if idle:
             if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours
@@ -460,8 +444,7 @@ class LeanPool:
                     except BaseException:
                         self._release(conn)  # kept, disconnected: the next use reconnects
                         raise
-        pool = self.pool
-        return pool.get_connection(name) if self._named else pool.get_connection()
+        return self.pool.get_connection()
 
     def _release(self, conn: Any) -> None:
         try:
@@ -505,7 +488,7 @@ class LeanPool:
 
     def execute(self, args: tuple[Any, ...], packed: list[Any]) -> Any:
         """Send ``args`` (packed into ``packed`` on first use, reused after) and read the reply."""
-        conn = self._get(args[0])
+        conn = self._get()
         try:
             if not packed:
                 packed.extend(self._pack(conn, args))
@@ -531,7 +514,7 @@ class LeanPool:
         a command refused while queueing (its error read whole) aborts the ``EXEC``
         (``EXECABORT``), and that first refusal is raised.
         """
-        conn = self._get("MULTI")
+        conn = self._get()
         try:
             if not packed:
                 packed.extend(self._pack_all(conn, commands))

@@ -75,12 +75,11 @@ class SlotCache:
 class ClusterLean(SlotCache):
     """Route one packed script call to its slot's primary and send it there."""
 
-    __slots__ = ("_named", "redirects")
+    __slots__ = ("redirects",)
 
-    def __init__(self, client: Any, named: bool) -> None:
+    def __init__(self, client: Any) -> None:
         super().__init__(client)
         self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests, approximate)
-        self._named = named  # the node pools' get_connection wants the command name
 
     def execute(self, slot: int, args: tuple[Any, ...], packed: list[Any]) -> Any:
         """Send ``args`` (packed into ``packed`` once) to ``slot``'s primary; read the reply."""
@@ -102,7 +101,7 @@ class ClusterLean(SlotCache):
             raise
         pool = client.get_redis_connection(node).connection_pool
         try:
-            return send(LeanPool(pool, named=self._named))
+            return send(LeanPool(pool))
         except (RedisConnectionError, RedisTimeoutError):
             # The connection is already dropped (LeanPool); the node may be gone.
             self._refresh(node.name)
@@ -123,11 +122,6 @@ class ClusterLean(SlotCache):
         except Exception as exc:  # every node unreachable: the retry's next attempt re-reads
             # The caller raises the fault that started this; its class decides the retry.
             log.debug("memtier: cluster slot map refresh failed: %s: %s", type(exc).__name__, exc)
-
-
-def _named_pool(pool: Any) -> bool:
-    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
-    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 def lean_cluster(client: Any) -> ClusterLean | None:
@@ -151,7 +145,6 @@ def lean_cluster(client: Any) -> ClusterLean | None:
     nodes = client.get_nodes()
     if not nodes:
         return None
-    named = False
     for node in nodes:
         redis_node = client.get_redis_connection(node)
         if "EVALSHA" in getattr(redis_node, "response_callbacks", {}):
@@ -159,5 +152,4 @@ def lean_cluster(client: Any) -> ClusterLean | None:
         pool = redis_node.connection_pool
         if getattr(pool, "cache", None) is not None:  # client-side caching wraps connections
             return None
-        named = _named_pool(pool)
-    return ClusterLean(client, named)
+    return ClusterLean(client)
