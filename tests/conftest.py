@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -38,6 +39,12 @@ from servers import (
     require_real_redis,
     unavailable,
 )
+
+# bench/ imports the server helpers as ``tests.servers`` (it runs outside pytest too), the
+# tests as ``servers``: without this, a test that runs a bench probe loads the file twice --
+# two registries of live servers (two atexit hooks), and two RedisUnavailableError classes
+# that do not catch each other.  One module under both names.
+sys.modules.setdefault("tests.servers", sys.modules["servers"])
 
 # Hypothesis profiles.  ``ci`` (the default everywhere, and always when CI is set) is
 # derandomised: the same examples every run of the same code, so a stop can never fail by

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 from redispy import LEAN_CLUSTER
-
-from tests.servers import require_real_redis
+from servers import require_real_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 

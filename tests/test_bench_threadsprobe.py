@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.servers import require_real_redis
+from servers import require_real_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 

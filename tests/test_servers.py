@@ -377,3 +377,19 @@ def test_valkey_cluster_has_three_primaries_owning_every_slot(
         info = node.execute_command("CLUSTER", "INFO")
     text = info.decode() if isinstance(info, bytes) else str(info)
     assert "cluster_state:ok" in text and "cluster_slots_assigned:16384" in text
+
+
+# --------------------------------------------------------------------- one module, two names
+
+
+def test_bench_and_tests_share_one_servers_module() -> None:
+    """bench/ imports ``tests.servers``, the tests ``servers``: one module object (conftest
+    aliases it), so one registry of live servers and one RedisUnavailableError class."""
+    import importlib
+
+    import servers
+
+    import bench.server
+
+    assert importlib.import_module("tests.servers") is servers
+    assert bench.server.RedisUnavailableError is servers.RedisUnavailableError
