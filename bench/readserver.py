@@ -9,7 +9,13 @@ the last 20 turns each way through memtier's executor:
 * ``transaction`` -- what ``context()`` sends: ``MULTI``, ``context_head``, ``LRANGE``,
   ``EXEC`` (lean, packed);
 * ``read_context`` -- the former read: one ``EVALSHA`` whose Lua copies the 20 records
-  into its reply.
+  into its reply;
+* ``plain`` -- a candidate, not what memtier sends: the same reads with no Lua at all,
+  ``MULTI``, ``HMGET`` of the session's head fields, ``TIME``, ``HGET`` of the
+  partition's clock high-water mark, ``LRANGE``, ``EXEC`` (the expiry verdict would then
+  be the client's, from values read atomically; redis-py's cluster pipeline refuses
+  ``TIME``, so the generic Cluster path could not send it).  Sent packed on a pooled
+  connection (the client's path does not enter the figure).
 
 Figure: ``INFO commandstats`` microseconds per read of the *outer* command (``EXEC``
 includes the script and the ``LRANGE`` it ran; ``EVALSHA`` of ``read_context`` includes
@@ -35,6 +41,8 @@ from bench.probe import git_commit
 from bench.server import BenchRedis
 from bench.workloads import bench_config, chat_text, populate
 from memtier import ConversationKey, ConversationStore
+from memtier.connection import LeanPool
+from memtier.memory.core import MemoryCore
 
 SIZES = (300, 4096)
 SESSIONS = 16
@@ -74,6 +82,29 @@ def _sent(
     return lambda key: execute(request(key))
 
 
+_HEAD_FIELDS = ("id", "created", "created_wall", "last", "last_wall", "turns", "bytes", "summary")
+
+
+def _plain(core: MemoryCore, lean: LeanPool) -> Callable[[ConversationKey], Any]:
+    """A read of one key as ``MULTI`` / ``HMGET`` / ``TIME`` / ``HGET`` / ``LRANGE`` /
+    ``EXEC``: what ``context_head`` reads, without the script."""
+
+    def read(key: ConversationKey) -> Any:
+        part = core.partition_for(key)
+        session = part.session(key.member)
+        commands: tuple[tuple[Any, ...], ...] = (
+            ("MULTI",),
+            ("HMGET", session.session, *_HEAD_FIELDS),
+            ("TIME",),
+            ("HGET", part.meta, "clock"),
+            ("LRANGE", session.turns, -LIMIT, -1),
+            ("EXEC",),
+        )
+        return lean.transaction(commands, len(commands), [])
+
+    return read
+
+
 def measure(server: BenchRedis, reads: int, repeats: int) -> dict[str, Any]:
     client = server.client()
     admin = server.client()
@@ -91,11 +122,12 @@ def measure(server: BenchRedis, reads: int, repeats: int) -> dict[str, Any]:
                 _sent(execute, partial(core.script_context_call, limit=LIMIT)),
                 "evalsha",
             ),
+            "plain": (_plain(core, LeanPool(client.connection_pool)), "exec"),
         }
         runs: dict[str, list[dict[str, tuple[int, int]]]] = {name: [] for name in ways}
         loads: list[float] = []
         for repeat in range(repeats):
-            order = list(ways) if repeat % 2 == 0 else list(reversed(ways))
+            order = list(ways)[repeat % len(ways) :] + list(ways)[: repeat % len(ways)]
             for name in order:
                 read, _outer = ways[name]
                 before = _stats(admin)
@@ -121,6 +153,12 @@ def measure(server: BenchRedis, reads: int, repeats: int) -> dict[str, Any]:
             for t, r in zip(runs["transaction"], runs["read_context"], strict=True)
         ]
         result["transaction_over_read_context"] = _summary(paired)
+        result["plain_over_transaction"] = _summary(
+            [
+                p["exec"][1] / t["exec"][1]
+                for p, t in zip(runs["plain"], runs["transaction"], strict=True)
+            ]
+        )
         out[f"{size}B"] = result
     client.close()
     admin.close()
@@ -160,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{size}: transaction (EXEC) {t['median']} [{t['min']}-{t['max']}] us,"
             f" read_context (EVALSHA) {r['median']} [{r['min']}-{r['max']}] us,"
             f" ratio x{ratio['median']} [{ratio['min']}-{ratio['max']}]"
+        )
+        p, pr = result["plain"]["us_per_read"], result["plain_over_transaction"]
+        print(
+            f"{size}: plain, no Lua (EXEC) {p['median']} [{p['min']}-{p['max']}] us,"
+            f" x{pr['median']} [{pr['min']}-{pr['max']}] of the transaction"
         )
     print(f"wrote {path}")
     return 0

@@ -145,6 +145,14 @@ def test_readserver_quick(tmp_path: Path) -> None:
         for command in ("multi", "evalsha", "lrange", "exec"):
             assert calls[command] == 1.0, (size, command, calls)
         assert "exec" not in result["read_context"]["calls_per_read"]
+        # the candidate without Lua: the same reads as plain commands, no script
+        assert result["plain"]["outer_command"] == "exec"
+        assert result["plain"]["us_per_read"]["median"] > 0, size
+        calls = result["plain"]["calls_per_read"]
+        for command in ("multi", "hmget", "time", "hget", "lrange", "exec"):
+            assert calls[command] == 1.0, (size, command, calls)
+        assert "evalsha" not in calls
+        assert result["plain_over_transaction"]["median"] > 0
 
 
 @pytest.mark.real
