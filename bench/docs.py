@@ -279,11 +279,17 @@ def _analysis(run: Run) -> list[str]:
         _excerpt(RESULTS / "profile-full-append-300B.txt"),
         "```",
         "",
-        "**2. Context: no turns through Lua, and cached decodes shared.** A context read "
-        "is one `MULTI` / `EVALSHA context_head` / `LRANGE` / `EXEC` round trip (`context "
-        "in one round trip` counts connection writes).  Redis time per read of 20 turns "
-        "fell from 61 to 43 us at 300 B and from 248 to 66 us at 4 KiB "
-        "(`bench/results/readtx-server-read.json`, 7 interleaved repeats).  The read "
+        "**2. Context: no turns through Lua, no Lua on the lean paths, and cached decodes "
+        "shared.** A context read is one `MULTI` / `HMGET` / `TIME` / `HGET` / `LRANGE` / "
+        "`EXEC` round trip on the lean paths (`context in one round trip` counts connection "
+        "writes): the session check is plain commands whose replies the client folds into "
+        "the `context_head` script's verdict (`memtier/memory/contexthead.py`; redis-py's "
+        "pipelines, which refuse `TIME` on a Cluster, still send the script).  Redis time "
+        "per read of 20 turns fell from 61 to 43 us at 300 B and from 248 to 66 us at 4 KiB "
+        "when the turns left Lua (`bench/results/readtx-server-read.json`, 7 interleaved "
+        "repeats), then from 15.5 to 3.4 us at 300 B and from 24.6 to 8.7 us at 4 KiB "
+        "(EXEC's own time) when the check did (`bench/results/readplain-server-read.json`).  "
+        "The read "
         f"floor row (`bench/floor_read-2.lua`: clock, session fields, `LRANGE`) is x"
         f"{r('floor.read20.300B.redis-benchmark'):.2f} of the raw `LRANGE`+orjson row.  "
         "Most of the gap to 0.8x was the client's decode: a record's `fields` are now a "

@@ -6,16 +6,17 @@ On a private ``redis-server`` (free loopback port, temp dir, stopped by pid): 16
 sessions of 100 turns at 300 B and at 4 KiB, then per repeat, interleaved, ``N`` reads of
 the last 20 turns each way through memtier's executor:
 
-* ``transaction`` -- what ``context()`` sends: ``MULTI``, ``context_head``, ``LRANGE``,
-  ``EXEC`` (lean, packed);
+* ``transaction`` -- the read with its session check as the ``context_head`` script:
+  ``MULTI``, ``context_head``, ``LRANGE``, ``EXEC`` (lean, packed; what ``context()``
+  sends through redis-py's pipelines, and sent on every path before the plain form);
 * ``read_context`` -- the former read: one ``EVALSHA`` whose Lua copies the 20 records
   into its reply;
-* ``plain`` -- a candidate, not what memtier sends: the same reads with no Lua at all,
-  ``MULTI``, ``HMGET`` of the session's head fields, ``TIME``, ``HGET`` of the
-  partition's clock high-water mark, ``LRANGE``, ``EXEC`` (the expiry verdict would then
-  be the client's, from values read atomically; redis-py's cluster pipeline refuses
-  ``TIME``, so the generic Cluster path could not send it).  Sent packed on a pooled
-  connection (the client's path does not enter the figure).
+* ``plain`` -- what ``context()`` sends on the lean paths: the same reads with no Lua
+  at all, ``MULTI``, ``HMGET`` of the session's head fields, ``TIME``, ``HGET`` of the
+  partition's clock high-water mark, ``LRANGE``, ``EXEC`` (the expiry verdict is the
+  client's, from values read atomically: :mod:`memtier.memory.contexthead`; redis-py's
+  cluster pipeline refuses ``TIME``, so its paths keep the script).  Sent through the
+  store's executor.
 
 Figure: ``INFO commandstats`` microseconds per read of the *outer* command (``EXEC``
 includes the script and the ``LRANGE`` it ran; ``EVALSHA`` of ``read_context`` includes
@@ -27,6 +28,7 @@ calls during which Redis was preempted: compare the two in the same repeat.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -41,7 +43,7 @@ from bench.probe import git_commit
 from bench.server import BenchRedis
 from bench.workloads import bench_config, chat_text, populate
 from memtier import ConversationKey, ConversationStore
-from memtier.connection import LeanPool
+from memtier.engine import Transaction
 from memtier.memory.core import MemoryCore
 
 SIZES = (300, 4096)
@@ -82,27 +84,9 @@ def _sent(
     return lambda key: execute(request(key))
 
 
-_HEAD_FIELDS = ("id", "created", "created_wall", "last", "last_wall", "turns", "bytes", "summary")
-
-
-def _plain(core: MemoryCore, lean: LeanPool) -> Callable[[ConversationKey], Any]:
-    """A read of one key as ``MULTI`` / ``HMGET`` / ``TIME`` / ``HGET`` / ``LRANGE`` /
-    ``EXEC``: what ``context_head`` reads, without the script."""
-
-    def read(key: ConversationKey) -> Any:
-        part = core.partition_for(key)
-        session = part.session(key.member)
-        commands: tuple[tuple[Any, ...], ...] = (
-            ("MULTI",),
-            ("HMGET", session.session, *_HEAD_FIELDS),
-            ("TIME",),
-            ("HGET", part.meta, "clock"),
-            ("LRANGE", session.turns, -LIMIT, -1),
-            ("EXEC",),
-        )
-        return lean.transaction(commands, len(commands), [])
-
-    return read
+def _script_form(core: MemoryCore, key: ConversationKey) -> Transaction:
+    """The context read with its session check as the ``context_head`` script."""
+    return dataclasses.replace(core.context_call(key, limit=LIMIT), plain=None)
 
 
 def measure(server: BenchRedis, reads: int, repeats: int) -> dict[str, Any]:
@@ -117,12 +101,12 @@ def measure(server: BenchRedis, reads: int, repeats: int) -> dict[str, Any]:
         for script in ("context_head", "read_context"):
             client.script_load(store.scripts[script].source)
         ways: dict[str, tuple[Callable[[ConversationKey], Any], str]] = {
-            "transaction": (_sent(execute, partial(core.context_call, limit=LIMIT)), "exec"),
+            "transaction": (_sent(execute, partial(_script_form, core)), "exec"),
             "read_context": (
                 _sent(execute, partial(core.script_context_call, limit=LIMIT)),
                 "evalsha",
             ),
-            "plain": (_plain(core, LeanPool(client.connection_pool)), "exec"),
+            "plain": (_sent(execute, partial(core.context_call, limit=LIMIT)), "exec"),
         }
         runs: dict[str, list[dict[str, tuple[int, int]]]] = {name: [] for name in ways}
         loads: list[float] = []

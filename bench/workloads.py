@@ -861,24 +861,19 @@ class MemtierBench:
         )
 
     def read_script_socket(self, size: str, pool: KeyPool) -> Measure:
-        """memtier's context read transaction (``MULTI``, ``context_head``, ``LRANGE`` 20,
+        """memtier's context read transaction as its lean paths send it (``MULTI``, the
+        session check as plain commands -- ``HMGET``, ``TIME``, ``HGET`` --, ``LRANGE`` 20,
         ``EXEC``) from a pre-encoded socket, packed before the clock starts, its reply not
         decoded: the Redis cost of the read's semantics plus one round trip.  What is left
         between this row and the baseline is all the room memtier's decoding and call
         path have (the Python floor of "context vs LRANGE", beside the C floor)."""
-        core, script = self.store.core, self.store.scripts["context_head"]
-        self.client.script_load(script.source)
+        core = self.store.core
         raw = RawSocket(self.server.port)
         packed = []
         for key in pool.keys:
             tx = core.context_call(key, READ_LAST)
-            call = tx.script
-            commands = (
-                ("MULTI",),
-                ("EVALSHA", script.sha, script.num_keys, *call.keys, *call.args),
-                *tx.reads,
-                ("EXEC",),
-            )
+            assert tx.plain is not None
+            commands = (("MULTI",), *tx.plain.commands, *tx.reads, ("EXEC",))
             packed.append((b"".join(_resp(*c) for c in commands), len(commands)))
         state = {"i": 0}
 
@@ -890,7 +885,7 @@ class MemtierBench:
                 for _ in range(replies):
                     reply = raw.read()
             state["i"] = i + n
-            if not (isinstance(reply, list) and len(reply[1]) == READ_LAST):
+            if not (isinstance(reply, list) and len(reply[-1]) == READ_LAST):
                 raise RuntimeError(f"the read transaction did not answer 20 records: {reply!r}")
 
         return Measure(

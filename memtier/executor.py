@@ -214,8 +214,10 @@ class SyncExecutor:
 
     def _transaction(self, tx: Transaction) -> Callable[[], Any]:
         """``attempt`` for a :class:`Transaction`: on the lean path packed once (every
-        retry and the NOSCRIPT re-send reuse the bytes), else redis-py's transactional
-        pipeline (fakeredis, Cluster, wrappers).  Hooks see the script's own reply."""
+        retry and the NOSCRIPT re-send reuse the bytes), with the script's reads as plain
+        commands where the request has them (:class:`~memtier.engine.PlainHead`), else
+        redis-py's transactional pipeline with the script (fakeredis, Cluster on older
+        redis-py, wrappers).  Hooks see the script's own reply either way."""
         call = tx.script
         script = self.scripts[call.script]
         client, keys, args, reads = self.client, call.keys, call.args, tx.reads
@@ -231,7 +233,9 @@ class SyncExecutor:
         def send() -> list[Any]:
             if lean is not None:
                 self.lean_calls += 1
-                return script.call_transaction_lean(lean, client, keys, args, reads, packed, slot)
+                return script.call_transaction_lean(
+                    lean, client, keys, args, reads, packed, slot, tx.plain
+                )
             return script.call_transaction(client, keys, args, reads)
 
         def attempt() -> Any:
@@ -431,11 +435,11 @@ class AsyncExecutor:
         def send() -> Awaitable[list[Any]]:
             if pipeline is not None:
                 return script.call_transaction_pipelined(
-                    pipeline, client, keys, args, reads, packed
+                    pipeline, client, keys, args, reads, packed, tx.plain
                 )
             if lean is not None:
                 return script.call_transaction_lean_cluster_async(
-                    lean, slot, client, keys, args, reads, packed
+                    lean, slot, client, keys, args, reads, packed, tx.plain
                 )
             return script.call_transaction_async(client, keys, args, reads)
 

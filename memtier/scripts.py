@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from memtier.aioleancluster import AsyncClusterLean
     from memtier.autopipeline import AutoPipeline
     from memtier.connection import LeanPool
-    from memtier.engine import ReadCommand
+    from memtier.engine import PlainHead, ReadCommand
 
 __all__ = [
     "Durable",
@@ -417,6 +417,60 @@ class LuaScript:
         finally:
             self._duration.observe(time.perf_counter() - started)
 
+    # --- the same transaction with the script's reads as plain commands (PlainHead) -------
+    # No script is sent, so there is no NOSCRIPT to handle; the reply handed back is the
+    # script's (folded from the plain replies), the metric the script's duration.
+    @staticmethod
+    def _plain_commands(
+        plain: PlainHead, reads: Sequence[ReadCommand]
+    ) -> tuple[tuple[Any, ...], ...]:
+        return (("MULTI",), *plain.commands, *reads, ("EXEC",))
+
+    def _folded(self, replies: Any, plain: PlainHead, reads: int) -> list[Any]:
+        """EXEC's reply to a plain transaction, checked, as ``[script reply, *reads]``."""
+        head = len(plain.commands)
+        if not isinstance(replies, list) or len(replies) != head + reads:
+            raise ScriptError(f"{self.name}: malformed EXEC reply {type(replies).__name__}")
+        for reply in replies:
+            if isinstance(reply, MovedError | AskError):
+                raise _slot_moved(reply)
+            if isinstance(reply, Exception):
+                raise reply
+        return [plain.fold(replies[:head]), *replies[head:]]
+
+    def _plain_transaction(
+        self, send: Callable[[], Any], plain: PlainHead, reads: int
+    ) -> list[Any]:
+        """Send a plain transaction (``send`` returns EXEC's reply, or a
+        :class:`_Checked` reply of the script's path); timed and mapped as :meth:`_call`."""
+        started = time.perf_counter()
+        try:
+            replies = send()
+            if isinstance(replies, _Checked):
+                return replies.replies
+            return self._folded(replies, plain, reads)
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
+    async def _plain_transaction_async(
+        self, send: Callable[[], Awaitable[Any]], plain: PlainHead, reads: int
+    ) -> list[Any]:
+        """The asyncio twin of :meth:`_plain_transaction`."""
+        started = time.perf_counter()
+        try:
+            replies = await send()
+            if isinstance(replies, _Checked):
+                return replies.replies
+            return self._folded(replies, plain, reads)
+        except RedisResponseError as exc:
+            _raise_script_error(self.name, exc)
+            raise
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+
     def _queued(self, pipe: Any, call: tuple[Any, ...], reads: Sequence[ReadCommand]) -> Any:
         # execute_command: redis-py's ClusterPipeline blocks its evalsha() method
         pipe.execute_command("EVALSHA", *call)
@@ -451,15 +505,21 @@ class LuaScript:
         reads: Sequence[ReadCommand],
         packed: list[Any],
         slot: int = -1,
+        plain: PlainHead | None = None,
     ) -> list[Any]:
         """:meth:`call_transaction` on the lean path: the whole transaction packed once
         into ``packed`` (kept by the caller across its retries and the NOSCRIPT re-send)
         and sent with ``lean`` -- a standalone client's pool, or on a Redis Cluster the
         primary of ``slot`` (every key of the transaction is on it).  A ``MOVED`` /
         ``ASK`` there means nothing ran (the EXEC aborted): the transaction goes once
-        through redis-py's ``ClusterPipeline``, which raises it as a retryable fault."""
-        commands = () if packed else self._transaction_commands(keys, args, reads)
-        count = 3 + len(reads)
+        through redis-py's ``ClusterPipeline``, which raises it as a retryable fault.
+        With ``plain``, the script's reads go as plain commands (:class:`PlainHead`)."""
+        if plain is not None:
+            commands = () if packed else self._plain_commands(plain, reads)
+            count = 2 + len(plain.commands) + len(reads)
+        else:
+            commands = () if packed else self._transaction_commands(keys, args, reads)
+            count = 3 + len(reads)
 
         def send() -> Any:
             if not isinstance(lean, ClusterLean):
@@ -469,8 +529,11 @@ class LuaScript:
             except (MovedError, AskError):
                 lean.redirects += 1
                 # Checked already (so checked again unchanged): nothing of it is an error.
-                return self.call_transaction(client, keys, args, reads)
+                checked = self.call_transaction(client, keys, args, reads)
+                return checked if plain is None else _Checked(checked)
 
+        if plain is not None:
+            return self._plain_transaction(send, plain, len(reads))
         return self._transaction(send, lambda: client.script_load(self.source))
 
     async def call_transaction_pipelined(
@@ -481,10 +544,20 @@ class LuaScript:
         args: Sequence[Any],
         reads: Sequence[ReadCommand],
         packed: list[bytes],
+        plain: PlainHead | None = None,
     ) -> list[Any]:
         """:meth:`call_transaction` auto-pipelined: the whole ``MULTI`` ... ``EXEC`` packed
         once into ``packed`` and queued on ``pipeline`` as one entry (its commands stay
-        contiguous on the connection, so the transaction is intact inside the batch)."""
+        contiguous on the connection, so the transaction is intact inside the batch).
+        With ``plain``, the script's reads go as plain commands (:class:`PlainHead`)."""
+        if plain is not None:
+            if not packed:
+                for command in self._plain_commands(plain, reads):
+                    packed.extend(pipeline.pack(command))
+            count = 2 + len(plain.commands) + len(reads)
+            return await self._plain_transaction_async(
+                lambda: pipeline.call(packed, count), plain, len(reads)
+            )
         if not packed:
             for command in self._transaction_commands(keys, args, reads):
                 packed.extend(pipeline.pack(command))
@@ -502,16 +575,23 @@ class LuaScript:
         args: Sequence[Any],
         reads: Sequence[ReadCommand],
         packed: list[bytes],
+        plain: PlainHead | None = None,
     ) -> list[Any]:
         """:meth:`call_transaction_async` on an asyncio Redis Cluster client's lean path:
         the whole ``MULTI`` ... ``EXEC`` packed once into ``packed`` and written to
         ``slot``'s primary (every key of the transaction is on it).  A ``MOVED`` / ``ASK``
         there means nothing ran (the EXEC aborted): the transaction goes once through
-        redis-py's ``ClusterPipeline``, which raises it as a retryable fault."""
+        redis-py's ``ClusterPipeline``, which raises it as a retryable fault.  With
+        ``plain``, the script's reads go as plain commands (:class:`PlainHead`)."""
         if not packed:
-            for command in self._transaction_commands(keys, args, reads):
+            commands = (
+                self._transaction_commands(keys, args, reads)
+                if plain is None
+                else self._plain_commands(plain, reads)
+            )
+            for command in commands:
                 packed.extend(lean.pack(command))
-        count = 3 + len(reads)
+        count = 3 + len(reads) if plain is None else 2 + len(plain.commands) + len(reads)
 
         async def send() -> Any:
             try:
@@ -519,10 +599,13 @@ class LuaScript:
             except (MovedError, AskError):
                 lean.redirects += 1
                 # Checked already (so checked again unchanged): nothing of it is an error.
-                return await lean.generic(
+                checked = await lean.generic(
                     lambda: self.call_transaction_async(client, keys, args, reads)
                 )
+                return checked if plain is None else _Checked(checked)
 
+        if plain is not None:
+            return await self._plain_transaction_async(send, plain, len(reads))
         return await self._transaction_async(send, lambda: client.script_load(self.source))
 
     async def call_transaction_async(
@@ -665,6 +748,14 @@ def _is_moved(reply: Any) -> bool:
     if isinstance(reply, MovedError | AskError):
         return True
     return isinstance(reply, RedisResponseError) and str(reply).startswith(("MOVED", "ASK"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Replies of a plain transaction's fallback through redis-py's pipeline: the
+    script's path, already checked, in the script's shape (not to be folded)."""
+
+    replies: list[Any]
 
 
 def _resent_once(send: Callable[[], Any], load: Callable[[], Any]) -> Any:

@@ -13,9 +13,10 @@
     ARGV[2] clock_override  "" = server TIME; ms = test clock
 
   Output:
-    { 0, sid, created_ms, created_wall, last_ms, last_wall, turns, bytes, summary }
-        summary is "" when there is none
+    { 0, sid, summary }  summary is "" when there is none
     { -1 }  NOT_FOUND (no session, or it has expired)
+    (what a context read uses; memtier/memory/contexthead.py computes the same reply
+    from the same reads sent as plain commands, which the lean paths do)
 
   Side effects: none.
 ]]
@@ -28,14 +29,12 @@ if not ttl_ms then
   return redis.error_reply('memtier: context_head: malformed ARGV')
 end
 
-local h = rcall('HMGET', s_key, 'id', 'created', 'created_wall', 'last', 'last_wall', 'turns',
-  'bytes', 'summary')
-if not h[1] or not h[4] then
+local h = rcall('HMGET', s_key, 'id', 'last', 'summary')
+if not h[1] or not h[2] then
   return { -1 }
 end
 local now = memtier_clock(meta_key, clock_override, false)
-if now >= tonumber(h[4]) + ttl_ms then
+if now >= tonumber(h[2]) + ttl_ms then
   return { -1 }
 end
-return { 0, h[1], tonumber(h[2]), tonumber(h[3]), tonumber(h[4]), tonumber(h[5]),
-  tonumber(h[6]), tonumber(h[7]), h[8] or '' }
+return { 0, h[1], h[3] or '' }

@@ -32,6 +32,7 @@ from memtier.errors import (
 )
 from memtier.keys import MemoryKeyspace, PartitionKeys, SessionKeys
 from memtier.memory.contextdecode import ReadCache, decode_turns
+from memtier.memory.contexthead import plain_head
 from memtier.memory.delimiters import wrap_untrusted
 from memtier.memory.models import (
     TURN_TYPES,
@@ -389,16 +390,18 @@ class MemoryCore:
     def context_call(self, key: ConversationKey, limit: int = 0) -> Transaction:
         """The context read in one round trip: ``MULTI``, ``context_head`` (the expiry
         verdict and the session's fields, atomic with the read), a plain ``LRANGE`` of the
-        newest ``limit`` records (0: all), ``EXEC``.  The records never pass through Lua."""
+        newest ``limit`` records (0: all), ``EXEC``.  The records never pass through Lua,
+        and on the lean paths neither does the check (:mod:`memtier.memory.contexthead`)."""
         part, sk = self._route(key.member)
         newest = context_limit(limit)
+        ttl_ms, clock = self.ttl_ms(key.channel), self.clock_arg()
         return Transaction(
             CONTEXT_HEAD.call(
-                {"session": sk.session, "meta": part.meta},
-                ttl_ms=self.ttl_ms(key.channel),
-                clock_override=self.clock_arg(),
+                {"session": sk.session, "meta": part.meta}, ttl_ms=ttl_ms, clock_override=clock
             ),
             (("LRANGE", sk.turns, -newest if newest else 0, -1),),
+            # the same check as plain commands, for the shells that pack it themselves
+            plain_head(sk.session, part.meta, ttl_ms, clock),
         )
 
     def script_context_call(self, key: ConversationKey, limit: int = 0) -> ScriptCall:
@@ -413,24 +416,30 @@ class MemoryCore:
         )
 
     def decode_context(self, key: ConversationKey, replies: Sequence[Any]) -> Context:
-        """:meth:`context_call`'s reply: ``[context_head reply, LRANGE reply]``.  The
-        head decides: an expired or absent session is empty whatever the list held."""
-        return self._context(key, replies[0], replies[1])
+        """:meth:`context_call`'s reply: ``[context_head reply, LRANGE reply]``, the head
+        ``[0, sid, summary]`` or ``[-1]``.  The head decides: an expired or absent session
+        is empty whatever the list held."""
+        head = replies[0]
+        live = int(head[0]) == 0
+        return self._context(key, head[1] if live else None, head[2] if live else None, replies[1])
 
     def decode_script_context(self, key: ConversationKey, reply: Sequence[Any]) -> Context:
         """:meth:`script_context_call`'s reply (head fields, then the records)."""
-        return self._context(key, reply[:9], reply[9:])
+        live = int(reply[0]) == 0
+        return self._context(key, reply[1] if live else None, reply[8] if live else None, reply[9:])
 
     def _context(
-        self, key: ConversationKey, head: Sequence[Any], raw_records: Sequence[Any]
+        self, key: ConversationKey, sid: Any, summary_field: Any, raw_records: Sequence[Any]
     ) -> Context:
-        if int(head[0]) != 0:
+        """The context of a live session (``sid`` and its ``summary_field`` as read), or
+        an empty one for ``sid`` None (absent or expired)."""
+        if sid is None:
             self._read_cache.take(key.member)  # expired or gone: nothing of it is kept
             return Context(
                 key_avatar=key.avatar, key_channel=key.channel, session_id=None, messages=()
             )
-        session_id = wire.text(head[1])
-        summary_raw = wire.text(head[8])
+        session_id = wire.text(sid)
+        summary_raw = wire.text(summary_field)
         fast = decode_turns(key.member, raw_records, self._read_cache)
         if fast is None:  # a record of another shape: the general path decodes or raises
             return self._general_context(key, session_id, summary_raw, raw_records)

@@ -46,13 +46,13 @@ from memtier.memory.turncodec import StoredTurn
 
 fake_or_real = memfixtures.fake_or_real  # the fixture, in this module's namespace
 CORE = MemoryCore(MemtierConfig.load())
-HEAD = [0, b"ses_x", 0, 0, 0, 0, 0, 0, b""]
+HEAD = [0, b"ses_x", b""]  # context_head's reply: live, its id, no summary
 
 
 def general(core: MemoryCore, k: Any, replies: list[Any]) -> Context:
     """The reference: every record through decode_record, then project."""
     head, raws = replies
-    return core._general_context(k, head[1].decode(), head[8].decode(), raws)
+    return core._general_context(k, head[1].decode(), head[2].decode(), raws)
 
 
 def assert_same_context(fast: Context, reference: Context) -> None:

@@ -21,6 +21,7 @@ on the session's slot -- and decodes the records client-side.  Here an adversary
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -394,12 +395,23 @@ def _commandstats(client: Any) -> dict[str, int]:
     return {name: int(v["calls"]) for name, v in stats.items()}
 
 
-def test_the_read_is_a_transaction_with_no_lua_copy_of_the_turns(redis_server: Any) -> None:
-    """On the server: one MULTI, one EXEC, one EVALSHA of ``context_head``, one LRANGE per
-    read -- and ``read_context`` (the turns through Lua) is never run."""
+@pytest.mark.parametrize(
+    ("lean", "test_clock"),
+    [(True, True), (True, False), (False, True)],
+    ids=["lean", "lean-server-clock", "generic"],
+)
+def test_the_read_is_a_transaction_with_no_lua_copy_of_the_turns(
+    redis_server: Any, lean: bool, test_clock: bool
+) -> None:
+    """On the server, per read: one MULTI, one EXEC, one LRANGE; the session check is
+    ``context_head`` by EVALSHA on the generic path, and on the lean path no script at
+    all -- its HMGET, HGET and (with the server's clock) TIME as plain commands -- and
+    ``read_context`` (the turns through Lua) is never run."""
     admin = redis.Redis.from_url(redis_server.url)
     config = MemtierConfig.load(redis_url=redis_server.url, namespace="tx" + uuid.uuid4().hex[:8])
-    store = ConversationStore(redis.Redis.from_url(redis_server.url), config, clock=Clock())
+    client = redis.Redis.from_url(redis_server.url)
+    store = ConversationStore(client, config, clock=Clock() if test_clock else None)
+    store.executor.lean = lean
     k = key(9)
     store.append(k, AvatarMessage(text="hello"))
     store.context(k)
@@ -408,9 +420,24 @@ def test_the_read_is_a_transaction_with_no_lua_copy_of_the_turns(redis_server: A
         assert len(store.context(k).turns) == 1
     after = _commandstats(admin)
     delta = {name: after.get(name, 0) - before.get(name, 0) for name in after}
-    for command in ("cmdstat_multi", "cmdstat_exec", "cmdstat_evalsha", "cmdstat_lrange"):
-        assert delta[command] == READS, (command, delta)
+    if lean:
+        once = ["multi", "exec", "hmget", "hget", "lrange"] + ([] if test_clock else ["time"])
+        never = ["evalsha", "eval"] + (["time"] if test_clock else [])
+    else:
+        once, never = ["multi", "exec", "evalsha", "lrange"], []
+    for command in once:
+        assert delta.get(f"cmdstat_{command}", 0) == READS, (command, delta)
+    for command in never:
+        assert delta.get(f"cmdstat_{command}", 0) == 0, (command, delta)
     admin.close()
+    client.close()
+
+
+def _script_form_context(store: ConversationStore, k: Any) -> Any:
+    """A context read whose session check is the ``context_head`` script on every path
+    (no plain form): the transaction machinery's own NOSCRIPT handling, lean or not."""
+    tx = dataclasses.replace(store.core.context_call(k), plain=None)
+    return store.core.decode_context(k, store.executor.execute(tx, "context"))
 
 
 # --- NOSCRIPT inside MULTI --------------------------------------------------------------------
@@ -443,9 +470,29 @@ def test_noscript_inside_the_transaction_loads_and_resends_once(
     want = _view(store.context(k))
     _flush_scripts(private_server)
     writes = Writes(monkeypatch)
-    assert _view(store.context(k)) == want
+    assert _view(_script_form_context(store, k)) == want
     assert writes.count == 3  # the transaction (NOSCRIPT at EXEC), SCRIPT LOAD, the re-send
     assert client.script_exists(store.scripts["context_head"].sha) == [True]
+    client.close()
+
+
+def test_the_lean_read_needs_no_script(
+    private_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every script flushed, a lean context read is still one write and loads
+    nothing: its session check is plain commands (memtier.memory.contexthead)."""
+    client = redis.Redis.from_url(private_server.url)
+    store = ConversationStore(client, MemtierConfig.load(redis_url=private_server.url))
+    k = key(3)
+    store.append(k, AvatarMessage(text="one"))
+    want = _view(store.context(k))
+    _flush_scripts(private_server)
+    writes = Writes(monkeypatch)
+    lean_before = store.executor.lean_calls
+    assert _view(store.context(k)) == want
+    assert writes.count == 1
+    assert store.executor.lean_calls == lean_before + 1
+    assert client.script_exists(store.scripts["context_head"].sha) == [False]
     client.close()
 
 
@@ -486,7 +533,7 @@ def test_a_script_that_will_not_load_fails_after_two_sends(
     monkeypatch.setattr(client, "script_load", lambda source: loads.append(source))
     writes = Writes(monkeypatch)
     with pytest.raises(BackendError) as caught:
-        store.context(k)
+        _script_form_context(store, k)
     assert type(caught.value) is BackendError
     assert caught.value.code == ErrorCode.BACKEND_UNAVAILABLE
     assert "NoScriptError" in caught.value.message

@@ -175,8 +175,9 @@ def test_fast_context_decode_equals_strict_validated_path(
 ) -> None:
     session_id, summary, raws = case
     summary_raw = orjson.dumps(summary) if summary is not None else b""
-    reply = [0, session_id.encode(), 0, 0, 0, 0, 0, 0, summary_raw, *raws]
-    fast = CORE.decode_context(key(1), [reply[:9], reply[9:]])  # MULTI: head, LRANGE
+    reply = [0, session_id.encode(), 0, 0, 0, 0, 0, 0, summary_raw, *raws]  # read_context's
+    head = [0, session_id.encode(), summary_raw]  # context_head's (or its plain form's)
+    fast = CORE.decode_context(key(1), [head, raws])  # MULTI: head, LRANGE
     strict = strict_context(session_id, summary, raws)
     assert_same_model(fast, strict)
     for fast_turn, strict_turn in zip(fast.turns, strict.turns, strict=True):
@@ -184,7 +185,7 @@ def test_fast_context_decode_equals_strict_validated_path(
     for fast_msg, strict_msg in zip(fast.messages, strict.messages, strict=True):
         assert_same_model(fast_msg, strict_msg)
     # Twice: the cached delimiter openings give the same text as the first, uncached call.
-    assert_same_model(CORE.decode_context(key(1), [reply[:9], reply[9:]]), strict)
+    assert_same_model(CORE.decode_context(key(1), [head, raws]), strict)
     assert_same_model(CORE.decode_script_context(key(1), reply), strict)  # read_context
 
 
