@@ -164,6 +164,21 @@ def _page_hold_probe() -> str:
     )
 
 
+def _plain_read_probe() -> str:
+    """The Redis time per read with the session check as a script and as plain commands
+    (``bench.readserver``'s committed run), as a phrase."""
+    path = RESULTS / "readplain-server-read.json"
+    if not path.exists():
+        return "(no `bench.readserver` run committed)"
+    sizes = json.loads(path.read_text(encoding="utf-8"))["sizes"]
+    parts = []
+    for size, label in (("300B", "300 B"), ("4096B", "4 KiB")):
+        script = sizes[size]["transaction"]["us_per_read"]["median"]
+        plain = sizes[size]["plain"]["us_per_read"]["median"]
+        parts.append(f"from {script:.1f} to {plain:.1f} us at {label}")
+    return " and ".join(parts) + " (EXEC's own time, medians of the probe's repeats)"
+
+
 def _analysis(run: Run) -> list[str]:
     m, r, cmds = run.med, run.ratio, run.cmds
 
@@ -287,8 +302,8 @@ def _analysis(run: Run) -> list[str]:
         "pipelines, which refuse `TIME` on a Cluster, still send the script).  Redis time "
         "per read of 20 turns fell from 61 to 43 us at 300 B and from 248 to 66 us at 4 KiB "
         "when the turns left Lua (`bench/results/readtx-server-read.json`, 7 interleaved "
-        "repeats), then from 15.5 to 3.4 us at 300 B and from 24.6 to 8.7 us at 4 KiB "
-        "(EXEC's own time) when the check did (`bench/results/readplain-server-read.json`).  "
+        f"repeats), then {_plain_read_probe()} when the check did "
+        "(`bench/results/readplain-server-read.json`).  "
         "The read "
         f"floor row (`bench/floor_read-2.lua`: clock, session fields, `LRANGE`) is x"
         f"{r('floor.read20.300B.redis-benchmark'):.2f} of the raw `LRANGE`+orjson row.  "
