@@ -197,9 +197,15 @@ def test_a_turn_longer_than_its_lease_is_kept_alive_by_heartbeats(
     assert outcome and outcome[0].entries[1].content == "slow reply", beats
     sent = [at for at, _, _ in beats]
     assert len(sent) >= 3 and max(b - a for a, b in itertools.pairwise(sent)) < lease_s, beats
-    # Every renew is counted by its outcome on the metric (here: all renewed).
+    # Every renew is counted by its outcome on the metric: each answered one as renewed;
+    # one that stalled past the next beat on a loaded machine (abandoned: the next beat
+    # keeps the lease, as the gap check above shows) as missed.  CI once saw a renew on
+    # a Valkey Cluster take over 0.67 s (the beat interval): renewed 6, missed 1 of 7.
     now = lease_beats()
-    assert now.get("renewed", 0) - counted.get("renewed", 0) >= len(sent), (now, beats)
+    answered = sum(1 for _, _, reply in beats if reply == "[0]")
+    renewed = now.get("renewed", 0) - counted.get("renewed", 0)
+    missed = now.get("missed", 0) - counted.get("missed", 0)
+    assert renewed >= answered and renewed + missed >= len(sent), (now, beats)
 
 
 def test_a_stuck_renew_does_not_hold_up_the_beats_behind_it(
