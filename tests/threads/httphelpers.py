@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -73,12 +74,16 @@ class ApiServer:
         host = Starlette(
             routes=[Route("/host/ping", ping), Mount("/", app=conversations)], lifespan=lifespan
         )
-        (self.port,) = free_ports(1)
-        config = uvicorn.Config(
-            host, host=HOST, port=self.port, log_level="warning", lifespan="on", access_log=False
-        )
+        # Bound here, on port 0, and handed to uvicorn: a port probed free and bound later
+        # can be taken in between by anyone on the machine (CI saw EADDRINUSE once).
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.bind((HOST, 0))
+        self.port = int(self.socket.getsockname()[1])
+        config = uvicorn.Config(host, log_level="warning", lifespan="on", access_log=False)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread = threading.Thread(
+            target=lambda: self.server.run(sockets=[self.socket]), name="uvicorn", daemon=True
+        )
         self.root = f"http://{HOST}:{self.port}"
         self.url = self.root + base_path
 
@@ -98,6 +103,7 @@ class ApiServer:
             self.server.force_exit = True
             self.thread.join(30)
         assert not self.thread.is_alive(), "uvicorn did not stop"
+        self.socket.close()
 
 
 @contextlib.contextmanager
