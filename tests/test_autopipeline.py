@@ -1225,6 +1225,10 @@ def test_the_batch_reader_gives_what_redis_pys_read_response_gives(
                     host="127.0.0.1",
                     port=port,
                     socket_timeout=0.2,
+                    # The read timeout is the test's (a stalled stream); the TCP connect
+                    # gets its own, generous one: under load a loopback connect once took
+                    # over 0.2 s in CI ("Timeout connecting to server").
+                    socket_connect_timeout=30,
                     protocol=protocol,
                     **quiet,
                 )
