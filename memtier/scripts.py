@@ -420,10 +420,17 @@ class LuaScript:
     # --- the same transaction with the script's reads as plain commands (PlainHead) -------
     # No script is sent, so there is no NOSCRIPT to handle; the reply handed back is the
     # script's (folded from the plain replies), the metric the script's duration.
-    @staticmethod
-    def _plain_commands(
-        plain: PlainHead, reads: Sequence[ReadCommand]
+    def _lean_transaction_commands(
+        self,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        reads: Sequence[ReadCommand],
+        plain: PlainHead | None,
     ) -> tuple[tuple[Any, ...], ...]:
+        """What a lean path packs: the script's transaction, or with ``plain`` the same
+        with the script's reads as plain commands.  One reply per command, EXEC's last."""
+        if plain is None:
+            return self._transaction_commands(keys, args, reads)
         return (("MULTI",), *plain.commands, *reads, ("EXEC",))
 
     def _folded(self, replies: Any, plain: PlainHead, reads: int) -> list[Any]:
@@ -514,12 +521,8 @@ class LuaScript:
         ``ASK`` there means nothing ran (the EXEC aborted): the transaction goes once
         through redis-py's ``ClusterPipeline``, which raises it as a retryable fault.
         With ``plain``, the script's reads go as plain commands (:class:`PlainHead`)."""
-        if plain is not None:
-            commands = () if packed else self._plain_commands(plain, reads)
-            count = 2 + len(plain.commands) + len(reads)
-        else:
-            commands = () if packed else self._transaction_commands(keys, args, reads)
-            count = 3 + len(reads)
+        commands = self._lean_transaction_commands(keys, args, reads, plain)
+        count = len(commands)
 
         def send() -> Any:
             if not isinstance(lean, ClusterLean):
@@ -550,18 +553,15 @@ class LuaScript:
         once into ``packed`` and queued on ``pipeline`` as one entry (its commands stay
         contiguous on the connection, so the transaction is intact inside the batch).
         With ``plain``, the script's reads go as plain commands (:class:`PlainHead`)."""
+        commands = self._lean_transaction_commands(keys, args, reads, plain)
+        count = len(commands)
+        if not packed:
+            for command in commands:
+                packed.extend(pipeline.pack(command))
         if plain is not None:
-            if not packed:
-                for command in self._plain_commands(plain, reads):
-                    packed.extend(pipeline.pack(command))
-            count = 2 + len(plain.commands) + len(reads)
             return await self._plain_transaction_async(
                 lambda: pipeline.call(packed, count), plain, len(reads)
             )
-        if not packed:
-            for command in self._transaction_commands(keys, args, reads):
-                packed.extend(pipeline.pack(command))
-        count = 3 + len(reads)
         return await self._transaction_async(
             lambda: pipeline.call(packed, count), lambda: client.script_load(self.source)
         )
@@ -583,15 +583,11 @@ class LuaScript:
         there means nothing ran (the EXEC aborted): the transaction goes once through
         redis-py's ``ClusterPipeline``, which raises it as a retryable fault.  With
         ``plain``, the script's reads go as plain commands (:class:`PlainHead`)."""
+        commands = self._lean_transaction_commands(keys, args, reads, plain)
+        count = len(commands)
         if not packed:
-            commands = (
-                self._transaction_commands(keys, args, reads)
-                if plain is None
-                else self._plain_commands(plain, reads)
-            )
             for command in commands:
                 packed.extend(lean.pack(command))
-        count = 3 + len(reads) if plain is None else 2 + len(plain.commands) + len(reads)
 
         async def send() -> Any:
             try:
