@@ -12,10 +12,17 @@ Faults keep redis-py's meaning, and memtier's retry layer stays the one that ret
 * ``MOVED`` / ``ASK`` -- the node ran nothing; the caller re-sends through redis-py's
   generic cluster path, which follows the redirect and patches its slot map
   (:meth:`memtier.scripts.LuaScript.call_lean_cluster`).
-* a connection error or timeout, ``CLUSTERDOWN``, a slot no node covers -- the slot map
-  is re-read (as redis-py does for these) and the error is raised unchanged, so
-  :func:`memtier.retry.classify` decides as on the generic path (a lost reply is
-  ``outcome unknown``: retried because every memtier script is replay-safe).
+* a connection error or timeout -- the node goes last in the cached list and a slot-map
+  refresh is asked for, as redis-py's own command loop does: from redis-py 8.2 on the
+  requests merge and the refresh runs before the next call once
+  ``topology_refresh_min_interval`` has passed since the last one (each call first runs
+  a refresh that is due, as redis-py does before every attempt), so a dead primary
+  during a failover does not make every failed call of every thread re-read the map;
+  before 8.2 the map is re-read at once, as redis-py did then.  The error is raised
+  unchanged, so :func:`memtier.retry.classify` decides as on the generic path (a lost
+  reply is ``outcome unknown``: retried because every memtier script is replay-safe).
+* ``CLUSTERDOWN``, a slot no node covers -- the slot map is re-read at once (redis-py
+  does not pace these either) and the error is raised.
 * ``TRYAGAIN`` (keys of one slot split across a migration) -- raised to the retry layer
   (not applied, retried with backoff), as on the standalone lean path; redis-py's
   generic path would instead re-send it up to 16 times inside one attempt.
@@ -46,6 +53,10 @@ log = logging.getLogger("memtier")
 # memtier keeps anyway: at most ~2 MB).  Past it the cache starts over: a miss is one CRC16.
 SLOT_CACHE_CEILING = 16_384
 
+# The parts of redis-py's (>= 8.2) NodesManager through which an error asks for a paced
+# slot-map refresh and a later call runs it once due.
+_PACED_PARTS = ("_refresh_requested", "_request_refresh", "_run_requested_refresh")
+
 # What redis-py's ``RedisCluster.execute_command`` is when memtier is imported: a client
 # whose class (or instance) replaced it -- a tracing wrapper, a test double -- keeps it.
 _GENERIC_CLUSTER_EXECUTE = RedisCluster.execute_command
@@ -75,11 +86,14 @@ class SlotCache:
 class ClusterLean(SlotCache):
     """Route one packed script call to its slot's primary and send it there."""
 
-    __slots__ = ("redirects",)
+    __slots__ = ("_paced", "redirects")
 
     def __init__(self, client: Any) -> None:
         super().__init__(client)
         self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests, approximate)
+        manager = client.nodes_manager
+        # redis-py >= 8.2: error-triggered refreshes are requested, merged and paced.
+        self._paced = all(hasattr(manager, name) for name in _PACED_PARTS)
 
     def execute(self, slot: int, args: tuple[Any, ...], packed: list[Any]) -> Any:
         """Send ``args`` (packed into ``packed`` once) to ``slot``'s primary; read the reply."""
@@ -94,6 +108,10 @@ class ClusterLean(SlotCache):
     def _on_primary(self, slot: int, send: Callable[[LeanPool], Any]) -> Any:
         client = self.client
         manager = client.nodes_manager
+        if self._paced and manager._refresh_requested:
+            # A refresh an error asked for (on this path or redis-py's), run once due: as
+            # redis-py's command loop does before every attempt (the flag read inline).
+            manager._run_requested_refresh(getattr(client, "retry", None))
         try:
             node = manager.get_node_from_slot(slot)
         except SlotNotCoveredError:
@@ -104,11 +122,26 @@ class ClusterLean(SlotCache):
             return send(LeanPool(pool))
         except (RedisConnectionError, RedisTimeoutError):
             # The connection is already dropped (LeanPool); the node may be gone.
-            self._refresh(node.name)
+            if self._paced:
+                self._request_refresh(node.name)
+            else:
+                self._refresh(node.name)
             raise
         except ClusterDownError:
             self._refresh(None)
             raise
+
+    def _request_refresh(self, failed_node: str) -> None:
+        """Ask for a paced refresh after a connection error on ``failed_node`` (redis-py
+        >= 8.2), exactly as redis-py's cluster client asks for one after the same error."""
+        manager = self.client.nodes_manager
+        try:
+            manager.move_node_to_end_of_cached_nodes(failed_node)
+            manager._request_refresh(last_failed_node_name=failed_node)
+        except Exception as exc:  # the caller raises the fault that started this
+            log.debug(
+                "memtier: cluster slot map refresh request failed: %s: %s", type(exc).__name__, exc
+            )
 
     def _refresh(self, failed_node: str | None) -> None:
         """Re-read the slot map as redis-py does after the same fault (failed node last)."""

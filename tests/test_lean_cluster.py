@@ -18,7 +18,11 @@ These tests hold it to redis-py's generic cluster path, on the session's Redis C
   answers MOVED, the call is re-sent once through redis-py (which patches its map), the
   script ran exactly once, and the next call goes lean to the right node;
 * a store's append and context take the lean path on both clusters; the standalone lean
-  path works on Valkey too.
+  path works on Valkey too;
+* a primary that refuses connections while the cluster still names it (a failover before
+  the node timeout): the failed calls ask for slot-map refreshes that merge and run at
+  most once per ``topology_refresh_min_interval`` (redis-py 8.2's pacing), not one per
+  failed call, and the refresh asked for still runs on the next call once due.
 
 Slot migration (ASK) and a primary killed mid-call, judged by a ledger, are in
 ``tests/faults/test_lean_cluster_faults.py`` (a private cluster).
@@ -26,7 +30,10 @@ Slot migration (ASK) and a primary killed mid-call, judged by a ledger, are in
 
 from __future__ import annotations
 
+import itertools
+import socket
 import string
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,9 +42,10 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from redis.cluster import RedisCluster
+from redis.cluster import PRIMARY, ClusterNode, RedisCluster
 from redis.crc import key_slot
-from redispy import LEAN_CLUSTER
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redispy import LEAN_CLUSTER, PACED_REFRESH
 from servers import RedisClusterServers, held_connections
 from test_lean_call import PROBE_LUA
 
@@ -298,4 +306,85 @@ def test_a_context_read_on_a_stale_slot_map_is_redirected_and_answers_once(
         assert [t.seq for t in store.context(key, limit=2).turns] == [2, 3]
         assert _in_use(client) == []
     finally:
+        client.close()
+
+
+REFRESH_INTERVAL_S = 0.4
+
+
+@pytest.mark.redis_py(PACED_REFRESH)
+def test_connection_errors_ask_for_paced_refreshes_not_one_per_failed_call(
+    probe: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, cluster = probe
+    client = RedisCluster(
+        host="127.0.0.1",
+        port=cluster.ports[0],
+        topology_refresh_min_interval=REFRESH_INTERVAL_S,
+        socket_timeout=2.0,
+        socket_connect_timeout=2.0,
+    )
+    # A port bound but not listening, held for the test: connections to it are refused.
+    dead = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        dead.bind(("127.0.0.1", 0))
+        router = lean_cluster(client)
+        assert isinstance(router, ClusterLean)
+        key = _list_key(0)
+        slot = router.slot(key)
+        manager = client.nodes_manager
+        owner = manager.get_node_from_slot(slot)
+        host, port = dead.getsockname()
+        gone = ClusterNode(host, port, PRIMARY, manager.create_redis_node(host, port))
+
+        def name_the_dead_primary() -> None:
+            manager.nodes_cache[gone.name] = gone
+            manager.slots_cache[slot] = [gone]
+
+        # Every refresh reads a topology that still names the dead primary (the window
+        # before the cluster fails it over), so every call on the slot keeps failing.
+        refreshes: list[float] = []
+        still_dead = [True]
+        initialize = manager.initialize
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            refreshes.append(time.monotonic())
+            result = initialize(*args, **kwargs)
+            if still_dead[0]:
+                name_the_dead_primary()
+            return result
+
+        monkeypatch.setattr(manager, "initialize", counted)
+        name_the_dead_primary()
+        # Calls keep failing for a little over three intervals.
+        calls = 0
+        started = time.monotonic()
+        while (elapsed := time.monotonic() - started) < 3.2 * REFRESH_INTERVAL_S:
+            with pytest.raises(RedisConnectionError):
+                router.execute(slot, ("LLEN", key), [])
+            calls += 1
+            time.sleep(0.001)
+        # A refresh runs once due (the requests are not lost) and no more than once per
+        # interval: 3-4 in 3.2 intervals, not one per failed call.
+        assert calls > 100, calls  # refused connections fail fast: the bound means something
+        assert (
+            int(elapsed / REFRESH_INTERVAL_S) - 1
+            <= len(refreshes)
+            <= 2 + int(elapsed / REFRESH_INTERVAL_S)
+        ), (len(refreshes), calls, elapsed)
+        assert manager._refresh_requested  # the last failures' request is pending
+        gaps = [b - a for a, b in itertools.pairwise(refreshes)]
+        assert all(gap >= REFRESH_INTERVAL_S * 0.9 for gap in gaps), gaps
+
+        # The primary is back in the topology: the pending request runs on the next call
+        # once due, and that call goes to the slot's real owner.
+        still_dead[0] = False
+        before = len(refreshes)
+        time.sleep(REFRESH_INTERVAL_S * 1.5)
+        assert router.execute(slot, ("LLEN", key), []) == 1
+        assert len(refreshes) == before + 1
+        assert manager.get_node_from_slot(slot).name == owner.name
+        assert not manager._refresh_requested
+    finally:
+        dead.close()
         client.close()
