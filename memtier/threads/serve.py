@@ -2,7 +2,7 @@
 
 ::
 
-    memtier serve --api-keys keys.toml [--host 127.0.0.1] [--port 8080]
+    memtier serve --api-keys keys.toml [--host 127.0.0.1] [--port 8080 | --fd N]
                   [--redis-url redis://... | redis+cluster://...] [--config memtier.toml]
                   [--runner package.module:factory] [--base-path /memtier/conversations]
                   [--workers N]
@@ -11,6 +11,9 @@
 * Redis: ``--redis-url``, else ``MEMTIER_REDIS_URL`` (or the config file), else
   the embedded in-process Redis -- which it says, loudly (data dies with the
   process; not with ``--workers`` > 1).
+* Listening: ``--host``/``--port``, or ``--fd N``: a TCP socket the parent bound and
+  handed down (a supervisor, socket activation, the test suite), so nothing else can
+  take the port between choosing and binding it; one process.
 * Authentication: ``Authorization: Bearer <token>`` checked against the
   API-keys file (:mod:`memtier.threads.apikeys`: SHA-256 digests only).
   Without ``--api-keys`` it refuses to start unless ``--insecure-dev-auth``.
@@ -38,6 +41,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -64,6 +68,7 @@ memtier serve: use --api-keys FILE instead."""
 class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8080
+    fd: int | None = None
     redis_url: str | None = None
     config_file: str | None = None
     api_keys: str | None = None
@@ -88,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    p.add_argument(
+        "--fd",
+        type=int,
+        help="serve on this inherited, already bound TCP socket (a supervisor's or socket"
+        " activation's) instead of binding --host/--port; one process",
+    )
     p.add_argument(
         "--redis-url",
         help="redis://, rediss://, unix:// or redis+cluster:// (default: MEMTIER_REDIS_URL,"
@@ -150,6 +161,26 @@ def check_options(options: ServeOptions) -> None:
         raise ConfigurationError(f"--port {options.port} is not a TCP port")
     if not 1 <= options.workers <= 64:
         raise ConfigurationError("--workers must be within 1..64")
+    if options.fd is not None and options.workers != 1:
+        raise ConfigurationError("--fd serves in one process; --workers > 1 binds --host/--port")
+
+
+def inherited_socket(options: ServeOptions) -> socket.socket:
+    """The TCP socket ``--fd`` names (bound by the parent; uvicorn listens on it), with
+    the same loopback rule as ``--host`` under ``--insecure-dev-auth``."""
+    assert options.fd is not None
+    try:
+        sock = socket.socket(fileno=options.fd)  # family and type read from the descriptor
+    except OSError as exc:
+        raise ConfigurationError(f"--fd {options.fd} is not a socket ({exc.strerror})") from None
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        sock.detach()  # not ours to close
+        raise ConfigurationError(f"--fd {options.fd} is not a TCP socket")
+    host = sock.getsockname()[0]
+    if options.insecure_dev_auth and not _is_loopback(host):
+        sock.detach()
+        raise ConfigurationError(f"--insecure-dev-auth only binds loopback addresses, not {host!r}")
+    return sock
 
 
 def _import_object(flag: str, spec: str) -> Any:
@@ -339,12 +370,20 @@ def main(argv: Sequence[str]) -> int:
                     "--workers > 1 needs a Redis URL: the embedded Redis lives in one process"
                 )
             return _run_workers(options, uvicorn)
+        sock = None if options.fd is None else inherited_socket(options)
         app = build_app(options)
     except ConfigurationError as exc:
         print(f"memtier serve: {exc.message}", file=sys.stderr)
         return 2
-    print(f"memtier serve: listening on http://{options.host}:{options.port}", file=sys.stderr)
-    uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level)
+    if sock is None:
+        print(f"memtier serve: listening on http://{options.host}:{options.port}", file=sys.stderr)
+        uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level)
+        return 0
+    host, port = sock.getsockname()[:2]
+    where = f"[{host}]" if ":" in host else host
+    print(f"memtier serve: listening on http://{where}:{port} (--fd {options.fd})", file=sys.stderr)
+    # uvicorn.run minus the binding: the socket is the parent's.
+    uvicorn.Server(uvicorn.Config(app, log_level=options.log_level)).run(sockets=[sock])
     return 0
 
 

@@ -130,14 +130,32 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 class ServeProcess:
-    """``python -m memtier serve ...`` on a free loopback port; its output goes to a log file."""
+    """``python -m memtier serve ...`` on a loopback socket this process binds (port 0) and
+    hands down with ``--fd``, so no other process can take the port between choosing it
+    and binding it (and the health checks can only reach this server); its output goes
+    to a log file.  ``--workers`` > 1 binds ``--host``/``--port`` itself: there a free
+    port is probed, and a start that lost the port to another process is retried."""
 
     def __init__(self, args: list[str], workdir: Any, env: dict[str, str] | None = None) -> None:
+        self._args, self._workdir, self._env = args, workdir, env
+        self._start()
+
+    def _start(self) -> None:
         import os
+        import socket
         import subprocess
         import sys
 
-        (self.port,) = free_ports(1)
+        args, workdir, env = self._args, self._workdir, self._env
+        listen: socket.socket | None = None
+        if "--workers" in args:
+            (self.port,) = free_ports(1)
+            where = ["--host", HOST, "--port", str(self.port)]
+        else:
+            listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listen.bind((HOST, 0))
+            self.port = listen.getsockname()[1]
+            where = ["--fd", str(listen.fileno())]
         self.url = f"http://{HOST}:{self.port}"
         self.log_path = workdir / f"serve-{self.port}.log"
         full_env = dict(os.environ)
@@ -153,10 +171,7 @@ class ServeProcess:
                 "-m",
                 "memtier",
                 "serve",
-                "--host",
-                HOST,
-                "--port",
-                str(self.port),
+                *where,
                 *args,
             ],
             stdin=subprocess.DEVNULL,
@@ -165,7 +180,11 @@ class ServeProcess:
             cwd=workdir,
             env=full_env,
             start_new_session=True,
+            pass_fds=() if listen is None else (listen.fileno(),),
         )
+        if listen is not None:
+            listen.close()  # the child holds its own copy
+        self._restarts_left = getattr(self, "_restarts_left", 3)
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -177,6 +196,12 @@ class ServeProcess:
         while True:
             if self.proc.poll() is not None:
                 code = self.proc.returncode
+                if "address already in use" in self.log().lower() and self._restarts_left:
+                    # --workers: another process took the probed port before uvicorn bound it
+                    self._restarts_left -= 1
+                    self._log.close()
+                    self._start()
+                    continue
                 raise AssertionError(f"memtier serve exited ({code}):\n{self.log()}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=5).status_code == 200:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -144,6 +145,45 @@ def test_serve_embedded_with_insecure_dev_auth_says_so(tmp_path: Path) -> None:
     log = serve.log()
     assert "INSECURE DEVELOPMENT AUTHENTICATION" in log
     assert "embedded in-process Redis" in log
+    # It served on the socket the test bound and handed down (serve_process: --fd).
+    assert f"listening on {serve.url} (--fd " in log
+
+
+@pytest.mark.parametrize(
+    ("make", "extra", "message"),
+    [
+        ("file", [], "is not a socket"),
+        ("udp", [], "is not a TCP socket"),
+        ("any_address", [], "only binds loopback addresses, not '0.0.0.0'"),
+        ("loopback", ["--workers", "2"], "--fd serves in one process"),
+    ],
+)
+def test_serve_refuses_an_unfit_inherited_socket(
+    make: str,
+    extra: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: Any,
+) -> None:
+    import socket
+
+    monkeypatch.delenv("MEMTIER_REDIS_URL", raising=False)
+    handle: Any
+    if make == "file":
+        handle = open(tmp_path / "not-a-socket", "wb")  # noqa: SIM115 - closed below
+    elif make == "udp":
+        handle = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        handle.bind((HOST, 0))
+    else:  # bound, never listening: nothing can connect to it
+        handle = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        handle.bind(("0.0.0.0" if make == "any_address" else HOST, 0))
+    try:
+        assert main(["--insecure-dev-auth", "--fd", str(handle.fileno()), *extra]) == 2
+        assert message in capsys.readouterr().err
+        os.fstat(handle.fileno())  # refused, and left open: the descriptor is the caller's
+    finally:
+        handle.close()
 
 
 def test_serve_loads_a_host_runner(tmp_path: Path) -> None:
