@@ -45,6 +45,7 @@ class ScriptSpec:
     keys: tuple[str, ...]
     argv: tuple[str, ...]
     # Derived in __post_init__: what checks and orders a mapping of names in C.
+    _argv_index: dict[str, int] = field(init=False, repr=False, compare=False)
     _key_set: frozenset[str] = field(init=False, repr=False, compare=False)
     _argv_set: frozenset[str] = field(init=False, repr=False, compare=False)
     _key_getter: _TupleGetter = field(init=False, repr=False, compare=False)
@@ -116,8 +117,7 @@ class ScriptSpec:
 
     def index(self, name: str) -> int:
         """The 0-based ARGV position of ``name`` (for readers of a built call's args)."""
-        positions: dict[str, int] = getattr(self, "_argv_index")  # noqa: B009
-        return positions[name]
+        return self._argv_index[name]
 
     def arg(self, call: ScriptCall, name: str) -> Any:
         """The value of ARGV ``name`` in ``call`` (a call of this script)."""
