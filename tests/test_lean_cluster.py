@@ -366,7 +366,7 @@ def test_connection_errors_ask_for_paced_refreshes_not_one_per_failed_call(
             time.sleep(0.001)
         # A refresh runs once due (the requests are not lost) and no more than once per
         # interval: 3-4 in 3.2 intervals, not one per failed call.
-        assert calls > 100, calls  # refused connections fail fast: the bound means something
+        assert calls >= 20, calls  # well above the refreshes allowed: the bound means something
         assert (
             int(elapsed / REFRESH_INTERVAL_S) - 1
             <= len(refreshes)
