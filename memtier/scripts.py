@@ -434,7 +434,10 @@ class LuaScript:
         return (("MULTI",), *plain.commands, *reads, ("EXEC",))
 
     def _folded(self, replies: Any, plain: PlainHead, reads: int) -> list[Any]:
-        """EXEC's reply to a plain transaction, checked, as ``[script reply, *reads]``."""
+        """EXEC's reply to a plain transaction, checked, as ``[script reply, *reads]``
+        (a :class:`_Checked` reply of the script's path is that already)."""
+        if isinstance(replies, _Checked):
+            return replies.replies
         head = len(plain.commands)
         if not isinstance(replies, list) or len(replies) != head + reads:
             raise ScriptError(f"{self.name}: malformed EXEC reply {type(replies).__name__}")
@@ -452,10 +455,7 @@ class LuaScript:
         :class:`_Checked` reply of the script's path); timed and mapped as :meth:`_call`."""
         started = time.perf_counter()
         try:
-            replies = send()
-            if isinstance(replies, _Checked):
-                return replies.replies
-            return self._folded(replies, plain, reads)
+            return self._folded(send(), plain, reads)
         except RedisResponseError as exc:
             _raise_script_error(self.name, exc)
             raise
@@ -468,10 +468,7 @@ class LuaScript:
         """The asyncio twin of :meth:`_plain_transaction`."""
         started = time.perf_counter()
         try:
-            replies = await send()
-            if isinstance(replies, _Checked):
-                return replies.replies
-            return self._folded(replies, plain, reads)
+            return self._folded(await send(), plain, reads)
         except RedisResponseError as exc:
             _raise_script_error(self.name, exc)
             raise
