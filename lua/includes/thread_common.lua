@@ -48,17 +48,27 @@ end
 
 -- Events key -> the ms part of its newest row, once this call has read or written one
 -- (false: the stream is empty).  A script runs alone, so after its first XADD the newest
--- row is the one it wrote: later rows of the same call need no XREVRANGE.  A local of the
--- script body: every call starts with none.
+-- row is the one it wrote: later rows of the same call need no look at the stream.  A
+-- local of the script body: every call starts with none.
 local thread_newest_ms = {}
 
 -- Append one redacted ledger row.  Stream ids are "<ms>-<seq>" with
 -- ms = max(now_ms, ms of the newest row): ids, hence (timestamp, id) order, never go
 -- backwards even when hosts' clocks disagree.  Returns the new id.
+-- The first row of a call is tried at "<now_ms>-*" without reading the stream: Redis
+-- refuses that id only when the stream's top id is past now_ms (a clock behind the
+-- newest row's), and only then is the newest row read (XREVRANGE) and its ms used --
+-- the same id as reading first, without the read on the common path.
 local function thread_xadd(events_key, now_ms, etype, data, run)
   local ms = now_ms
   local newest_ms = thread_newest_ms[events_key]
   if newest_ms == nil then
+    local id = redis.pcall('XADD', events_key, ms .. '-*', 'type', etype, 'data', data,
+      'run', run, 'r', '1')
+    if type(id) == 'string' then
+      thread_newest_ms[events_key] = ms
+      return id
+    end
     local newest = rcall('XREVRANGE', events_key, '+', '-', 'COUNT', 1)
     newest_ms = newest[1] and string.match(newest[1][1], '^(%d+)-') or false
   end

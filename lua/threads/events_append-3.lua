@@ -38,7 +38,9 @@ local n = thread_int(ARGV[7])
 if not (seq and lease_ms and n and thread_int(now_ms)) or #ARGV ~= 7 + 2 * n then
   return redis.error_reply('memtier: events_append: malformed ARGV')
 end
-if not thread_live(thread_key, marker) then
+-- One read of the thread hash: the marker (live), the batch number and the bytes counter.
+local thread = rcall('HMGET', thread_key, 'marker', 'eseq', 'bytes')
+if thread[1] ~= marker then
   return { -1 }
 end
 local lease = thread_lease_state(lease_key, token)
@@ -47,7 +49,7 @@ if lease == 'cancelled' then
 elseif lease == 'lost' then
   return { -10 }
 end
-if seq <= tonumber(rcall('HGET', thread_key, 'eseq')) then
+if seq <= tonumber(thread[2]) then
   return { 1 }
 end
 local last_id, added = '', 0
@@ -56,7 +58,7 @@ for i = 0, n - 1 do
   last_id = thread_xadd(events_key, now_ms, etype, data, request_id)
   added = added + #etype + #data
 end
-rcall('HSET', thread_key, 'eseq', seq)
-rcall('HINCRBY', thread_key, 'bytes', added)
+-- (The counter as read plus this batch: what HINCRBY would store, in the same write.)
+rcall('HSET', thread_key, 'eseq', seq, 'bytes', (tonumber(thread[3]) or 0) + added)
 rcall('PEXPIRE', lease_key, lease_ms)
 return { 0, last_id }

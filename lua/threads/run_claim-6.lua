@@ -109,8 +109,12 @@ if not (lease_ms and max_entries and turn_entries and max_events and turn_events
   return redis.error_reply('memtier: run_claim: malformed ARGV')
 end
 
-if not thread_owned(thread_key, marker, tenant, user) then
-  return { -1 }
+-- One read of the thread hash for every check and counter below (a script runs alone:
+-- nothing changes it before this script's own writes).
+local fields = rcall('HMGET', thread_key, 'marker', 'tenant', 'user', 'state', 'branches',
+  'head', 'entries', 'bytes', 'inc', 'eidseq')
+if not (fields[1] == marker and fields[2] == tenant and fields[3] == user) then
+  return { -1 }  -- missing, or stored for another owner (as thread_owned)
 end
 local holder = rcall('GET', lease_key)
 local rec = thread_run_record(runs_key, request_id)
@@ -133,16 +137,15 @@ if rec then
   -- otherwise: abandoned (its lease expired); claim it again below
 end
 
-local fields = rcall('HMGET', thread_key, 'state', 'branches', 'head', 'entries', 'bytes')
-local state, head = fields[1], fields[3]
-local count, bytes = tonumber(fields[4]), tonumber(fields[5])
+local state, head = fields[4], fields[6]
+local count, bytes = tonumber(fields[7]), tonumber(fields[8])
 if state ~= 'active' and not own_replay then
   return { -3 }
 end
 local base = head
 if leaf_id ~= '' then
   local known = false
-  for _, ref in ipairs(cjson.decode(fields[2])) do
+  for _, ref in ipairs(cjson.decode(fields[5])) do
     if ref.leafId == leaf_id then
       known = true
       break
@@ -178,19 +181,22 @@ end
 local reclaimed = own_replay and holder == token
 rcall('SET', lease_key, token, 'PX', lease_ms)
 rcall('HSET', runs_key, request_id, record)
-local inc = rcall('HGET', thread_key, 'inc')
-if not inc then
+local inc = fields[9]
+local new_inc = not inc
+if new_inc then
   inc = token
-  rcall('HSET', thread_key, 'inc', inc)
 end
 
 -- Entry ids come from a sequence that only grows ("eidseq"; threads written before it
 -- existed start from their entry count): an aborted or denied turn's ids stay unused.
 local first
 if reclaimed then
-  first = tonumber(rcall('HGET', thread_key, 'eidseq')) - turn_entries + 1
+  first = tonumber(fields[10]) - turn_entries + 1
+  if new_inc then
+    rcall('HSET', thread_key, 'inc', inc)
+  end
 else
-  first = (tonumber(rcall('HGET', thread_key, 'eidseq')) or count) + 1
+  first = (tonumber(fields[10]) or count) + 1
   -- The opening rows (emit batch 1), as events_append writes them.  Entry ids match
   -- [A-Za-z0-9_.-]: quoted as they are, they are JSON strings.
   local leaf_json = 'null'
@@ -201,8 +207,14 @@ else
   local message = message_head .. '"e' .. first .. '"' .. message_tail
   thread_xadd(events_key, now_ms, 'agent_started', started, request_id)
   thread_xadd(events_key, now_ms, 'user_message', message, request_id)
-  rcall('HSET', thread_key, 'eidseq', first + turn_entries - 1, 'eseq', 1)
-  rcall('HINCRBY', thread_key, 'bytes', 13 + #started + 12 + #message)
+  -- (bytes: the counter as read plus the two rows, what HINCRBY would store.)
+  local grown = bytes + 13 + #started + 12 + #message
+  if new_inc then
+    rcall('HSET', thread_key, 'inc', inc, 'eidseq', first + turn_entries - 1, 'eseq', 1,
+      'bytes', grown)
+  else
+    rcall('HSET', thread_key, 'eidseq', first + turn_entries - 1, 'eseq', 1, 'bytes', grown)
+  end
 end
 
 local reply = { 0, base, count, first }

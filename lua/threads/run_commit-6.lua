@@ -53,7 +53,9 @@ if not (expected_count and n_entries and n_events and thread_int(now_ms))
   return redis.error_reply('memtier: run_commit: malformed ARGV')
 end
 
-if not thread_live(thread_key, marker) then
+-- One read of the thread hash: the marker (live), the entry count and the bytes counter.
+local thread = rcall('HMGET', thread_key, 'marker', 'entries', 'bytes')
+if thread[1] ~= marker then
   return { -1 }
 end
 local rec = thread_run_record(runs_key, request_id)
@@ -66,7 +68,7 @@ if lease == 'cancelled' then
 elseif lease == 'lost' then
   return { -10 }
 end
-if tonumber(rcall('HGET', thread_key, 'entries')) ~= expected_count then
+if tonumber(thread[2]) ~= expected_count then
   return { -10 }
 end
 
@@ -85,11 +87,14 @@ if n_entries > 0 and new_head ~= '' then
     end
   end
 end
+-- The turn's entries and parents go in one HSET each (fields in turn order: a repeated
+-- id keeps its last value, as one HSET per entry would).
+local entry_args, parent_args = {}, {}
 local tip = ARGV[12]
 for i = 0, n_entries - 1 do
   local id, parent, entry = ARGV[11 + 3 * i], ARGV[12 + 3 * i], ARGV[13 + 3 * i]
-  rcall('HSET', entries_key, id, entry)
-  rcall('HSET', parents_key, id, parent)
+  entry_args[2 * i + 1], entry_args[2 * i + 2] = id, entry
+  parent_args[2 * i + 1], parent_args[2 * i + 2] = id, parent
   added = added + #entry
   if cached and parent == tip then
     cached = (cached == '' and id) or (cached .. ' ' .. id)
@@ -98,8 +103,12 @@ for i = 0, n_entries - 1 do
     cached = nil
   end
 end
-if cached and tip == new_head then
-  rcall('HSET', parents_key, THREAD_PATH_FIELD, cached)
+if n_entries > 0 then
+  rcall('HSET', entries_key, unpack(entry_args))
+  if cached and tip == new_head then
+    parent_args[2 * n_entries + 1], parent_args[2 * n_entries + 2] = THREAD_PATH_FIELD, cached
+  end
+  rcall('HSET', parents_key, unpack(parent_args))
 end
 local base = 11 + 3 * n_entries
 for i = 0, n_events - 1 do
@@ -107,11 +116,15 @@ for i = 0, n_events - 1 do
   thread_xadd(events_key, now_ms, etype, data, request_id)
   added = added + #etype + #data
 end
-rcall('HSET', thread_key, 'entries', expected_count + n_entries, 'updated', now_ms)
+-- (The bytes counter as read plus this turn's: what HINCRBY would store, in one HSET.)
+local bytes = (tonumber(thread[3]) or 0) + added
 if new_head ~= '' then
-  rcall('HSET', thread_key, 'head', new_head)
+  rcall('HSET', thread_key, 'entries', expected_count + n_entries, 'updated', now_ms,
+    'head', new_head, 'bytes', bytes)
+else
+  rcall('HSET', thread_key, 'entries', expected_count + n_entries, 'updated', now_ms,
+    'bytes', bytes)
 end
-rcall('HINCRBY', thread_key, 'bytes', added)
 thread_charge(thread_key, usage)
 rcall('HSET', runs_key, request_id, done_record)
 rcall('DEL', lease_key)

@@ -65,7 +65,13 @@ def usage_of(fields: Mapping[str, str]) -> dict[str, int]:
 def thread_from_fields(
     fields: Mapping[str, str], owner: Ownership, thread_id: str
 ) -> ConversationThread:
-    """A stored thread hash -> model; anything not this owner's thread is not-found."""
+    """A stored thread hash -> model; anything not this owner's thread is not-found.
+
+    Built without validation: every value below is made here with its field's type (a
+    value that cannot be -- an unknown state, a count that is not a number -- raises
+    before the model is built, as validation would); validating a thread on every claim
+    was a twentieth of a continue's client work (tests/threads/test_thread_records.py
+    compares the result with a validated instance)."""
     if (
         fields.get("marker") != MARKER
         or fields.get("id") != thread_id
@@ -74,7 +80,10 @@ def thread_from_fields(
     ):
         raise ConversationError(ErrorCode.NOT_FOUND, "conversation not found")
     branches = tuple(
-        BranchRef(leaf_id=str(ref["leafId"]), created_at=ms_to_datetime(int(ref["createdAt"])))
+        trusted(
+            BranchRef,
+            {"leaf_id": str(ref["leafId"]), "created_at": ms_to_datetime(int(ref["createdAt"]))},
+        )
         for ref in (orjson.loads(fields.get("branches") or "[]") or [])
     )
     title = fields.get("title")
@@ -84,21 +93,22 @@ def thread_from_fields(
         metadata = {}  # a row written by hand beyond the bounds: never served as is
     if not isinstance(metadata, dict):
         metadata = {}
-    return ConversationThread(
-        id=thread_id,
-        title=None if title is None else served_text(title, scrub=False),
-        state=ThreadState(fields.get("state", "active")),
-        branches=branches,
-        created_at=ms_to_datetime(int(fields["created"])),
-        updated_at=ms_to_datetime(int(fields["updated"])),
-        tenant_id=owner.tenant_id,
-        user_id=owner.user_id,
-        metadata=metadata,
-        version=int(fields["version"]),
-        head_id=fields.get("head") or None,
-        legal_hold=fields.get("held") == "1",
-        usage=usage_of(fields),
-    )
+    values = {  # every field, in declaration order (trusted's contract)
+        "id": thread_id,
+        "title": None if title is None else served_text(title, scrub=False),
+        "state": ThreadState(fields.get("state", "active")),
+        "branches": branches,
+        "created_at": ms_to_datetime(int(fields["created"])),
+        "updated_at": ms_to_datetime(int(fields["updated"])),
+        "tenant_id": owner.tenant_id,
+        "user_id": owner.user_id,
+        "metadata": metadata,
+        "version": int(fields["version"]),
+        "head_id": fields.get("head") or None,
+        "legal_hold": fields.get("held") == "1",
+        "usage": usage_of(fields),
+    }
+    return trusted(ConversationThread, values)
 
 
 def thread_of(
