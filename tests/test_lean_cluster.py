@@ -312,56 +312,79 @@ def test_a_context_read_on_a_stale_slot_map_is_redirected_and_answers_once(
 REFRESH_INTERVAL_S = 0.4
 
 
-@pytest.mark.redis_py(PACED_REFRESH)
-def test_connection_errors_ask_for_paced_refreshes_not_one_per_failed_call(
-    probe: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class DeadPrimary:
+    """A slot whose primary, in every slot map a refresh reads, is a port bound but not
+    listening (the window before the cluster fails a dead primary over): every call on
+    the slot is refused.  Counts the refreshes (``initialize`` calls) and their times;
+    ``revive()`` lets the next refresh read the real owner again."""
+
+    def __init__(self, client: RedisCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        router = lean_cluster(client)
+        assert isinstance(router, ClusterLean)
+        self.router = router
+        self.key = _list_key(0)
+        self.slot = router.slot(self.key)
+        self.manager = manager = client.nodes_manager
+        self.owner = manager.get_node_from_slot(self.slot)
+        host, port = self.sock.getsockname()
+        self.gone = ClusterNode(host, port, PRIMARY, manager.create_redis_node(host, port))
+        self.refreshes: list[float] = []
+        self.failed_names: list[str | None] = []
+        self._dead = True
+        initialize = manager.initialize
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.refreshes.append(time.monotonic())
+            self.failed_names.append(kwargs.get("last_failed_node_name"))
+            result = initialize(*args, **kwargs)
+            if self._dead:
+                self._name_the_dead_primary()
+            return result
+
+        monkeypatch.setattr(manager, "initialize", counted)
+        self._name_the_dead_primary()
+
+    def _name_the_dead_primary(self) -> None:
+        self.manager.nodes_cache[self.gone.name] = self.gone
+        self.manager.slots_cache[self.slot] = [self.gone]
+
+    def call(self) -> Any:
+        return self.router.execute(self.slot, ("LLEN", self.key), [])
+
+    def revive(self) -> None:
+        self._dead = False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _cluster_client(probe: Any) -> RedisCluster:
     _, _, cluster = probe
-    client = RedisCluster(
+    return RedisCluster(
         host="127.0.0.1",
         port=cluster.ports[0],
         topology_refresh_min_interval=REFRESH_INTERVAL_S,
         socket_timeout=2.0,
         socket_connect_timeout=2.0,
     )
-    # A port bound but not listening, held for the test: connections to it are refused.
-    dead = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+
+
+@pytest.mark.redis_py(PACED_REFRESH)
+def test_connection_errors_ask_for_paced_refreshes_not_one_per_failed_call(
+    probe: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = _cluster_client(probe)
+    dead = DeadPrimary(client, monkeypatch)
     try:
-        dead.bind(("127.0.0.1", 0))
-        router = lean_cluster(client)
-        assert isinstance(router, ClusterLean)
-        key = _list_key(0)
-        slot = router.slot(key)
-        manager = client.nodes_manager
-        owner = manager.get_node_from_slot(slot)
-        host, port = dead.getsockname()
-        gone = ClusterNode(host, port, PRIMARY, manager.create_redis_node(host, port))
-
-        def name_the_dead_primary() -> None:
-            manager.nodes_cache[gone.name] = gone
-            manager.slots_cache[slot] = [gone]
-
-        # Every refresh reads a topology that still names the dead primary (the window
-        # before the cluster fails it over), so every call on the slot keeps failing.
-        refreshes: list[float] = []
-        still_dead = [True]
-        initialize = manager.initialize
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            refreshes.append(time.monotonic())
-            result = initialize(*args, **kwargs)
-            if still_dead[0]:
-                name_the_dead_primary()
-            return result
-
-        monkeypatch.setattr(manager, "initialize", counted)
-        name_the_dead_primary()
+        manager, refreshes = dead.manager, dead.refreshes
         # Calls keep failing for a little over three intervals.
         calls = 0
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) < 3.2 * REFRESH_INTERVAL_S:
             with pytest.raises(RedisConnectionError):
-                router.execute(slot, ("LLEN", key), [])
+                dead.call()
             calls += 1
             time.sleep(0.001)
         # A refresh runs once due (the requests are not lost) and no more than once per
@@ -378,13 +401,42 @@ def test_connection_errors_ask_for_paced_refreshes_not_one_per_failed_call(
 
         # The primary is back in the topology: the pending request runs on the next call
         # once due, and that call goes to the slot's real owner.
-        still_dead[0] = False
+        dead.revive()
         before = len(refreshes)
         time.sleep(REFRESH_INTERVAL_S * 1.5)
-        assert router.execute(slot, ("LLEN", key), []) == 1
+        assert dead.call() == 1
         assert len(refreshes) == before + 1
-        assert manager.get_node_from_slot(slot).name == owner.name
+        assert manager.get_node_from_slot(dead.slot).name == dead.owner.name
         assert not manager._refresh_requested
+    finally:
+        dead.close()
+        client.close()
+
+
+def test_without_paced_refreshes_a_connection_error_re_reads_the_map_at_once(
+    probe: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py before 8.2 has no paced refresh requests (leancluster's ``_PACED_PARTS``):
+    there a connection error re-reads the slot map at once, with the failed node last,
+    as redis-py's own cluster client did then.  CI runs redis-py 8.2 (and the floor run's
+    6.3 never takes the lean Cluster path), so the older client is simulated here by
+    turning the router's ``_paced`` off: the branch is what runs on redis-py 8.0-8.1."""
+    client = _cluster_client(probe)
+    dead = DeadPrimary(client, monkeypatch)
+    try:
+        dead.router._paced = False
+        for calls in range(1, 6):
+            with pytest.raises(RedisConnectionError):
+                dead.call()
+            assert len(dead.refreshes) == calls  # one refresh per failed call, at once
+        assert dead.failed_names == [dead.gone.name] * 5  # the failed node last
+        if hasattr(dead.manager, "_refresh_requested"):  # redis-py >= 8.2 underneath
+            assert not dead.manager._refresh_requested  # nothing asked for: it ran at once
+        dead.revive()
+        with pytest.raises(RedisConnectionError):
+            dead.call()  # this failure's refresh reads the real owner again ...
+        assert dead.call() == 1  # ... so the next call reaches it
+        assert dead.manager.get_node_from_slot(dead.slot).name == dead.owner.name
     finally:
         dead.close()
         client.close()
