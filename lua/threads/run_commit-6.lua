@@ -58,11 +58,17 @@ local thread = rcall('HMGET', thread_key, 'marker', 'entries', 'bytes')
 if thread[1] ~= marker then
   return { -1 }
 end
-local rec = thread_run_record(runs_key, request_id)
-if rec and rec.s == 'done' and rec.tok == token then
-  return { 3 }
-end
+-- The lease first: while this run's token holds it, this run has not committed (a commit
+-- deletes the lease with the same call, and no later claim hands out this token again),
+-- so the run record needs no read or decode on the common path.  Otherwise a retried
+-- commit whose first call went through finds its own done record.
 local lease = thread_lease_state(lease_key, token)
+if lease ~= 'held' then
+  local rec = thread_run_record(runs_key, request_id)
+  if rec and rec.s == 'done' and rec.tok == token then
+    return { 3 }
+  end
+end
 if lease == 'cancelled' then
   return { -11 }
 elseif lease == 'lost' then

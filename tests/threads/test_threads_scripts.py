@@ -396,6 +396,13 @@ def test_run_commit_outcomes(h: Harness) -> None:
     assert h.client.exists(h.keys.lease) == 0
     assert h.client.hget(h.keys.parents, "e2") == b"e1"
     assert h.client.xlen(h.keys.events) == 3  # the claim's 2 opening rows + 1
+    # ... also once another request holds the thread (the lease is not this run's: its
+    # done record answers, and nothing of the other run changes)
+    assert h.claim("r2", "t2")[0] == S.OK
+    assert h.commit("r1", "t1") == [S.DONE]
+    assert h.client.get(h.keys.lease) == b"t2"
+    assert h.commit("r2", "t2", count=2) == [S.OK]  # the holder's own first commit
+    assert h.client.hget(h.keys.thread, "head") == b"e4"
 
 
 def test_run_abort_outcomes(h: Harness) -> None:
