@@ -1,9 +1,9 @@
 """Models built from values memtier itself produced and checked, without validation.
 
-One owner for :func:`trusted`: the memory read path (records, receipts) and the threads
-entries build models from stored values whose types the writer fixed; pydantic 2's
-validation -- or its ``model_construct`` -- costs more per instance than the values'
-own checks.  Callers check what they pass (or fall back to validating) and tests compare
+One owner for :func:`trusted`: the memory read path (records, receipts) and the threads'
+entries and thread hashes build models from stored values whose types the writer fixed;
+pydantic 2's validation -- or its ``model_construct`` -- costs more per instance than the
+values' own checks.  Callers check what they pass (or fall back to validating) and tests compare
 the result with a validated instance.
 """
 
@@ -34,7 +34,8 @@ def trusted(model: type[_M], values: dict[str, Any]) -> _M:
     declaration order, with the declared types (tests/memory/test_core_decode.py compares
     the result with a validated instance).  Only for models without private attributes or
     ``model_post_init``; the memory read path uses it (memory core, turn-record codec),
-    the append receipt, and the threads entries (tests/threads/test_entry_rows.py).
+    the append receipt, the threads entries and the threads themselves
+    (tests/threads/test_entry_rows.py, tests/threads/test_thread_records.py).
     """
     obj = _new(model)
     _SET_DICT(obj, values)
