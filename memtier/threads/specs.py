@@ -17,7 +17,7 @@ from memtier.engine import ScriptCall
 from memtier.keys import OwnerKeys, ThreadKeys
 from memtier.scriptspec import ScriptSpec
 
-__all__ = ["SPECS", "thread_call", "thread_roles", "with_tail"]
+__all__ = ["SPECS", "thread_call", "with_tail"]
 
 CREATE: Final = ScriptSpec(
     "create",
@@ -139,39 +139,39 @@ SPECS: Final[tuple[ScriptSpec, ...]] = (
 )
 
 
-def thread_roles(keys: ThreadKeys, owner: OwnerKeys | None = None) -> dict[str, str]:
-    """Every KEYS role a thread script may take, for ``spec.call({...}[roles])``."""
-    roles = {
-        "thread": keys.thread,
-        "entries": keys.entries,
-        "parents": keys.parents,
-        "runs": keys.runs,
-        "events": keys.events,
-        "lease": keys.lease,
-    }
-    if owner is not None:
-        roles["index"] = owner.index
-        roles["recent_deletes"] = owner.recent_deletes
-    return roles
+# KEYS roles: the thread's own keys (ThreadKeys' fields), and the owner's index and recent
+# deletes (OwnerKeys' attributes of the same names), which create and delete also take.
+_THREAD_ROLES: Final = frozenset(f.name for f in fields(ThreadKeys))
+_OWNER_ROLES: Final = frozenset({"index", "recent_deletes"})
+
+KeyReader = Callable[[ThreadKeys, OwnerKeys | None], tuple[str, ...]]
 
 
-# The scripts whose KEYS are all thread keys (every run script): their KEYS tuple is read
-# straight off the ThreadKeys, in KEYS order, by a getter made once per script -- the role
-# mapping above cost a few microseconds on each of a continue's three calls.
-_THREAD_KEY_ROLES: Final = frozenset(f.name for f in fields(ThreadKeys))
+def _key_reader(spec: ScriptSpec) -> KeyReader:
+    """How ``spec``'s KEYS tuple is read off a thread's (and its owner's) keys, in KEYS
+    order: made once per script, so a call reads attributes instead of building a mapping
+    of every role (a few microseconds on each of a continue's three calls)."""
+    unknown = set(spec.keys) - _THREAD_ROLES - _OWNER_ROLES
+    if unknown:
+        raise TypeError(f"{spec.script} keys: unknown roles {sorted(unknown)}")
+    if set(spec.keys) <= _THREAD_ROLES:
+        if len(spec.keys) == 1:
+            name = spec.keys[0]
+            return lambda keys, owner: (getattr(keys, name),)
+        get: Callable[[ThreadKeys], tuple[str, ...]] = attrgetter(*spec.keys)  # a tuple
+        return lambda keys, owner: get(keys)
+    roles = spec.keys
 
+    def read(keys: ThreadKeys, owner: OwnerKeys | None) -> tuple[str, ...]:
+        if owner is None:
+            raise TypeError(f"{spec.script} takes the owner's keys too (owner=...)")
+        return tuple([getattr(owner if role in _OWNER_ROLES else keys, role) for role in roles])
 
-def _key_getter(spec: ScriptSpec) -> Callable[[ThreadKeys], tuple[str, ...]] | None:
-    if not set(spec.keys) <= _THREAD_KEY_ROLES:
-        return None
-    if len(spec.keys) == 1:
-        one = attrgetter(spec.keys[0])
-        return lambda keys: (one(keys),)
-    return attrgetter(*spec.keys)  # a tuple, in the order given
+    return read
 
 
 # By the spec object itself (the constants above live as long as the module).
-_KEY_GETTERS: Final = {id(spec): _key_getter(spec) for spec in SPECS}
+_KEY_READERS: Final = {id(spec): _key_reader(spec) for spec in SPECS}
 
 
 def thread_call(
@@ -185,11 +185,8 @@ def thread_call(
 ) -> ScriptCall:
     """A call of ``spec`` on one thread: its KEYS picked by role, ARGV by name, then the
     counted ``tail``."""
-    getter = _KEY_GETTERS.get(id(spec)) if owner is None else None
-    if getter is not None:
-        return spec.call_with_tail(getter(keys), tail, **argv)
-    roles = thread_roles(keys, owner)
-    return spec.call_with_tail({role: roles[role] for role in spec.keys}, tail, **argv)
+    read = _KEY_READERS.get(id(spec)) or _key_reader(spec)
+    return spec.call_with_tail(read(keys, owner), tail, **argv)
 
 
 def with_tail(call: ScriptCall, tail: Iterable[str | int | bytes]) -> ScriptCall:
