@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
+import threadfixtures
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from threadhelpers import OWNER, ServiceMaker
@@ -60,11 +60,8 @@ def _stored_bytes(client: Any, keys: Any) -> tuple[int, int]:
     return counter, held
 
 
-@pytest.fixture
-def maker(backend: Any) -> Any:
-    made = ServiceMaker("sync", backend)
-    yield made
-    made.shutdown()
+# The sync service on every backend (threadfixtures' fixture, named in this module).
+make_sync_service = threadfixtures.make_sync_service
 
 
 @settings(
@@ -76,14 +73,16 @@ def maker(backend: Any) -> Any:
 @example(turns=[("reply", 0, False)])
 @example(turns=[("reply", 3, False), ("reply", 1, True), ("cancel", 2, False)])
 @example(turns=[("deny", 1, False), ("fail", 2, False), ("reply", 0, True)])
-def test_the_byte_counter_is_what_the_rows_hold(maker: ServiceMaker, turns: list[Any]) -> None:
+def test_the_byte_counter_is_what_the_rows_hold(
+    make_sync_service: ServiceMaker, turns: list[Any]
+) -> None:
     runner = _Scripted()
-    service = maker(runner=runner)
+    service = make_sync_service(runner=runner)
     runner.service = service
     thread = service.create(OWNER, title="bytes")
     owner_keys = ThreadKeyspace(service.config.namespace).owner(OWNER.tenant_id, OWNER.user_id)
     keys = owner_keys.thread(thread.id)
-    client = maker.backend.sync_client()
+    client = make_sync_service.backend.sync_client()
     first_leaf: str | None = None
     for kind, n, from_branch in turns:
         leaf = first_leaf if from_branch else None
