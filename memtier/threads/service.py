@@ -327,6 +327,34 @@ class _InFlight:
                 self._changed.wait(left)
 
 
+class _Beat:
+    """One turn's heartbeat.  Its thread, and the Event that stops it, are made by the
+    waker when the first beat is due: a turn that ends before that makes neither."""
+
+    __slots__ = ("run", "stopped", "thread")
+
+    def __init__(self, run: Callable[[threading.Event], None]) -> None:
+        self.run = run
+        self.stopped: threading.Event | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Make and start the thread (by the waker, under its lock: ``unschedule`` sees
+        either a pending beat or one with its thread and Event set)."""
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(
+            target=self.run, args=(self.stopped,), name="memtier-lease", daemon=True
+        )
+        self.thread.start()  # RuntimeError: no thread to be had (the caller goes on)
+
+    def stop(self) -> None:
+        """After ``unschedule`` found it started: stop it and wait for a beat in flight."""
+        if self.stopped is not None:
+            self.stopped.set()
+        if self.thread is not None and self.thread.ident is not None:
+            self.thread.join()
+
+
 class _Heartbeats:
     """Starts each turn's heartbeat thread only when its first beat is due (a third of the
     lease after the turn started), from one waker thread per service that does no I/O:
@@ -336,11 +364,11 @@ class _Heartbeats:
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
-        self._pending: dict[int, tuple[float, threading.Thread]] = {}
+        self._pending: dict[int, tuple[float, _Beat]] = {}
         self._waker: threading.Thread | None = None
         self._wake_at = 0.0  # when the waker wakes next (it is woken early only if needed)
 
-    def schedule(self, beat: threading.Thread, due: float) -> None:
+    def schedule(self, beat: _Beat, due: float) -> None:
         with self._changed:
             self._pending[id(beat)] = (due, beat)
             if self._waker is None:
@@ -353,8 +381,8 @@ class _Heartbeats:
                 self._wake_at = due
                 self._changed.notify()
 
-    def unschedule(self, beat: threading.Thread) -> bool:
-        """True when ``beat`` had not started (it never will); False: it runs, join it."""
+    def unschedule(self, beat: _Beat) -> bool:
+        """True when ``beat`` had not started (it never will); False: it started, stop it."""
         with self._changed:
             return self._pending.pop(id(beat), None) is not None
 
@@ -393,7 +421,7 @@ def _run_in_thread(
     """Run the runner in this thread; a heartbeat thread renews the lease (started by
     ``beats`` when the first beat is due), a timer enforces the wall-clock limit, and an
     Event carries the cancellation to the runner."""
-    emitting, cancelled, stopped = threading.Lock(), threading.Event(), threading.Event()
+    emitting, cancelled = threading.Lock(), threading.Event()
     control.stop = cancelled.set
 
     def emit(event: RunnerEvent) -> None:
@@ -402,7 +430,7 @@ def _run_in_thread(
             if call is not None:
                 control.check_emit(executor.execute(call, "emit"))
 
-    def heartbeat() -> None:
+    def heartbeat(stopped: threading.Event) -> None:
         # Beats keep to a fixed schedule (a slow renew does not push the next one back).
         interval = control.beat_interval
         due = time.monotonic()
@@ -418,7 +446,7 @@ def _run_in_thread(
             if stopped.wait(due - time.monotonic()):
                 return
 
-    beat = threading.Thread(target=heartbeat, name="memtier-lease", daemon=True)
+    beat = _Beat(heartbeat)
     turn = RunnerTurn(**control.turn_fields(), emit=emit, cancelled=cancelled)
     wall: threading.Timer | None = None
     if (seconds := control.wall_seconds()) is not None:
@@ -432,9 +460,8 @@ def _run_in_thread(
         finally:
             if wall is not None:
                 wall.cancel()
-            stopped.set()
-            if not beats.unschedule(beat) and beat.ident is not None:
-                beat.join()  # it was started: wait for a beat in flight
+            if not beats.unschedule(beat):
+                beat.stop()
 
 
 def create_conversation_service(
