@@ -311,3 +311,18 @@ def test_evictionsim_runs_and_tells_the_policies_apart() -> None:
     ).stdout
     assert out.startswith("| pattern | slots | LRU hit rate | random hit rate |")
     assert out.count("\n") == 11
+
+
+def test_threadlength_quick(tmp_path: Path) -> None:
+    data = _run("bench.threadlength", tmp_path)
+    stages = data["stages"]
+    assert [s["turns_per_thread_at_start"] for s in stages] == data["meta"]["stages"]
+    assert len(stages) >= 2
+    for stage in stages:
+        assert set(stage["rows"]) == {"continue", "raw"}
+        for name, row in stage["rows"].items():
+            for metric in ("wall_us", "cpu_us", "server_cpu_us"):
+                assert row[metric]["n"] == data["meta"]["rounds"], (name, metric)
+            assert row["wall_us"]["median"] > 0 and row["cpu_us"]["median"] > 0, name
+        assert stage["continue_vs_raw"]["median"] > 0
+    assert {"cpu_us_per_1000_entries", "server_cpu_us_per_1000_entries"} <= set(data)

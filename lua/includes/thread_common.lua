@@ -141,22 +141,15 @@ end
 -- cached path is the path of the id it ends with for as long as the thread exists.
 local THREAD_PATH_FIELD = '~path'
 
--- The position in the cached path ``cached`` where the whole id ``id`` starts, or nil
--- (a plain find: "e1" also occurs inside "e12", so a hit must start the text or follow a
--- space, and end it or precede one).  Bounded: each try moves past the last hit.
-local function thread_path_find(cached, id)
-  local from, n = 1, #id
-  while true do
-    local at = string.find(cached, id, from, true)
-    if not at then
-      return nil
-    end
-    local after = string.sub(cached, at + n, at + n)
-    if (at == 1 or string.sub(cached, at - 1, at - 1) == ' ') and (after == '' or after == ' ') then
-      return at
-    end
-    from = at + 1
-  end
+-- True when the whole id ``id`` ends at byte ``at_end`` of the cached path ``cached``
+-- ("e1 e2 ..."): the text there is ``id``, it starts the text or follows a space, and it
+-- ends the text or precedes one ("e2" must not match the end of "e12").
+local function thread_path_has_at(cached, id, at_end)
+  local from = at_end - #id + 1
+  return #id > 0 and from >= 1 and at_end <= #cached
+    and string.sub(cached, from, at_end) == id
+    and (from == 1 or string.byte(cached, from - 1) == 32)
+    and (at_end == #cached or string.byte(cached, at_end + 1) == 32)
 end
 
 -- True when the cached path ``cached`` ends at entry ``leaf``.

@@ -39,7 +39,9 @@
                               of ("" = it holds none)
     ARGV[23] known_n          how many path entries, root first, the caller holds (0 = none)
     ARGV[24] known_last       the id of the last of them
-    ARGV[25] n_meters         shared run limits with a per-thread cap (0 = none)
+    ARGV[25] known_end        where known_last ends in the path's text (its ids joined by
+                              single spaces): the byte length of the caller's ids so joined
+    ARGV[26] n_meters         shared run limits with a per-thread cap (0 = none)
     then n_meters pairs       meter name, per-thread cap: the turn is refused when the
                               thread's counter "use.<meter>" already reached the cap
 
@@ -64,7 +66,8 @@
                                then the path root -> base: n_path ids in all (bounded by count),
                                of which the first n_known are the ones the caller holds and are
                                not sent (n_known = known_n when the path's entry number known_n
-                               is known_last in the incarnation known_inc, else 0), then the
+                               is known_last, ending at byte known_end of the path's text, in
+                               the incarnation known_inc, else 0), then the
                                ids after them; then the JSON of the path entries after them,
                                root first, while they fit in inline_bytes (a missing entry: nil)
     A record whose token no longer holds the lease (its process died; the lease expired)
@@ -99,12 +102,14 @@ local started_head, started_tail = ARGV[17], ARGV[18]
 local message_head, message_tail = ARGV[19], ARGV[20]
 local inline_bytes = thread_int(ARGV[21])
 local known_inc, known_n, known_last = ARGV[22], thread_int(ARGV[23]), ARGV[24]
-local n_meters = thread_int(ARGV[25])
-if not n_meters or #ARGV ~= 25 + 2 * n_meters then
+local known_end = thread_int(ARGV[25])
+local n_meters = thread_int(ARGV[26])
+if not n_meters or #ARGV ~= 26 + 2 * n_meters then
   return redis.error_reply('memtier: run_claim: malformed ARGV (meters)')
 end
 if not (lease_ms and max_entries and turn_entries and max_events and turn_events
-        and max_bytes and turn_bytes and inline_bytes and known_n and thread_int(now_ms))
+        and max_bytes and turn_bytes and inline_bytes and known_n and known_end
+        and thread_int(now_ms))
     or lease_ms == 0 or request_id == '' or token == '' then
   return redis.error_reply('memtier: run_claim: malformed ARGV')
 end
@@ -166,7 +171,7 @@ if bytes + turn_bytes > max_bytes then
   return { -6, 'bytes' }
 end
 for i = 0, n_meters - 1 do
-  local meter, cap = ARGV[26 + 2 * i], tonumber(ARGV[27 + 2 * i])
+  local meter, cap = ARGV[27 + 2 * i], tonumber(ARGV[28 + 2 * i])
   local used = tonumber(rcall('HGET', thread_key, 'use.' .. meter)) or 0
   if used >= cap then
     return { -6, 'run:' .. meter }
@@ -231,8 +236,11 @@ local path = {}
 -- The usual turn: the caller holds the path up to its last turn, and the cached path
 -- (base's) holds that path and then the entries after it.  Ids are unique along a path
 -- and the ids before one are its ancestors, root first, so the cached text up to
--- known_last is the caller's path when it holds known_n - 1 ids before it: only the ids
--- after it are split (path then holds nils for the known part, never read below).
+-- known_last is the caller's path when it ends where the caller's ids joined end
+-- (known_end; both are the path of known_last, one text): only the ids after it are
+-- split (path then holds nils for the known part, never read below).  Checked at that
+-- one place, not found by a search and its ids counted: that took ~40 ns an entry, on
+-- every claim, ~75 us on a thread of 2,000 entries.
 local skip = 0
 local cached = nil
 if base and base ~= '' then
@@ -242,10 +250,9 @@ if base and base ~= '' then
   end
 end
 if cached and known_n > 0 and known_inc == inc and known_last ~= '' then
-  local at = thread_path_find(cached, known_last)
-  if at and select(2, string.gsub(string.sub(cached, 1, at - 1), ' ', ' ')) == known_n - 1 then
+  if thread_path_has_at(cached, known_last, known_end) then
     local n = known_n
-    for id in string.gmatch(string.sub(cached, at + #known_last + 1), '[^ ]+') do
+    for id in string.gmatch(string.sub(cached, known_end + 2), '[^ ]+') do
       n = n + 1
       path[n] = id
     end

@@ -85,6 +85,7 @@ RUN_CLAIM: Final = ScriptSpec(
         "known_inc",
         "known_n",
         "known_last",
+        "known_end",
         "n_meters",
     ),
 )

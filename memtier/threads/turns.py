@@ -213,8 +213,9 @@ def continue_(
             message_tail=message_tail,
             inline_bytes=_INLINE_HISTORY_BYTES,
             known_inc="" if known is None else known.inc,
-            known_n=0 if known is None else len(known.ids),
-            known_last="" if known is None else known.ids[-1],
+            known_n=0 if known is None else len(known.entries),
+            known_last="" if known is None else known.last_id,
+            known_end=0 if known is None else known.text_bytes,
             n_meters=meters[0],
         )
 
@@ -228,26 +229,30 @@ def continue_(
     if any(value is None for value in claimed.inline):  # the thread was deleted meanwhile
         raise status_error(ThreadStatus.NOT_FOUND)
     inc = claimed.fields.get("inc", "")
-    path = claimed.path
-    held: list[ConversationEntry] = []
+    inline: list[ConversationEntry] = []
     sizes: list[int] = []
-    if claimed.known:  # the first claimed.known path entries are the ones named: not sent
-        if known is None or claimed.known != len(known.ids) or inc != known.inc:
-            raise ConversationError(Code.BACKEND_UNAVAILABLE, "run_claim: malformed reply")
-        path = [*known.ids, *path]
-        held, sizes = list(known.entries), list(known.sizes)
     for value in claimed.inline:
         raw = value.encode() if isinstance(value, str) else value
-        held.append(entry_from_json(raw))
+        inline.append(entry_from_json(raw))
         sizes.append(len(raw))
-    core.history_cache.keep(keys.entries, inc, path, held, sizes)
-    rest = yield from _load_entries(keys, path[len(held) :])
-    history = held + rest
+    if claimed.known:  # the first claimed.known path entries are the ones named: not sent
+        if known is None or claimed.known != len(known.entries) or inc != known.inc:
+            raise ConversationError(Code.BACKEND_UNAVAILABLE, "run_claim: malformed reply")
+        # Only what the claim sent is new: the path held is not walked again, and the
+        # tuple kept is the runner's history when all of it fit (one copy, not two).
+        held = core.history_cache.extend(keys.entries, known, claimed.path, inline, sizes)
+        if len(held) != len(known.entries) + len(inline):
+            held = known.entries + tuple(inline)
+    else:
+        core.history_cache.keep(keys.entries, inc, claimed.path, inline, sizes)
+        held = tuple(inline)
+    rest = yield from _load_entries(keys, claimed.path[len(inline) :])
+    history = held + tuple(rest)
     state = TurnState(
         owner=owner,
         keys=keys,
         thread=thread,
-        history=tuple(history),
+        history=history,
         message=content,
         message_truncated=truncated,
         request_id=rid,

@@ -279,10 +279,80 @@ def test_the_history_cache_hands_back_what_it_kept(keeps: list[tuple[int, list[s
             assert known is None
         else:
             assert known is not None
-            assert (known.inc, known.ids, known.entries) == (inc, tuple(ids), tuple(entries))
-            assert known.sizes == tuple(sizes) and known.size == sum(sizes)
+            assert (known.inc, known.entries, known.last_id) == (inc, tuple(entries), ids[-1])
+            assert known.size == sum(sizes)
+            assert known.text_bytes == len(" ".join(ids).encode())
         kept, size = cache.stats()
         assert kept <= 4 and size <= historycache.MAX_BYTES
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 2),  # thread key
+            st.booleans(),  # extend what is kept (else keep a whole new path)
+            st.lists(st.integers(1, 200), max_size=6),  # sizes of the entries the claim sent
+            st.integers(0, 2),  # ids sent beyond the inline entries (read by HMGET)
+            st.sampled_from(["i", "j", ""]),  # the incarnation of a whole-path keep
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+@example(steps=[(0, False, [150, 150], 0, "i"), (0, True, [100], 0, "i")])  # past the bound
+@example(steps=[(0, False, [450], 0, "i"), (0, True, [10], 1, "i")])  # no first entry fits
+@example(steps=[(1, False, [2], 0, "i"), (0, False, [1], 0, "i"), (1, True, [], 0, "i")])
+def test_extending_a_kept_path_keeps_what_keeping_the_whole_path_keeps(
+    steps: list[tuple[int, bool, list[int], int, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``extend`` (a claim that named the kept path: only what follows is new) against the
+    model ``keep`` of the whole path, on two caches given the same steps, with bounds
+    small enough that paths are cut (per thread) and threads dropped (in all).  (The
+    bounds are patched once for all examples: every example starts new caches.)"""
+    monkeypatch.setattr(historycache, "MAX_THREADS", 2)
+    monkeypatch.setattr(historycache, "MAX_BYTES", 700)
+    monkeypatch.setattr(historycache, "MAX_THREAD_BYTES", 400)
+    fast, model = HistoryCache(), HistoryCache()
+    paths: dict[int, list[str]] = {}  # each key's true path (ids), as the server has it
+    size_of: dict[tuple[int, str], int] = {}  # each entry's stored bytes, by key and id
+    for key_n, extend, sizes, beyond, inc in steps:
+        key = f"k{key_n}"
+        held = fast.known(key)
+        assert held == model.known(key)
+        old = paths.get(key_n, []) if extend and held is not None else []
+        path = [*old, *(f"e{len(old) + i + 1}" for i in range(len(sizes) + beyond))]
+        if extend and held is not None:  # the claim sends the path after what is held
+            held_ids = path[: len(held.entries)]
+            sent = path[len(held_ids) :]
+            entries = [_entry(int(i[1:]), "x") for i in sent[: len(sizes)]]
+            sent_sizes = sizes[: len(entries)]
+            size_of.update(((key_n, i), n) for i, n in zip(sent, sent_sizes, strict=False))
+            kept = fast.extend(key, held, sent, entries, sent_sizes)
+            model.keep(
+                key,
+                held.inc,
+                [*held_ids, *sent],
+                [*held.entries, *entries],
+                [*(size_of[key_n, i] for i in held_ids), *sent_sizes],
+            )
+            got = fast.known(key)
+            assert kept == (() if got is None else got.entries)
+        else:
+            entries = [_entry(int(i[1:]), "x") for i in path[: len(sizes)]]
+            size_of.update(((key_n, i), n) for i, n in zip(path, sizes, strict=False))
+            fast.keep(key, inc, path, entries, sizes)
+            model.keep(key, inc, path, entries, sizes)
+        paths[key_n] = path
+        got = fast.known(key)
+        assert got == model.known(key)
+        assert fast.stats() == model.stats()
+        if got is not None:
+            ids = [e.id for e in got.entries]
+            assert ids == path[: len(ids)] and got.last_id == ids[-1]  # the true path's start
+            assert got.text_bytes == len(" ".join(ids).encode())
 
 
 def test_the_history_cache_keeps_its_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -294,7 +364,7 @@ def test_the_history_cache_keeps_its_bounds(monkeypatch: pytest.MonkeyPatch) -> 
     ids = [e.id for e in entries]
     cache.keep("k0", "i", ids, entries, [150] * 5)  # a path over the per-thread bound
     known = cache.known("k0")
-    assert known is not None and known.ids == tuple(ids[:2]) and known.size == 300
+    assert known is not None and known.entries == tuple(entries[:2]) and known.size == 300
     cache.keep("k0", "i", ids, entries, [500] * 5)  # not even its first entry fits
     assert cache.known("k0") is None and cache.stats() == (0, 0)
     for i in range(1, 6):

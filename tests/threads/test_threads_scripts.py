@@ -80,7 +80,8 @@ class Harness:
             '{"entryId":',
             ',"content":"hi"}',
             kw.get("inline_bytes", 10**6),
-            *kw.get("known", ("", 0, "")),  # (incarnation, path entries held, last id)
+            # (incarnation, path entries held, last id, where it ends in the path's text)
+            *kw.get("known", ("", 0, "", 0)),
             0,
         )
 
@@ -308,39 +309,54 @@ def test_run_claim_sends_only_the_path_after_what_the_caller_holds(h: Harness) -
     assert h.fields()["inc"] == inc  # never changed after that
     full = split_claim(h.claim("r3", "t3"))
     assert full[2] == ["e1", "e2", "e3", "e4"] and len(full[3]) == 4
-    for known in [(inc, 2, "e2"), (inc, 4, "e4"), (inc, 1, "e1")]:
+    for known in [(inc, 2, "e2", 5), (inc, 4, "e4", 11), (inc, 1, "e1", 2)]:
         head, fields, ids, inline = split_claim(h.claim("r3", "t3", known=known), known[1])
         assert head == full[0] and fields == full[1]
         assert ids == full[2][known[1] :] and inline == full[3][known[1] :]
-    for known in [("other", 2, "e2"), (inc, 2, "e3"), (inc, 5, "e4"), ("", 2, "e2")]:
+    for known in [
+        ("other", 2, "e2", 5),  # another incarnation
+        (inc, 2, "e3", 5),  # another id at that place
+        (inc, 5, "e4", 11),  # more entries than the thread has
+        (inc, 3, "e4", 50),  # past the path's text, and not its place
+        ("", 2, "e2", 5),
+    ]:
         assert split_claim(h.claim("r3", "t3", known=known)) == full
+    # The right id at the right place, a wrong end: the whole cached path is split and the
+    # place checked there (as for a path walked without a cache): the same answer.
+    two = split_claim(h.claim("r3", "t3", known=(inc, 2, "e2", 5)), 2)
+    for end in (4, 8, 50):
+        assert split_claim(h.claim("r3", "t3", known=(inc, 2, "e2", end)), 2) == two
     h.client.delete(h.keys.lease)
     for key in (*h.keys.all(), h.owner.index):  # as if deleted (delete's own test: below)
         h.client.delete(key)
     h.create()
     h.turn("r4", "t4", 0)
     assert h.fields()["inc"] == "t4"  # the new incarnation
-    again = split_claim(h.claim("r5", "t5", known=(inc, 2, "e2")))  # the old cache's naming
+    again = split_claim(h.claim("r5", "t5", known=(inc, 2, "e2", 5)))  # the old cache's naming
     assert again[2] == ["e1", "e2"] and len(again[3]) == 2
 
 
-def test_the_path_finder_matches_whole_ids_only(h: Harness) -> None:
-    """``thread_path_find`` (run_claim's skip): the place where a whole id starts in a
-    cached path, against a model, on paths whose ids contain each other ("e1" in "e12",
-    "e2" in "e12", "e12" in "e123"), in any order, the id present or not."""
+def test_the_path_check_matches_whole_ids_at_their_place_only(h: Harness) -> None:
+    """``thread_path_has_at`` (run_claim's skip): true exactly when a whole id of a cached
+    path ends at the given byte, against a model, on paths whose ids contain each other
+    ("e1" in "e12", "e2" in "e12", "e12" in "e123"), at every byte from before the text to
+    past it, ids present or not, and the empty id."""
     source = expand_includes(
-        '--- @include "thread_common"\nreturn thread_path_find(ARGV[1], ARGV[2]) or 0',
+        '--- @include "thread_common"\n'
+        "return thread_path_has_at(ARGV[1], ARGV[2], tonumber(ARGV[3])) and 1 or 0",
         lua_root(),
     )
     rng = random.Random(12)
-    universe = ["e1", "e2", "e12", "e21", "e123", "e3", "e31", "e1e", "x", "e"]
-    for _ in range(150):
-        ids = rng.sample(universe, rng.randint(1, 7))
+    universe = ["e1", "e2", "e12", "e21", "e123", "e3", "e31", "e1e", "x", "e", ""]
+    for _ in range(60):
+        ids = rng.sample(universe[:-1], rng.randint(1, 7))
         target = rng.choice(universe)
         cached = " ".join(ids)
-        expected = 1 + sum(len(i) + 1 for i in ids[: ids.index(target)]) if target in ids else 0
-        got = h.client.eval(source, 1, h.keys.parents, cached, target)
-        assert got == expected, (cached, target)
+        ends = {sum(len(i) + 1 for i in ids[: k + 1]) - 1: i for k, i in enumerate(ids)}
+        for at_end in range(-1, len(cached) + 3):
+            expected = 1 if target and ends.get(at_end) == target else 0
+            got = h.client.eval(source, 1, h.keys.parents, cached, target, at_end)
+            assert got == expected, (cached, target, at_end)
 
 
 def test_run_claim_lease_expires(h: Harness) -> None:
