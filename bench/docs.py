@@ -438,7 +438,7 @@ def _analysis(run: Run) -> list[str]:
         + "The claim reads the branch path "
         "from its cache (`~path`) and the "
         "client reuses the entries and served ledger rows it decoded before "
-        "(*Where the time goes*, \"Threads: the history path cached\"); a continue no "
+        '(*Where the time goes*, "Threads: the history path cached"); a continue no '
         "longer costs more on a long thread (`bench.threadlength`, sixteenth round); "
         "what is left is about 1 ms of client CPU "
         "per turn at the load of these runs, spread thin, and the Lua of the three "
