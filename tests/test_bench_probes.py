@@ -326,3 +326,12 @@ def test_threadlength_quick(tmp_path: Path) -> None:
             assert row["wall_us"]["median"] > 0 and row["cpu_us"]["median"] > 0, name
         assert stage["continue_vs_raw"]["median"] > 0
     assert {"cpu_us_per_1000_entries", "server_cpu_us_per_1000_entries"} <= set(data)
+
+
+def test_threadregen_quick(tmp_path: Path) -> None:
+    data = _run("bench.threadregen", tmp_path)
+    assert set(data["rows"]) == {"head", "regenerate"}
+    for name, row in data["rows"].items():
+        for metric in ("wall_us", "cpu_us", "server_cpu_us", "longest_command_us"):
+            assert row[metric]["n"] == data["meta"]["rounds"], (name, metric)
+        assert row["wall_us"]["median"] > 0 and row["longest_command_us"]["median"] > 0, name

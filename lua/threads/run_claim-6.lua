@@ -65,9 +65,11 @@
                                its "inc" names this incarnation of the thread);
                                then the path root -> base: n_path ids in all (bounded by count),
                                of which the first n_known are the ones the caller holds and are
-                               not sent (n_known = known_n when the path's entry number known_n
-                               is known_last, ending at byte known_end of the path's text, in
-                               the incarnation known_inc, else 0), then the
+                               not sent (in the incarnation known_inc: n_known = known_n when
+                               the path's entry number known_n is known_last, ending at byte
+                               known_end of the path's text; when known_last is on another
+                               branch, the number of the entries both paths share, the
+                               caller's first n_known; else 0), then the
                                ids after them; then the JSON of the path entries after them,
                                root first, while they fit in inline_bytes (a missing entry: nil)
     A record whose token no longer holds the lease (its process died; the lease expired)
@@ -230,8 +232,10 @@ for i = 1, #hash do
 end
 -- The path root -> base.  The parents hash caches the path of one leaf (the last turn's,
 -- usually the head) under PATH_FIELD as "id id ... leaf": entries never change parent,
--- so the cache is valid exactly when it ends at base.  Otherwise walk the parents (one
--- HGET per entry) and cache the walked path for the commit to extend.
+-- so the cache is base's path exactly when it ends at base.  Otherwise walk the parents
+-- (one HGET per entry) back to an entry the cache holds -- the cached text up to it is
+-- that entry's path -- or to the root, and cache the path for the commit to extend: a
+-- turn on another branch walks back to where the branches part, not to the root.
 local path = {}
 -- The usual turn: the caller holds the path up to its last turn, and the cached path
 -- (base's) holds that path and then the entries after it.  Ids are unique along a path
@@ -242,11 +246,11 @@ local path = {}
 -- one place, not found by a search and its ids counted: that took ~40 ns an entry, on
 -- every claim, ~75 us on a thread of 2,000 entries.
 local skip = 0
-local cached = nil
+local stored, cached = nil, nil  -- the cached path (of whichever leaf); the same when base's
 if base and base ~= '' then
-  cached = rcall('HGET', parents_key, THREAD_PATH_FIELD)
-  if not (cached and thread_path_ends_at(cached, base)) then
-    cached = nil
+  stored = rcall('HGET', parents_key, THREAD_PATH_FIELD)
+  if stored and thread_path_ends_at(stored, base) then
+    cached = stored
   end
 end
 if cached and known_n > 0 and known_inc == inc and known_last ~= '' then
@@ -271,25 +275,42 @@ if base and base ~= '' and skip == 0 then
     end
   end
   if #path == 0 or #path > count then  -- a miss (or a cache longer than any path): walk
-    local walked, cursor = {}, base
-    while cursor and cursor ~= '' and #walked < count do  -- never longer than count
-      walked[#walked + 1] = cursor
-      cursor = rcall('HGET', parents_key, cursor)
+    local whole
+    path, whole = thread_walk_path(parents_key, base, count, stored)
+    if #path > count then  -- the cache is longer than any path: not a true one, walk alone
+      path, whole = thread_walk_path(parents_key, base, count, nil)
     end
-    path = {}
-    for i = #walked, 1, -1 do
-      path[#path + 1] = walked[i]
-    end
-    if cursor == '' then  -- reached the root: a whole path, worth caching
+    if whole then  -- a whole path, worth caching
       rcall('HSET', parents_key, THREAD_PATH_FIELD, table.concat(path, ' '))
     end
   end
 end
--- What the caller holds is not sent again: its entries and their ids.
+-- What the caller holds is not sent again: its entries and their ids.  When the check at
+-- known_end did not hold (no cache of this path; or the caller holds another branch),
+-- walk the caller's path back from known_last (one HGET per entry, at most known_n) to
+-- an entry of this path: the caller's first entries up to it are this path's first (the
+-- path of that entry), when it sits at the same place in both (else the caller's count
+-- is not its path's: send all).  A turn on the branch the caller did not hold last gets
+-- what follows the fork, not the whole history again.  O(path) to index this path's ids,
+-- only on such a switch.
 local n_path = path.n or #path
-if skip == 0 and known_n > 0 and known_n <= n_path and known_inc == inc
-    and path[known_n] == known_last then
-  skip = known_n  -- a walked path (no usable cache) that still starts with the caller's
+if skip == 0 and known_n > 0 and known_inc == inc and known_last ~= '' and n_path > 0 then
+  local place = {}
+  for k = 1, n_path do
+    place[path[k]] = k
+  end
+  local cursor, steps = known_last, 0
+  while cursor and cursor ~= '' and steps < known_n do
+    local k = place[cursor]
+    if k then
+      if k == known_n - steps then
+        skip = k
+      end
+      break
+    end
+    cursor = rcall('HGET', parents_key, cursor)
+    steps = steps + 1
+  end
 end
 reply[#reply + 1] = n_path
 reply[#reply + 1] = skip

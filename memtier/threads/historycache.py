@@ -6,13 +6,17 @@ every entry on every claim grew with the thread, turn after turn (``run_claim`` 
 :class:`ConversationEntry` ~4.5 us), although a thread's next turn on the same branch
 sees the same entries plus its own two.  :class:`HistoryCache` (one per service) keeps,
 per thread key, the path its last claim handed out: the thread's incarnation (``inc``,
-set by ``run_claim``), the entry ids root first and their decoded entries.  The next
-claim names the incarnation, how many path entries it holds and the id of the last one;
-when the thread's path has that id at that place in that incarnation, ``run_claim``
-sends only the ids and entries after it.  That is exact because entries never change
-once written and never change parent, so a path prefix ending at a given entry is the
-same for the life of the thread; a thread deleted and created again under the same id
-has a new incarnation (its entry ids start again), so an old cache never matches it.
+set by ``run_claim``) and the decoded entries root first.  The next claim names the
+incarnation, how many path entries it holds, the id of the last one and where it ends
+in the path's text; when the thread's path has that id at that place in that
+incarnation, ``run_claim`` sends only the ids and entries after it.  When the turn is on
+another branch (a regenerated or edited turn: ``leaf_id``), ``run_claim`` finds the last
+entry both paths share and says how many of the held entries that is: the claim keeps
+that :meth:`KnownHistory.prefix` and is sent only what follows the fork.  That is exact
+because entries never change once written and never change parent, so a path prefix
+ending at a given entry is the same for the life of the thread; a thread deleted and
+created again under the same id has a new incarnation (its entry ids start again), so an
+old cache never matches it.
 
 Bounded in code: :data:`MAX_THREADS` thread keys, :data:`MAX_BYTES` of entry bytes in
 all (a path longer than :data:`MAX_THREAD_BYTES` keeps only its prefix within it); past a
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import random
 import threading
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -45,19 +50,37 @@ class KnownHistory:
     """A path prefix a claim handed out: its ``entries``, root first, in the thread
     incarnation ``inc``; ``size`` their stored bytes; ``last_id`` the path id of the last;
     ``text_bytes`` the length of the path ids joined by single spaces, in UTF-8 (where the
-    last ends in the path cache's text: ``run_claim`` checks it there).  One tuple of
-    entries and no more: a claim extends it by its new entries, and each O(path) copy
-    touches every entry object of a path of up to 2,000."""
+    last ends in the path cache's text: ``run_claim`` checks it there); ``sizes`` and
+    ``ends`` the same two figures after each entry (running sums, as machine integers: a
+    copy is one memcpy, and :meth:`prefix` reads any entry's in O(1)).  One tuple of
+    entries and no more: a claim extends it by its new entries, and each O(path) copy of
+    a tuple touches every entry object of a path of up to 2,000."""
 
     inc: str
     entries: tuple[ConversationEntry, ...]
     size: int
     last_id: str
     text_bytes: int
+    sizes: array[int]
+    ends: array[int]
+
+    def prefix(self, n: int) -> KnownHistory:
+        """Its first ``n`` entries (1 <= n <= len(entries)): what a claim on another branch
+        says the two paths share.  The last one's id is its entry's own (the path id it
+        was stored under: a mismatch only makes the next claim send the whole path)."""
+        return KnownHistory(
+            self.inc,
+            self.entries[:n],
+            self.sizes[n - 1],
+            self.entries[n - 1].id,
+            self.ends[n - 1],
+            self.sizes[:n],
+            self.ends[:n],
+        )
 
 
 # No prefix (keep the whole path).  text_bytes -1: the first id adds no space before it.
-_EMPTY: Final = KnownHistory("", (), 0, "", -1)
+_EMPTY: Final = KnownHistory("", (), 0, "", -1, array("q"), array("q"))
 
 
 class HistoryCache:
@@ -116,22 +139,27 @@ class HistoryCache:
             return ()
         # The prefix fit within MAX_THREAD_BYTES entry by entry (its size is their sum):
         # counting on from its size stops where counting the whole path would.
-        n, size = 0, prefix.size
-        for entry_size in sizes[: len(entries)]:
+        size, text = prefix.size, prefix.text_bytes
+        sums, ends = array("q"), array("q")
+        for entry_id, entry_size in zip(ids, sizes[: len(entries)], strict=False):
             if size + entry_size > MAX_THREAD_BYTES:
                 break
             size += entry_size
-            n += 1
+            text += len(entry_id.encode()) + 1
+            sums.append(size)
+            ends.append(text)
+        n = len(sums)
         if n == 0:
             kept = prefix
         else:
-            added = ids[:n]
             kept = KnownHistory(
                 inc,
                 prefix.entries + tuple(entries[:n]),
                 size,
-                added[-1],
-                prefix.text_bytes + sum(len(i.encode()) + 1 for i in added),
+                ids[n - 1],
+                text,
+                prefix.sizes + sums,
+                prefix.ends + ends,
             )
         with self._lock:
             old = self._threads.pop(thread_key, None)

@@ -236,8 +236,10 @@ def continue_(
         inline.append(entry_from_json(raw))
         sizes.append(len(raw))
     if claimed.known:  # the first claimed.known path entries are the ones named: not sent
-        if known is None or claimed.known != len(known.entries) or inc != known.inc:
+        if known is None or claimed.known > len(known.entries) or inc != known.inc:
             raise ConversationError(Code.BACKEND_UNAVAILABLE, "run_claim: malformed reply")
+        if claimed.known < len(known.entries):  # a turn on another branch: up to the fork
+            known = known.prefix(claimed.known)
         # Only what the claim sent is new: the path held is not walked again, and the
         # tuple kept is the runner's history when all of it fit (one copy, not two).
         held = core.history_cache.extend(keys.entries, known, claimed.path, inline, sizes)

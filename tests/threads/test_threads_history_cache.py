@@ -125,6 +125,42 @@ def test_a_continue_on_the_head_walks_no_parents(backend: Any) -> None:
         service.close()
 
 
+@pytest.mark.parametrize("fork_turn", [1, 2, 9])
+def test_a_turn_on_another_branch_walks_back_only_to_where_the_branches_part(
+    backend: Any, fork_turn: int
+) -> None:
+    """The cache holds one leaf's path; a turn on another branch walks the parents back
+    to an entry that path holds (its text up to there is that entry's path), not to the
+    root.  Shown by removing the parent links before the fork once they are cached: a
+    walk past the fork would find no parent there and hand the runner a cut history.
+    The walk back from the old head is longer than the steps looked up in the text by
+    find, the rest in a set of the cached ids (fork_turn 1 and 2), or within them (9)."""
+    runner = _HistoryRunner()
+    client = backend.sync_client()
+    service = ConversationService(client, backend.config(), runner=runner)
+    try:
+        tid = service.create(OWNER).id
+        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+        replies = [service.continue_(OWNER, tid, f"m{i}").entries[-1].id for i in range(10)]
+        head, leaf = replies[-1], replies[fork_turn - 1]
+        on_head = _stored_history(client, keys, head)
+        service.branch(OWNER, tid, leaf)
+        on_branch = _stored_history(client, keys, leaf)
+        service.continue_(OWNER, tid, "on the branch", leaf_id=leaf)
+        assert runner.seen[-1] == on_branch  # the leaf is on the cached head path: no walk
+        before_fork = [e.id for e in on_branch[:-1]]
+        if before_fork:
+            client.hdel(keys.parents, *before_fork)  # never read again if the walk stops
+        service.branch(OWNER, tid, head)  # the old head is a leaf now: the branch moved on
+        service.continue_(OWNER, tid, "on the old head again", leaf_id=head)
+        assert runner.seen[-1] == on_head
+        cached = client.hget(keys.parents, PATH_FIELD)
+        assert cached is not None
+        assert cached.decode().split(" ")[: len(on_head)] == [e.id for e in on_head]
+    finally:
+        service.close()
+
+
 # --- HistoryCache: the claim sends only what follows the path this process holds --------
 
 
@@ -249,6 +285,47 @@ def test_a_turn_on_the_head_is_sent_only_the_two_entries_it_has_not_seen(backend
         service.close()
 
 
+def _sent(reply: Any) -> tuple[int, int, int]:
+    """(path length, entries the caller holds, entries sent inline) of a claim's reply."""
+    n_fields = int(reply[4])
+    n_path, n_known = int(reply[5 + n_fields]), int(reply[6 + n_fields])
+    return n_path, n_known, len(reply) - (7 + n_fields) - (n_path - n_known)
+
+
+def test_a_turn_on_another_branch_is_sent_only_what_follows_the_fork(backend: Any) -> None:
+    """Two branches of one thread, taken in turns by one process: each claim is sent the
+    entries after the fork (and the new turn's), not the whole history, and each runner
+    sees its branch's whole path as stored."""
+    runner = _HistoryRunner()
+    client = backend.sync_client()
+    service = ConversationService(client, backend.config(), runner=runner)
+    try:
+        tid = service.create(OWNER).id
+        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+        tips = [service.continue_(OWNER, tid, f"m{i}").entries[-1].id for i in range(6)]
+        fork = tips[1]  # entry 4: both branches share e1..e4
+        service.branch(OWNER, tid, fork)
+        replies = _claim_replies(service)
+        tip = {"a": tips[-1], "b": fork}
+        for turn in range(6):
+            side = "ab"[turn % 2]
+            service.branch(OWNER, tid, tip[side])
+            expected = _stored_history(client, keys, tip[side])
+            tip[side] = service.continue_(OWNER, tid, f"{side}{turn}", leaf_id=tip[side])
+            tip[side] = tip[side].entries[-1].id
+            assert runner.seen[-1] == expected
+        sent = [_sent(reply) for reply in replies]
+        # (path length, held, sent).  The first claim, on a's tip, holds its path but the
+        # last turn's two entries; every later one switches branch and holds the 4 shared
+        # entries: it is sent what follows them (the history cache keeps one path per
+        # thread, so a switch sends that branch's own entries again, not the whole thread)
+        assert sent[0] == (12, 10, 2)
+        for (n_path, n_known, n_sent), before in zip(sent[1:], sent[:-1], strict=True):
+            assert n_known == 4 and n_sent == n_path - 4, (n_path, n_known, n_sent, before)
+    finally:
+        service.close()
+
+
 _CONTENT = st.text(alphabet=st.sampled_from(["a", "é", '"', "\\", " ", "💥", "x"]), max_size=40)
 
 
@@ -287,7 +364,7 @@ def test_the_history_cache_hands_back_what_it_kept(keeps: list[tuple[int, list[s
 
 
 @settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     steps=st.lists(
@@ -297,18 +374,21 @@ def test_the_history_cache_hands_back_what_it_kept(keeps: list[tuple[int, list[s
             st.lists(st.integers(1, 200), max_size=6),  # sizes of the entries the claim sent
             st.integers(0, 2),  # ids sent beyond the inline entries (read by HMGET)
             st.sampled_from(["i", "j", ""]),  # the incarnation of a whole-path keep
+            st.integers(0, 3),  # a turn on another branch: held entries past the fork
         ),
         min_size=1,
         max_size=12,
     )
 )
-@example(steps=[(0, False, [150, 150], 0, "i"), (0, True, [100], 0, "i")])  # past the bound
-@example(steps=[(0, False, [450], 0, "i"), (0, True, [10], 1, "i")])  # no first entry fits
-@example(steps=[(1, False, [2], 0, "i"), (0, False, [1], 0, "i"), (1, True, [], 0, "i")])
+@example(steps=[(0, False, [150, 150], 0, "i", 0), (0, True, [100], 0, "i", 0)])  # the bound
+@example(steps=[(0, False, [450], 0, "i", 0), (0, True, [10], 1, "i", 0)])  # none fits
+@example(steps=[(1, False, [2], 0, "i", 0), (0, False, [1], 0, "i", 0), (1, True, [], 0, "i", 0)])
+@example(steps=[(0, False, [10, 20, 30], 0, "i", 0), (0, True, [40], 0, "i", 2)])  # a fork
 def test_extending_a_kept_path_keeps_what_keeping_the_whole_path_keeps(
-    steps: list[tuple[int, bool, list[int], int, str]], monkeypatch: pytest.MonkeyPatch
+    steps: list[tuple[int, bool, list[int], int, str, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``extend`` (a claim that named the kept path: only what follows is new) against the
+    """``extend`` (a claim that named the kept path: only what follows is new), from the
+    kept path or from its ``prefix`` up to a fork (a turn on another branch), against the
     model ``keep`` of the whole path, on two caches given the same steps, with bounds
     small enough that paths are cut (per thread) and threads dropped (in all).  (The
     bounds are patched once for all examples: every example starts new caches.)"""
@@ -318,15 +398,22 @@ def test_extending_a_kept_path_keeps_what_keeping_the_whole_path_keeps(
     fast, model = HistoryCache(), HistoryCache()
     paths: dict[int, list[str]] = {}  # each key's true path (ids), as the server has it
     size_of: dict[tuple[int, str], int] = {}  # each entry's stored bytes, by key and id
-    for key_n, extend, sizes, beyond, inc in steps:
+    made = 0  # ids made so far: every new entry has a new id (ids are unique in a thread)
+    for key_n, extend, sizes, beyond, inc, past_fork in steps:
         key = f"k{key_n}"
         held = fast.known(key)
         assert held == model.known(key)
-        old = paths.get(key_n, []) if extend and held is not None else []
-        path = [*old, *(f"e{len(old) + i + 1}" for i in range(len(sizes) + beyond))]
+        new_ids = [f"e{made + i + 1}" for i in range(len(sizes) + beyond)]
+        made += len(new_ids)
         if extend and held is not None:  # the claim sends the path after what is held
-            held_ids = path[: len(held.entries)]
-            sent = path[len(held_ids) :]
+            shared = max(1, len(held.entries) - past_fork)
+            if shared < len(held.entries):  # another branch: it parts after `shared`
+                held = held.prefix(shared)
+                path = [*paths[key_n][:shared], *new_ids]
+            else:
+                path = [*paths[key_n], *new_ids]
+            held_ids = path[:shared]
+            sent = path[shared:]
             entries = [_entry(int(i[1:]), "x") for i in sent[: len(sizes)]]
             sent_sizes = sizes[: len(entries)]
             size_of.update(((key_n, i), n) for i, n in zip(sent, sent_sizes, strict=False))
@@ -341,6 +428,7 @@ def test_extending_a_kept_path_keeps_what_keeping_the_whole_path_keeps(
             got = fast.known(key)
             assert kept == (() if got is None else got.entries)
         else:
+            path = new_ids
             entries = [_entry(int(i[1:]), "x") for i in path[: len(sizes)]]
             size_of.update(((key_n, i), n) for i, n in zip(path, sizes, strict=False))
             fast.keep(key, inc, path, entries, sizes)
@@ -353,6 +441,10 @@ def test_extending_a_kept_path_keeps_what_keeping_the_whole_path_keeps(
             ids = [e.id for e in got.entries]
             assert ids == path[: len(ids)] and got.last_id == ids[-1]  # the true path's start
             assert got.text_bytes == len(" ".join(ids).encode())
+            sums = [sum(size_of[key_n, i] for i in ids[: k + 1]) for k in range(len(ids))]
+            ends = [len(" ".join(ids[: k + 1]).encode()) for k in range(len(ids))]
+            assert list(got.sizes) == sums and list(got.ends) == ends
+            assert got.size == sums[-1]
 
 
 def test_the_history_cache_keeps_its_bounds(monkeypatch: pytest.MonkeyPatch) -> None:

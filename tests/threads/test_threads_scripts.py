@@ -336,6 +336,26 @@ def test_run_claim_sends_only_the_path_after_what_the_caller_holds(h: Harness) -
     assert again[2] == ["e1", "e2"] and len(again[3]) == 2
 
 
+def test_the_path_finder_matches_whole_ids_only(h: Harness) -> None:
+    """``thread_path_find`` (run_claim's walk, which stops at an entry the cached path
+    holds): the place where a whole id starts in a
+    cached path, against a model, on paths whose ids contain each other ("e1" in "e12",
+    "e2" in "e12", "e12" in "e123"), in any order, the id present or not."""
+    source = expand_includes(
+        '--- @include "thread_common"\nreturn thread_path_find(ARGV[1], ARGV[2]) or 0',
+        lua_root(),
+    )
+    rng = random.Random(12)
+    universe = ["e1", "e2", "e12", "e21", "e123", "e3", "e31", "e1e", "x", "e"]
+    for _ in range(150):
+        ids = rng.sample(universe, rng.randint(1, 7))
+        target = rng.choice(universe)
+        cached = " ".join(ids)
+        expected = 1 + sum(len(i) + 1 for i in ids[: ids.index(target)]) if target in ids else 0
+        got = h.client.eval(source, 1, h.keys.parents, cached, target)
+        assert got == expected, (cached, target)
+
+
 def test_the_path_check_matches_whole_ids_at_their_place_only(h: Harness) -> None:
     """``thread_path_has_at`` (run_claim's skip): true exactly when a whole id of a cached
     path ends at the given byte, against a model, on paths whose ids contain each other
