@@ -5,7 +5,7 @@
 One private ``redis-server`` (free loopback port, temp dir, stopped by pid).  A few
 threads are grown stage by stage (turns per thread: 20, 300, 850; a thread holds at most
 1,000 turns) with the echo runner and 300 B messages; at each stage the rows run in
-interleaved rounds:
+interleaved rounds (``--threads`` / ``--stages`` change the threads and their lengths):
 
 * ``continue``: ``ConversationService.continue_`` over those threads (each continue adds a
   turn, so a stage's threads grow by ``ops * rounds / threads`` turns while measured);
@@ -13,11 +13,13 @@ interleaved rounds:
   ``evalsha``, the threads target's baseline, same rounds.
 
 Per row: wall us/op, this process's CPU us/op (user + system) and redis-server's CPU
-us/op (``INFO cpu``).  The thread count keeps every path in the service's history cache
-(8 MiB in all), so what grows is the per-continue work along the path, not re-sent
-history.  The slopes (us per 1,000 entries between the first and the last stage) are what
-a long thread adds to every one of its turns: the client's walk of its history cache and
-``run_claim``'s work on the path cache's text.
+us/op (``INFO cpu``).  The default thread count keeps every path in the service's
+history cache (8 MiB in all), so what grows is the per-continue work along the path, not
+re-sent history; with more threads than the cache holds (``--threads 30 --stages
+20,500``), the last stage shows what a thrashing cache costs.  The slopes (us per 1,000
+entries between the first and the last stage) are what a long thread adds to every one
+of its turns: the client's walk of its history cache and ``run_claim``'s work on the
+path cache's text (before the sixteenth round of issue 12).
 """
 
 from __future__ import annotations
@@ -47,6 +49,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="seconds: what the smoke test runs")
     p.add_argument("--ops", type=int, default=0, help="calls per row per round (120)")
     p.add_argument("--rounds", type=int, default=0, help="rounds per stage (5)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=THREADS,
+        help=f"threads grown ({THREADS}: within the history cache; more shows it thrash)",
+    )
+    p.add_argument(
+        "--stages",
+        type=lambda text: tuple(int(t) for t in text.split(",")),
+        default=(),
+        help="turns per thread before each stage, comma-separated (20,300,850)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the JSON")
     return p.parse_args(argv)
 
@@ -56,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     ops = args.ops or (24 if args.quick else 120)
     rounds = args.rounds or (2 if args.quick else 5)
-    stages = QUICK_STAGES if args.quick else STAGES
+    stages = args.stages or (QUICK_STAGES if args.quick else STAGES)
+    if len(stages) < 2 or list(stages) != sorted(set(stages)) or stages[-1] > 900:
+        raise SystemExit("--stages: at least two, increasing, at most 900 turns")
     text = chat_text(300)
     owner = Ownership("bench", "user1")
     result: dict[str, Any] = {}
@@ -67,20 +83,20 @@ def main(argv: list[str] | None = None) -> int:
             tool="bench.threadlength",
             ops=ops,
             rounds=rounds,
-            threads=THREADS,
+            threads=args.threads,
             stages=list(stages),
             server_pid=server.pid(),
         )
         sha = client.script_load(MINIMAL_SCRIPT.read_text())
         service = ConversationService(client, bench_config("blength"))
-        pool = [service.create(owner, title=f"t{i}").id for i in range(THREADS)]
+        pool = [service.create(owner, title=f"t{i}").id for i in range(args.threads)]
         turns = 0
         state = {"c": 0, "raw": 0}
 
         def continue_(n: int) -> None:
             i = state["c"]
             for j in range(i, i + n):
-                service.continue_(owner, pool[j % THREADS], text)
+                service.continue_(owner, pool[j % args.threads], text)
             state["c"] = i + n
 
         def raw(n: int) -> None:
@@ -118,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     per[name]["wall_us"].append((t1 - t0) / ops * 1e6)
                     per[name]["cpu_us"].append((c1 - c0) / ops * 1e6)
                     per[name]["server_cpu_us"].append((redis_cpu() - s0) / ops * 1e6)
-            turns += ops * rounds // THREADS
+            turns += ops * rounds // args.threads
             stage_rows.append(
                 {
                     "turns_per_thread_at_start": target,

@@ -58,6 +58,7 @@ __all__ = [
     "SNAPSHOT_SESSIONS_SKIPPED",
     "STORED_BYTES",
     "STORE_GAUGES",
+    "THREAD_HISTORY_ENTRIES",
     "THREAD_LEASE_BEATS",
     "THREAD_OPERATIONS",
     "THREAD_RUNNER_DURATION",
@@ -237,6 +238,15 @@ THREAD_LEASE_BEATS = Counter(
     " beat was due, or an error: the next beat tries again); lost (the lease was gone:"
     " the turn is stopped); cancelled (run_cancel marked the run).",
     ["outcome"],
+)
+THREAD_HISTORY_ENTRIES = Counter(
+    "memtier_thread_history_entries_total",
+    "History entries handed to agent turns, by where the claim found them: held (this"
+    " process's history cache, not sent again), sent (inline in the claim's reply), read"
+    " (fetched after the claim).  Mostly sent or read on long threads: the cache holds"
+    " fewer threads than this process serves, and every turn sends and decodes its"
+    " whole history again.",
+    ["source"],
 )
 THREAD_RUNNER_DURATION = Histogram(
     "memtier_thread_runner_duration_seconds",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from memtier import limits
+from memtier import limits, metrics
 from memtier.engine import Command, Handoff, Plan, ScriptCall, Sleep
 from memtier.errors import ConversationError, ErrorCode
 from memtier.keys import ThreadKeys
@@ -77,6 +77,10 @@ __all__ = ["TurnCancelled", "TurnState", "cancel_run", "continue_"]
 Code = ErrorCode
 
 _HMGET_CHUNK: Final = 500  # entries read per HMGET when rebuilding history
+# Where each turn's history came from (memtier_thread_history_entries_total{source}).
+_HISTORY_HELD, _HISTORY_SENT, _HISTORY_READ = (
+    metrics.THREAD_HISTORY_ENTRIES.labels(source) for source in ("held", "sent", "read")
+)
 _POLL_FIRST_S: Final = 0.02  # first wait before re-trying a busy thread / in-flight duplicate
 _POLL_MAX_S: Final = 0.5  # ... doubling up to this
 _MAX_POLLS: Final = 2_000  # hard cap on claim attempts (300 s / 0.5 s plus the ramp)
@@ -250,6 +254,9 @@ def continue_(
         held = tuple(inline)
     rest = yield from _load_entries(keys, claimed.path[len(inline) :])
     history = held + tuple(rest)
+    _HISTORY_HELD.inc(claimed.known)
+    _HISTORY_SENT.inc(len(inline))
+    _HISTORY_READ.inc(len(rest))
     state = TurnState(
         owner=owner,
         keys=keys,

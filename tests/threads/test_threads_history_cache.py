@@ -21,6 +21,8 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from threadhelpers import OWNER, ModelRunner
 
 from memtier.threads import (
@@ -290,6 +292,55 @@ def _sent(reply: Any) -> tuple[int, int, int]:
     n_fields = int(reply[4])
     n_path, n_known = int(reply[5 + n_fields]), int(reply[6 + n_fields])
     return n_path, n_known, len(reply) - (7 + n_fields) - (n_path - n_known)
+
+
+def history_sources() -> dict[str, float]:
+    """``memtier_thread_history_entries_total`` by source, scraped from the default
+    registry the way Prometheus reads it."""
+    text = generate_latest(REGISTRY).decode()
+    return {
+        sample.labels["source"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "memtier_thread_history_entries"
+        for sample in family.samples
+        if sample.name == "memtier_thread_history_entries_total"
+    }
+
+
+def test_the_history_sources_are_counted_for_operators(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``memtier_thread_history_entries_total{source}``: every entry a turn is handed,
+    counted once by where it came from -- held by this process, sent by the claim, read
+    after it -- so that a history cache too small for its threads shows as ``sent``."""
+    runner = _HistoryRunner()
+
+    def turns(service: ConversationService, tid: str, n: int) -> dict[str, float]:
+        before = history_sources()
+        for i in range(n):
+            service.continue_(OWNER, tid, f"m{i}")
+        after = history_sources()
+        return {k: after.get(k, 0) - before.get(k, 0) for k in ("held", "sent", "read")}
+
+    service = ConversationService(backend.sync_client(), backend.config(), runner=runner)
+    try:
+        tid = service.create(OWNER).id
+        # histories of 0, 2, 4, 6 entries: the last two of each are sent, the rest held
+        assert turns(service, tid, 4) == {"held": 6, "sent": 6, "read": 0}
+        fresh = ConversationService(backend.sync_client(), backend.config(), runner=runner)
+        try:  # a process without the thread in its cache: all 8 are sent
+            assert turns(fresh, tid, 1) == {"held": 0, "sent": 8, "read": 0}
+        finally:
+            fresh.close()
+        monkeypatch.setattr(turns_module, "_INLINE_HISTORY_BYTES", 0)
+        fresh = ConversationService(backend.sync_client(), backend.config(), runner=runner)
+        try:  # nothing inline: all 10 are read after the claim
+            assert turns(fresh, tid, 1) == {"held": 0, "sent": 0, "read": 10}
+        finally:
+            fresh.close()
+        assert [len(h) for h in runner.seen] == [0, 2, 4, 6, 8, 10]
+    finally:
+        service.close()
 
 
 def test_a_turn_on_another_branch_is_sent_only_what_follows_the_fork(backend: Any) -> None:
