@@ -33,6 +33,7 @@ from typing import Any
 from bench.probe import RESULTS_DIR, exit_on_sigterm, fmt, loadavg, machine_meta, spread, write_json
 from bench.server import BenchRedis
 from bench.workloads import MINIMAL_SCRIPT, bench_config, chat_text
+from memtier.limits import HISTORY_CACHE_BYTES
 from memtier.threads.models import Ownership
 from memtier.threads.service import ConversationService
 
@@ -54,6 +55,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=THREADS,
         help=f"threads grown ({THREADS}: within the history cache; more shows it thrash)",
+    )
+    p.add_argument(
+        "--cache-mib",
+        type=int,
+        default=0,
+        help="the service's history cache in MiB ([threads] history_cache_bytes; 0: default)",
     )
     p.add_argument(
         "--stages",
@@ -84,11 +91,15 @@ def main(argv: list[str] | None = None) -> int:
             ops=ops,
             rounds=rounds,
             threads=args.threads,
+            history_cache_bytes=(
+                args.cache_mib * 2**20 if args.cache_mib else int(HISTORY_CACHE_BYTES.default)
+            ),
             stages=list(stages),
             server_pid=server.pid(),
         )
         sha = client.script_load(MINIMAL_SCRIPT.read_text())
-        service = ConversationService(client, bench_config("blength"))
+        cache = {"history_cache_bytes": args.cache_mib * 2**20} if args.cache_mib else {}
+        service = ConversationService(client, bench_config("blength", threads=cache))
         pool = [service.create(owner, title=f"t{i}").id for i in range(args.threads)]
         turns = 0
         state = {"c": 0, "raw": 0}

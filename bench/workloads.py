@@ -139,7 +139,9 @@ def chat_text(nbytes: int, seed: int = 7) -> str:
     return text.ljust(nbytes, ".")
 
 
-def bench_config(namespace: str, **conversation: Any) -> MemtierConfig:
+def bench_config(
+    namespace: str, threads: dict[str, Any] | None = None, **conversation: Any
+) -> MemtierConfig:
     """Config for the benchmark namespaces: bounds at their hard ceilings unless overridden.
 
     Bounds do not change the cost of an append (the script checks them either way);
@@ -152,7 +154,8 @@ def bench_config(namespace: str, **conversation: Any) -> MemtierConfig:
         "max_aggregate_bytes": 64 * 1024**3,
     }
     conv.update(conversation)
-    return MemtierConfig.load(namespace=namespace, conversation=conv)
+    extra = {"threads": threads} if threads else {}  # else the environment's, as before
+    return MemtierConfig.load(namespace=namespace, conversation=conv, **extra)
 
 
 class KeyPool:

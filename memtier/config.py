@@ -290,6 +290,8 @@ class ThreadsConfig(_ConfigErrors, BaseModel):
     export_bytes: int = FROM_BOUND
     export_pages: int = FROM_BOUND
     request_body_bytes: int = FROM_BOUND
+    history_cache_bytes: int = FROM_BOUND
+    history_cache_threads: int = FROM_BOUND
     base_path: str = "/memtier/conversations"
 
     @field_validator(*BOUNDS.keys())

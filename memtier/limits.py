@@ -186,6 +186,11 @@ EXPORT_PAGES: Final = Bound(100, 500, 1, "pages", "threads", "export_pages")
 REQUEST_BODY_BYTES: Final = Bound(
     64 * KiB, 1 * MiB, 1 * KiB, "bytes", "threads", "request_body_bytes"
 )
+# The history cache of one service (memtier.threads.historycache): entry bytes it keeps in
+# all (plus the models decoded from them), and threads.  A process serving more long
+# threads than fit sends and decodes each turn's whole history again (0: keep none).
+HISTORY_CACHE_BYTES: Final = Bound(8 * MiB, 256 * MiB, 0, "bytes", "threads", "history_cache_bytes")
+HISTORY_CACHE_THREADS: Final = Bound(256, 16_384, 0, "threads", "threads", "history_cache_threads")
 
 # Fixed bounds of the threads service (not configurable; memtier/threads/__init__.py explains).
 THREAD_MESSAGE_BYTES: Final = 256 * KiB  # one user message (refused above) or reply (truncated)

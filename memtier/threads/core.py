@@ -126,7 +126,8 @@ class ThreadsCore:
         if run_limits is not None and not isinstance(run_limits, RunLimits):
             raise ConfigurationError("run_limits must be a RunLimits")
         self.run_limits = run_limits
-        self.history_cache = HistoryCache()  # decoded history entries, by their bytes
+        # decoded history entries, by their bytes, within the config's bounds
+        self.history_cache = HistoryCache(config.history_cache_bytes, config.history_cache_threads)
         self.served_rows = ServedRows()  # what ledger rows were served as, by their data
         self._codec: CursorCodec | None = None
         if cursor_secret is not None:

@@ -19,7 +19,9 @@ created again under the same id has a new incarnation (its entry ids start again
 old cache never matches it.
 
 Bounded in code: :data:`MAX_THREADS` thread keys, :data:`MAX_BYTES` of entry bytes in
-all (a path longer than :data:`MAX_THREAD_BYTES` keeps only its prefix within it); past a
+all -- or what the config's ``[threads]`` ``history_cache_threads`` /
+``history_cache_bytes`` set, up to their ceilings in :mod:`memtier.limits` -- (a path
+longer than :data:`MAX_THREAD_BYTES` keeps only its prefix within it); past a
 bound, threads other than the one just claimed are dropped at random
 (:mod:`memtier.eviction`: a service that takes its threads in turn would otherwise drop
 each one just before its next claim).  It holds only what the replies held (stored,
@@ -35,13 +37,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from memtier import limits
 from memtier.eviction import SEED, evict_random
 from memtier.threads.models import ConversationEntry
 
 __all__ = ["MAX_BYTES", "MAX_THREADS", "MAX_THREAD_BYTES", "HistoryCache", "KnownHistory"]
 
-MAX_THREADS: Final = 256  # thread keys kept (past it, one other than the newest goes)
-MAX_BYTES: Final = 8 * 2**20  # entry bytes kept in all (plus the models decoded from them)
+# Defaults of a cache made without bounds (the config's defaults: memtier.limits).
+MAX_THREADS: Final = int(limits.HISTORY_CACHE_THREADS.default)  # thread keys kept
+MAX_BYTES: Final = int(limits.HISTORY_CACHE_BYTES.default)  # entry bytes kept in all
 MAX_THREAD_BYTES: Final = 2 * 2**20  # entry bytes kept of one thread's path (its prefix)
 
 
@@ -86,7 +90,11 @@ _EMPTY: Final = KnownHistory("", (), 0, "", -1, array("q"), array("q"))
 class HistoryCache:
     """Per thread key: the last path prefix handed out (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None, max_threads: int | None = None) -> None:
+        """Bounds: ``max_bytes`` of entries and ``max_threads`` thread keys in all (None:
+        :data:`MAX_BYTES` / :data:`MAX_THREADS`; 0 keeps nothing)."""
+        self._max_bytes = MAX_BYTES if max_bytes is None else max_bytes
+        self._max_threads = MAX_THREADS if max_threads is None else max_threads
         self._lock = threading.Lock()
         self._threads: dict[str, KnownHistory] = {}
         self._bytes = 0
@@ -121,8 +129,10 @@ class HistoryCache:
         followed by ``ids`` -> ``entries``, in ``prefix``'s incarnation.  The same as
         keeping the whole path, at the cost of the new entries only: a claim on a long
         thread adds two entries to a path of up to 2,000, and walking all of them again
-        in Python took ~0.15 us an entry on every continue.  Returns the entries kept:
-        ``prefix.entries`` and then as many of ``entries`` as fit."""
+        in Python took ~0.15 us an entry on every continue.  Returns the path's entries
+        within the per-thread bound: ``prefix.entries`` and then as many of ``entries`` as
+        fit (also when the cache's own bounds then dropped them: ``max_bytes`` below one
+        thread's path, or 0)."""
         return self._keep(thread_key, prefix.inc, prefix, ids, entries, sizes)
 
     def _keep(
@@ -169,7 +179,7 @@ class HistoryCache:
                 return ()
             self._threads[thread_key] = kept
             self._bytes += size
-            while self._bytes > MAX_BYTES or len(self._threads) > MAX_THREADS:
+            while self._bytes > self._max_bytes or len(self._threads) > self._max_threads:
                 _, dropped = evict_random(self._threads, self._rng, spare=thread_key)
                 self._bytes -= dropped.size
         return kept.entries

@@ -343,6 +343,42 @@ def test_the_history_sources_are_counted_for_operators(
         service.close()
 
 
+@pytest.mark.parametrize(
+    ("bounds", "held"),
+    [
+        ({}, 6),  # the defaults: the thread is kept
+        ({"history_cache_threads": 0}, 0),
+        ({"history_cache_bytes": 0}, 0),
+        ({"history_cache_bytes": 700}, 2),  # a history of ~300 B entries: the first two
+    ],
+)
+def test_the_history_cache_keeps_within_the_configured_bounds(
+    backend: Any, bounds: dict[str, int], held: int
+) -> None:
+    """``[threads]`` ``history_cache_bytes`` / ``history_cache_threads`` bound what a
+    service keeps (0: nothing, every turn is sent its whole history); every runner still
+    sees its history as stored."""
+    runner = _HistoryRunner()
+    client = backend.sync_client()
+    service = ConversationService(client, backend.config(threads=bounds), runner=runner)
+    try:
+        tid = service.create(OWNER).id
+        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+        before = history_sources()
+        head = None
+        for i in range(4):
+            expected = _stored_history(client, keys, head)
+            head = service.continue_(OWNER, tid, "x" * 200 + str(i)).entries[-1].id
+            assert runner.seen[-1] == expected
+        after = history_sources()
+        assert after.get("held", 0) - before.get("held", 0) == held
+        kept, size = service.core.history_cache.stats()
+        assert size <= service.limits.history_cache_bytes
+        assert kept <= service.limits.history_cache_threads
+    finally:
+        service.close()
+
+
 def test_a_turn_on_another_branch_is_sent_only_what_follows_the_fork(backend: Any) -> None:
     """Two branches of one thread, taken in turns by one process: each claim is sent the
     entries after the fork (and the new turn's), not the whole history, and each runner

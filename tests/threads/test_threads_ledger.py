@@ -310,6 +310,8 @@ CEILINGS = {
     "export_bytes": (8 * 1024 * 1024, 32 * 1024 * 1024),
     "export_pages": (100, 500),
     "request_body_bytes": (64 * 1024, 1024 * 1024),
+    "history_cache_bytes": (8 * 1024 * 1024, 256 * 1024 * 1024),
+    "history_cache_threads": (256, 16_384),
 }
 
 
