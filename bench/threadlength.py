@@ -25,6 +25,7 @@ path cache's text (before the sixteenth round of issue 12).
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -170,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         service.close()
         client.close()
+    # Linux reports KiB: what the process's heap grew to, with the history cache in it.
+    meta["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"max RSS of this process {meta['max_rss_mib']:.0f} MiB")
     first, last = stage_rows[0], stage_rows[-1]
     span = (last["entries_per_thread_at_start"] - first["entries_per_thread_at_start"]) / 1000
     for metric in ("cpu_us", "server_cpu_us"):
