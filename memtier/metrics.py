@@ -243,9 +243,9 @@ THREAD_HISTORY_ENTRIES = Counter(
     "memtier_thread_history_entries_total",
     "History entries handed to agent turns, by where the claim found them: held (this"
     " process's history cache, not sent again), sent (inline in the claim's reply), read"
-    " (fetched after the claim).  Mostly sent or read on long threads: the cache holds"
-    " fewer threads than this process serves, and every turn sends and decodes its"
-    " whole history again.",
+    " (fetched after the claim).  Mostly sent or read on long threads: the cache"
+    " ([threads] history_cache_bytes) holds fewer threads than this process serves, and"
+    " every turn sends and decodes its whole history again.",
     ["source"],
 )
 THREAD_RUNNER_DURATION = Histogram(
