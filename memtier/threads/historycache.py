@@ -52,39 +52,41 @@ MAX_THREAD_BYTES: Final = 2 * 2**20  # entry bytes kept of one thread's path (it
 @dataclass(frozen=True, slots=True)
 class KnownHistory:
     """A path prefix a claim handed out: its ``entries``, root first, in the thread
-    incarnation ``inc``; ``size`` their stored bytes; ``last_id`` the path id of the last;
-    ``text_bytes`` the length of the path ids joined by single spaces, in UTF-8 (where the
-    last ends in the path cache's text: ``run_claim`` checks it there); ``sizes`` and
-    ``ends`` the same two figures after each entry (running sums, as machine integers: a
-    copy is one memcpy, and :meth:`prefix` reads any entry's in O(1)).  One tuple of
-    entries and no more: a claim extends it by its new entries, and each O(path) copy of
-    a tuple touches every entry object of a path of up to 2,000."""
+    incarnation ``inc``; ``last_id`` the path id of the last; after each entry, the
+    stored bytes of the entries so far (``sizes``) and the length of their path ids
+    joined by single spaces, in UTF-8 (``ends``: where that id ends in the path cache's
+    text, which ``run_claim`` checks) -- running sums, as machine integers: a copy is one
+    memcpy, and :meth:`prefix` reads any entry's in O(1).  One tuple of entries and no
+    more: a claim extends it by its new entries, and each O(path) copy of a tuple touches
+    every entry object of a path of up to 2,000."""
 
     inc: str
     entries: tuple[ConversationEntry, ...]
-    size: int
     last_id: str
-    text_bytes: int
     sizes: array[int]
     ends: array[int]
+
+    @property
+    def size(self) -> int:
+        """Stored bytes of all its entries."""
+        return self.sizes[-1] if self.sizes else 0
+
+    @property
+    def text_bytes(self) -> int:
+        """Where its last id ends in the path's text (-1 for none: the first id adds no
+        space before it)."""
+        return self.ends[-1] if self.ends else -1
 
     def prefix(self, n: int) -> KnownHistory:
         """Its first ``n`` entries (1 <= n <= len(entries)): what a claim on another branch
         says the two paths share.  The last one's id is its entry's own (the path id it
         was stored under: a mismatch only makes the next claim send the whole path)."""
         return KnownHistory(
-            self.inc,
-            self.entries[:n],
-            self.sizes[n - 1],
-            self.entries[n - 1].id,
-            self.ends[n - 1],
-            self.sizes[:n],
-            self.ends[:n],
+            self.inc, self.entries[:n], self.entries[n - 1].id, self.sizes[:n], self.ends[:n]
         )
 
 
-# No prefix (keep the whole path).  text_bytes -1: the first id adds no space before it.
-_EMPTY: Final = KnownHistory("", (), 0, "", -1, array("q"), array("q"))
+_EMPTY: Final = KnownHistory("", (), "", array("q"), array("q"))  # no prefix: the whole path
 
 
 class HistoryCache:
@@ -165,9 +167,7 @@ class HistoryCache:
             kept = KnownHistory(
                 inc,
                 prefix.entries + tuple(entries[:n]),
-                size,
                 ids[n - 1],
-                text,
                 prefix.sizes + sums,
                 prefix.ends + ends,
             )
