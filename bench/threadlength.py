@@ -33,7 +33,7 @@ from typing import Any
 
 from bench.probe import RESULTS_DIR, exit_on_sigterm, fmt, loadavg, machine_meta, spread, write_json
 from bench.server import BenchRedis
-from bench.workloads import MINIMAL_SCRIPT, bench_config, chat_text
+from bench.workloads import MINIMAL_SCRIPT, Baselines, bench_config, chat_text
 from memtier.limits import HISTORY_CACHE_BYTES
 from memtier.threads.models import Ownership
 from memtier.threads.service import ConversationService
@@ -114,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         def raw(n: int) -> None:
             i = state["raw"]
             for j in range(i, i + n):
-                sid = f"{j % 1000:012d}"
-                client.evalsha(
-                    sha, 4, f"{{ba}}:q:{sid}", f"{{ba}}:t:{sid}", "{ba}:meta", "{ba}:lru", text, "m"
-                )
+                client.evalsha(sha, 4, *Baselines.append_args("ba", j), text, "m")
             state["raw"] = i + n
 
         def redis_cpu() -> float:

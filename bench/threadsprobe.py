@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import memtier
     from bench.server import BenchRedis
-    from bench.workloads import MINIMAL_SCRIPT, bench_config, chat_text
+    from bench.workloads import MINIMAL_SCRIPT, Baselines, bench_config, chat_text
     from memtier.threads.models import Ownership
     from memtier.threads.service import ConversationService
 
@@ -93,10 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         def raw(n: int) -> None:
             i = state["raw"]
             for j in range(i, i + n):
-                sid = f"{j % 1000:012d}"
-                client.evalsha(
-                    sha, 4, f"{{ba}}:q:{sid}", f"{{ba}}:t:{sid}", "{ba}:meta", "{ba}:lru", text, "m"
-                )
+                client.evalsha(sha, 4, *Baselines.append_args("ba", j), text, "m")
             state["raw"] = i + n
 
         def continue_(n: int) -> None:

@@ -21,9 +21,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from prometheus_client import REGISTRY, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from threadhelpers import OWNER, ModelRunner
+from threadhelpers import OWNER, ModelRunner, counter_by_label
 
 from memtier.threads import (
     ConversationService,
@@ -295,16 +293,8 @@ def _sent(reply: Any) -> tuple[int, int, int]:
 
 
 def history_sources() -> dict[str, float]:
-    """``memtier_thread_history_entries_total`` by source, scraped from the default
-    registry the way Prometheus reads it."""
-    text = generate_latest(REGISTRY).decode()
-    return {
-        sample.labels["source"]: sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "memtier_thread_history_entries"
-        for sample in family.samples
-        if sample.name == "memtier_thread_history_entries_total"
-    }
+    """``memtier_thread_history_entries_total`` by source, as Prometheus reads it."""
+    return counter_by_label("memtier_thread_history_entries", "source")
 
 
 def test_the_history_sources_are_counted_for_operators(

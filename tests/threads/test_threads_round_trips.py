@@ -28,10 +28,8 @@ import redis.exceptions
 import threadfixtures
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from prometheus_client import REGISTRY, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from threadfixtures import Service
-from threadhelpers import OWNER, ModelRunner
+from threadhelpers import OWNER, ModelRunner, counter_by_label
 
 from memtier.engine import Batch, Command, Handoff, ScriptCall
 from memtier.errors import ConversationError
@@ -241,16 +239,8 @@ def test_a_stuck_renew_does_not_hold_up_the_beats_behind_it(
 
 
 def lease_beats() -> dict[str, float]:
-    """``memtier_thread_lease_beats_total`` by outcome, scraped from the default registry
-    the way Prometheus reads it."""
-    text = generate_latest(REGISTRY).decode()
-    return {
-        sample.labels["outcome"]: sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "memtier_thread_lease_beats"
-        for sample in family.samples
-        if sample.name == "memtier_thread_lease_beats_total"
-    }
+    """``memtier_thread_lease_beats_total`` by outcome, as Prometheus reads it."""
+    return counter_by_label("memtier_thread_lease_beats", "outcome")
 
 
 def record_renews(service: Any, started: float) -> list[tuple[float, float, str]]:

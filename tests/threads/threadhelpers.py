@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncadapter import AdapterPool, AsyncAdapter, PrivateLoop
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from memtier.engine import Plan, Request
 from memtier.keys import ThreadKeyspace
@@ -270,3 +272,16 @@ class ServiceMaker:
 
     def shutdown(self) -> None:
         self._pool.shutdown()
+
+
+def counter_by_label(name: str, label: str) -> dict[str, float]:
+    """The counter ``<name>_total`` by the value of ``label``, scraped from the default
+    registry the way Prometheus reads it."""
+    text = generate_latest(REGISTRY).decode()
+    return {
+        sample.labels[label]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == name
+        for sample in family.samples
+        if sample.name == f"{name}_total"
+    }
