@@ -177,16 +177,17 @@ local function thread_path_ends_at(cached, leaf)
     and (#cached == n or string.sub(cached, -n - 1, -n - 1) == ' ')
 end
 
--- The path root -> ``leaf``, as a list of ids, and whether it is whole (it reached the
--- root, or an entry the cached path ``stored`` holds); at most ``limit`` ids walked.
--- Walks the parents hash one HGET per entry, back from ``leaf``, and stops at the first
--- entry ``stored`` holds: ``stored`` is the true path of its last entry, so its text up
--- to that entry is that entry's path (entries never change parent).  The first few
--- entries are looked up in the text (a plain find, ~10 us over a path of 1,700 ids);
--- past them, in a set of its ids split once (~0.13 us an id): a walk back from a turn on
--- another branch is usually short, and a long one must not cost a find per step.
+-- The walk back from ``leaf`` along the parents hash (one HGET per entry), at most
+-- ``limit`` ids: the ids walked (``leaf`` first), the byte where the entry it stopped at
+-- ends in the cached path ``stored`` (nil: it stopped elsewhere), and whether the path is
+-- whole (it reached the root, or an entry ``stored`` holds).  ``stored`` is the true
+-- path of its last entry, so its text up to an entry it holds is that entry's path
+-- (entries never change parent).  The first few entries are looked up in the text (a
+-- plain find, ~10 us over a path of 1,700 ids); past them, in a set of its ids split
+-- once (~0.13 us an id): a walk back from a turn on another branch is usually short, and
+-- a long one must not cost a find per step.
 local THREAD_WALK_FINDS = 4
-local function thread_walk_path(parents_key, leaf, limit, stored)
+local function thread_walk_back(parents_key, leaf, limit, stored)
   local walked, cursor, upto, held = {}, leaf, nil, nil
   while cursor and cursor ~= '' and #walked < limit do
     if stored then
@@ -214,6 +215,12 @@ local function thread_walk_path(parents_key, leaf, limit, stored)
     walked[#walked + 1] = cursor
     cursor = rcall('HGET', parents_key, cursor)
   end
+  return walked, upto, (upto ~= nil or cursor == '')
+end
+
+-- The path a walk found, as a list of ids: those of ``stored`` up to byte ``upto``
+-- (where :func:`thread_walk_back` stopped; nil: none), then the ones it ``walked``.
+local function thread_path_of(stored, upto, walked)
   local path = {}
   if upto then
     for id in string.gmatch(string.sub(stored, 1, upto), '[^ ]+') do
@@ -223,5 +230,11 @@ local function thread_walk_path(parents_key, leaf, limit, stored)
   for i = #walked, 1, -1 do
     path[#path + 1] = walked[i]
   end
-  return path, (upto ~= nil or cursor == '')
+  return path
+end
+
+-- The path root -> ``leaf``, as a list of ids, and whether it is whole.
+local function thread_walk_path(parents_key, leaf, limit, stored)
+  local walked, upto, whole = thread_walk_back(parents_key, leaf, limit, stored)
+  return thread_path_of(stored, upto, walked), whole
 end

@@ -204,6 +204,8 @@ _CACHE_STEPS = st.lists(
 # another process moved the head on: the cache still names a prefix
 @example(steps=[("turn", -1), ("elsewhere", -1), ("elsewhere", -1), ("turn", -1)])
 @example(steps=[("turn", -1), ("limit", 2), ("turn", -1), ("turn", -1), ("limit", 0)])
+# a turn from a ref after this process's last entry, before the head another one moved on
+@example(steps=[("turn", -1), ("turn", -1), ("elsewhere", -1), ("elsewhere", -1), ("turn", 2)])
 def test_the_runner_sees_the_stored_history_whatever_the_cache_holds(
     backend: Any, monkeypatch: pytest.MonkeyPatch, steps: list[tuple[str, int]]
 ) -> None:
@@ -399,6 +401,53 @@ def test_a_turn_on_another_branch_is_sent_only_what_follows_the_fork(backend: An
         assert sent[0] == (12, 10, 2)
         for (n_path, n_known, n_sent), before in zip(sent[1:], sent[:-1], strict=True):
             assert n_known == 4 and n_sent == n_path - 4, (n_path, n_known, n_sent, before)
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize("back", [1, 3, 8])
+def test_a_regenerate_is_told_what_it_holds_without_walking_back_from_the_head(
+    backend: Any, back: int
+) -> None:
+    """A turn from a branch ref ``back`` turns behind the head (a regenerate) by the process
+    that holds the head's path: the claim finds the ref in the cached path and counts what
+    the process holds up to it in that text, without walking the parents back from the
+    old head to the fork.  Shown by removing the parent links of the entries after the
+    ref once they are cached: a walk from the head would find no parent there and the
+    claim would send the whole history again.  The runner sees the ref's path as stored,
+    and a second regenerate from the same ref, and a turn on the new head, still do.
+    (The process holds what its last claim was given, the path up to the turn before
+    the head: with ``back`` 1 that ends at the ref itself, the edge where nothing lies
+    between the two; the old walk passed that one too.)"""
+    runner = _HistoryRunner()
+    client = backend.sync_client()
+    service = ConversationService(client, backend.config(), runner=runner)
+    try:
+        tid = service.create(OWNER).id
+        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+        tips = [service.continue_(OWNER, tid, f"m{i}").entries[-1].id for i in range(10)]
+        ref = tips[-1 - back]
+        service.branch(OWNER, tid, ref)
+        expected = _stored_history(client, keys, ref)
+        after_ref = _true_path(client, keys.parents, tips[-1])[len(expected) :]
+        client.hdel(keys.parents, *after_ref)  # never read again if nothing walks from the head
+        replies = _claim_replies(service)
+        again = service.continue_(OWNER, tid, "regenerated", leaf_id=ref).entries[-1].id
+        assert runner.seen[-1] == expected
+        # (path length, held, sent): the process holds the whole path up to the ref
+        assert _sent(replies[-1]) == (len(expected), len(expected), 0)
+        service.continue_(OWNER, tid, "regenerated again", leaf_id=ref)
+        assert runner.seen[-1] == expected
+        assert _sent(replies[-1]) == (len(expected), len(expected), 0)
+        service.branch(OWNER, tid, again)
+        expected = _stored_history(client, keys, again)
+        last = service.continue_(OWNER, tid, "on the first regenerate", leaf_id=again)
+        assert runner.seen[-1] == expected
+        cached = client.hget(keys.parents, PATH_FIELD)
+        assert cached is not None
+        ids = cached.decode().split(" ")
+        assert ids[-1] == last.entries[-1].id
+        assert ids == _true_path(client, keys.parents, ids[-1])
     finally:
         service.close()
 
