@@ -445,7 +445,7 @@ class MemoryCore:
             return self._general_context(key, session_id, summary_raw, raw_records)
         records, turn_messages = fast
         summary: dict[str, Any] | None = orjson.loads(summary_raw) if summary_raw else None
-        messages = self.project(summary, ()) + turn_messages if summary else turn_messages
+        messages = (*self.project(summary, ()), *turn_messages) if summary else turn_messages
         # Unvalidated construction: every part is already typed (key: a validated
         # ConversationKey; records and messages: built and checked by decode_turns).
         return trusted(
@@ -454,7 +454,7 @@ class MemoryCore:
                 "key_avatar": key.avatar,
                 "key_channel": key.channel,
                 "session_id": session_id,
-                "messages": tuple(messages),
+                "messages": messages,
                 "turns": records,
                 "summary": summary["text"] if summary else None,
             },

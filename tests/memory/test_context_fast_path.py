@@ -252,6 +252,64 @@ def _reply(n: int, start: int = 1) -> list[Any]:
     return [HEAD, raws]
 
 
+def _variant(seq: int, tail: int) -> bytes:
+    """Record ``seq`` in variant ``tail`` (0-2): the variants of one seq have the same
+    length and first 48 bytes, and differ only in their text's last character."""
+    text = "t" * 60 + "abc"[tail]
+    return StoredTurn(
+        seq, seq, T0 + seq, len(text), False, "avatar", f"id{seq}", {"text": text},
+        redactor_version=1,
+    ).encode()  # fmt: skip
+
+
+_READS = st.lists(
+    st.one_of(
+        st.just("again"),  # the very same records as the last read
+        # records from seq `start` on, each in one of three variants (its text's tail)
+        st.tuples(st.integers(1, 5), st.lists(st.integers(0, 2), max_size=5)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@given(reads=_READS)
+@example(reads=[(1, [0, 0, 0]), "again", (1, [1, 0, 0]), "again"])  # same prefixes, other tail
+@example(reads=[(1, [0, 0, 0]), (2, [0, 0, 0]), "again", (1, []), "again"])  # the window moved
+@example(reads=[(1, [0, 0, 0]), (2, [0, 1])])  # continues the last read, then differs
+@example(reads=[(1, [0, 0, 0, 0]), (3, [0]), (2, [0, 0, 0, 0])])  # a smaller limit, a larger
+@example(reads=[(1, [0, 0, 0, 0]), (2, [0, 0])])  # a run inside the last read
+def test_reads_of_one_key_equal_the_general_path_whatever_the_last_read_held(
+    reads: list[Any],
+) -> None:
+    """A key read again and again: the same records (handed back whole), the window moved,
+    records that share their first bytes with the last read's but differ past them, no
+    records.  Every context equals the general path's, and a record the last read held
+    comes back as the same instances (the same tuples for the very same records)."""
+    core = MemoryCore(MemtierConfig.load())
+    k = key(43)
+    raws: list[Any] = []
+    last: Context | None = None
+    last_raws: list[Any] = []
+    for read in reads:
+        if read != "again":
+            start, tails = read
+            raws = [_variant(start + j, tail) for j, tail in enumerate(tails)]
+        replies = [HEAD, list(raws)]  # a new list, as every reply is
+        got = core.decode_context(k, replies)
+        assert_same_context(got, general(core, k, replies))
+        if last is not None:
+            # a record the last read held is handed back as the instances it decoded to
+            for j, raw in enumerate(raws):
+                if raw in last_raws:
+                    at = last_raws.index(raw)
+                    assert got.turns[j] is last.turns[at]
+                    assert got.messages[j] is last.messages[at]
+            if read == "again" and raws:
+                assert got.turns is last.turns and got.messages is last.messages
+        last, last_raws = got, list(raws)
+
+
 def test_the_cache_keeps_at_most_its_bounds_and_forgets_expired_keys() -> None:
     core = MemoryCore(MemtierConfig.load())
     cache = core._read_cache
@@ -269,7 +327,7 @@ def test_the_cache_keeps_at_most_its_bounds_and_forgets_expired_keys() -> None:
     assert cache.take(big.member) is None
     core.decode_context(big, _reply(3))
     kept = cache.take(big.member)
-    assert kept is not None and len(kept) == 3
+    assert kept is not None and len(kept.turns) == 3
     # The session expired or was deleted: its last read is dropped.
     core.decode_context(big, _reply(3))
     assert core.decode_context(big, [[-1], []]).turns == ()
@@ -325,7 +383,7 @@ def test_concurrent_reads_keep_the_bounds_and_the_values() -> None:
     cache = core._read_cache
     held = [cache.take(key(4000 + n).member) for n in range(5)]
     assert cache.chars == 0 and len(cache) == 0
-    assert all(h is None or len(h) == 3 for h in held)
+    assert all(h is None or len(h.turns) == 3 for h in held)
 
 
 def test_a_drop_or_a_pop_forgets_the_keys_last_read(fake_or_real: Any) -> None:
