@@ -10,7 +10,9 @@ Prints wall and process CPU time (user + system) per operation, min and median o
 rounds.  CPU time is what the
 client's own work costs, which a busy shared machine inflates far less than wall time.
 
-A/B of two trees: run it alternately with ``PYTHONPATH=<other tree>`` and with this one,
+A/B of two trees: run it alternately in each tree's own directory (``cd <tree> &&
+PYTHONPATH=<tree> python -m bench.client_cpu``: ``-m`` puts the current directory ahead
+of ``PYTHONPATH``, so run from another tree it would import that tree's ``memtier``),
 several times each, and compare the CPU minimums (docs/performance.md does).
 """
 

@@ -46,12 +46,13 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGINT, stop)
 
 
-def git_commit() -> str:
-    """The commit measured, with ``+dirty`` when the work tree differs from it."""
+def git_commit(tree: Path | None = None) -> str:
+    """The commit of ``tree`` (this ``bench``'s tree by default), with ``+dirty`` when the
+    work tree differs from it."""
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
+            cwd=tree or ROOT,
             capture_output=True,
             text=True,
             timeout=30,
@@ -59,7 +60,7 @@ def git_commit() -> str:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
+            cwd=tree or ROOT,
             capture_output=True,
             text=True,
             timeout=30,
@@ -86,8 +87,16 @@ def loadavg() -> dict[str, float]:
 
 
 def machine_meta(client: redis.Redis | None = None) -> dict[str, Any]:
+    import memtier
+
+    # The tree measured is the one memtier was imported from: ``python -m`` puts the
+    # current directory ahead of PYTHONPATH, so an A/B run from the wrong directory shows
+    # here (docs/performance.md, "Notes and limits of the method").
+    memtier_tree = Path(memtier.__file__).resolve().parent.parent
     meta: dict[str, Any] = {
         "commit": git_commit(),
+        "memtier_tree": str(memtier_tree),
+        "memtier_commit": git_commit(memtier_tree),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
