@@ -26,7 +26,9 @@ _SET_PRIVATE: Final = BaseModel.__dict__["__pydantic_private__"].__set__
 _new: Final = object.__new__
 
 
-def trusted(model: type[_M], values: dict[str, Any]) -> _M:
+def trusted(
+    model: type[_M], values: dict[str, Any], fields_set: frozenset[str] | None = None
+) -> _M:
     """An instance of a frozen memtier model from values the caller built and checked.
 
     What ``model_construct`` does (no validation), without its per-call overhead, which
@@ -35,11 +37,14 @@ def trusted(model: type[_M], values: dict[str, Any]) -> _M:
     the result with a validated instance).  Only for models without private attributes or
     ``model_post_init``; the memory read path uses it (memory core, turn-record codec),
     the append receipt, the threads entries and the threads themselves
-    (tests/threads/test_entry_rows.py, tests/threads/test_thread_records.py).
+    (tests/threads/test_entry_rows.py, tests/threads/test_thread_records.py) and the
+    ledger's records (tests/threads/test_event_records.py).  ``fields_set``: the fields a
+    validating call would have been given (default: all of them), for a model whose
+    callers leave a defaulted field out.
     """
     obj = _new(model)
     _SET_DICT(obj, values)
-    _SET_FIELDS_SET(obj, set(values))
+    _SET_FIELDS_SET(obj, set(values) if fields_set is None else set(fields_set))
     _SET_EXTRA(obj, None)
     _SET_PRIVATE(obj, None)
     return obj
