@@ -251,7 +251,7 @@ local path = {}
 -- caller's share the text up to the nearer of the two ends, so what the caller holds and
 -- what it is sent are counted between those two bytes only.  A regenerate then costs what
 -- lies between the fork and the caller's last entry, not the whole path split and
--- indexed (~0.13 us an id) and the caller's side walked back to the fork (one HGET an
+-- indexed (~0.2 us an id) and the caller's side walked back to the fork (one HGET an
 -- entry).  Returns the path (ids after skip only, path.n = all of them), skip and the
 -- path's text; nil when the counts do not fit the thread (the general route decides).
 local function fork_path(stored, upto, walked, known_n, known_end, count)
