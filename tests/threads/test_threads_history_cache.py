@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -49,6 +51,27 @@ def _true_path(client: Any, parents_key: str, leaf: str) -> list[str]:
     return path
 
 
+@contextmanager
+def _one_thread(
+    backend: Any, runner: Any, **config: Any
+) -> Iterator[tuple[Any, ConversationService, str, Any]]:
+    """A service on a new client of ``backend`` (``config``: its config sections) with
+    ``runner``, and one new thread: ``(client, service, thread id, the thread's keys)``;
+    the service is closed after."""
+    client = backend.sync_client()
+    service = ConversationService(client, backend.config(**config), runner=runner)
+    try:
+        tid = service.create(OWNER).id
+        yield (
+            client,
+            service,
+            tid,
+            service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid),
+        )
+    finally:
+        service.close()
+
+
 _STEPS = st.lists(
     st.tuples(
         st.sampled_from(["ok", "ok", "ok", "fail", "deny"]),
@@ -69,11 +92,7 @@ def test_the_path_cache_is_always_the_true_path_of_its_leaf(
     backend: Any, steps: list[tuple[str, int, str]]
 ) -> None:
     runner = ModelRunner()
-    client = backend.sync_client()
-    service = ConversationService(client, backend.config(), runner=runner)
-    try:
-        tid = service.create(OWNER).id
-        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+    with _one_thread(backend, runner) as (client, service, tid, keys):
         replies: list[str] = []
         head: str | None = None
         for outcome, from_reply, cache_fate in steps:
@@ -103,26 +122,18 @@ def test_the_path_cache_is_always_the_true_path_of_its_leaf(
                 ids = cached.decode().split(" ")
                 if ids != ["e999", "e1000"]:  # the forged one stays until overwritten
                     assert ids == _true_path(client, keys.parents, ids[-1])
-    finally:
-        service.close()
 
 
 def test_a_continue_on_the_head_walks_no_parents(backend: Any) -> None:
     """Once cached, the claim reads the path in one HGET: no HGET per entry."""
     runner = ModelRunner()
-    client = backend.sync_client()
-    service = ConversationService(client, backend.config(), runner=runner)
-    try:
-        tid = service.create(OWNER).id
-        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+    with _one_thread(backend, runner) as (client, service, tid, keys):
         for _ in range(6):
             service.continue_(OWNER, tid, "hi")
         cached = client.hget(keys.parents, PATH_FIELD)
         assert cached is not None
         assert cached.decode().split(" ") == [f"e{i}" for i in range(1, 13)]
         assert runner.seen[-1] == tuple(f"e{i}" for i in range(1, 11))
-    finally:
-        service.close()
 
 
 @pytest.mark.parametrize("fork_turn", [1, 2, 9])
@@ -136,11 +147,7 @@ def test_a_turn_on_another_branch_walks_back_only_to_where_the_branches_part(
     The walk back from the old head is longer than the steps looked up in the text by
     find, the rest in a set of the cached ids (fork_turn 1 and 2), or within them (9)."""
     runner = _HistoryRunner()
-    client = backend.sync_client()
-    service = ConversationService(client, backend.config(), runner=runner)
-    try:
-        tid = service.create(OWNER).id
-        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+    with _one_thread(backend, runner) as (client, service, tid, keys):
         replies = [service.continue_(OWNER, tid, f"m{i}").entries[-1].id for i in range(10)]
         head, leaf = replies[-1], replies[fork_turn - 1]
         on_head = _stored_history(client, keys, head)
@@ -157,8 +164,6 @@ def test_a_turn_on_another_branch_walks_back_only_to_where_the_branches_part(
         cached = client.hget(keys.parents, PATH_FIELD)
         assert cached is not None
         assert cached.decode().split(" ")[: len(on_head)] == [e.id for e in on_head]
-    finally:
-        service.close()
 
 
 # --- HistoryCache: the claim sends only what follows the path this process holds --------
@@ -351,11 +356,7 @@ def test_the_history_cache_keeps_within_the_configured_bounds(
     service keeps (0: nothing, every turn is sent its whole history); every runner still
     sees its history as stored."""
     runner = _HistoryRunner()
-    client = backend.sync_client()
-    service = ConversationService(client, backend.config(threads=bounds), runner=runner)
-    try:
-        tid = service.create(OWNER).id
-        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+    with _one_thread(backend, runner, threads=bounds) as (client, service, tid, keys):
         before = history_sources()
         head = None
         for i in range(4):
@@ -367,8 +368,6 @@ def test_the_history_cache_keeps_within_the_configured_bounds(
         kept, size = service.core.history_cache.stats()
         assert size <= service.limits.history_cache_bytes
         assert kept <= service.limits.history_cache_threads
-    finally:
-        service.close()
 
 
 def test_a_turn_on_another_branch_is_sent_only_what_follows_the_fork(backend: Any) -> None:
@@ -376,11 +375,7 @@ def test_a_turn_on_another_branch_is_sent_only_what_follows_the_fork(backend: An
     entries after the fork (and the new turn's), not the whole history, and each runner
     sees its branch's whole path as stored."""
     runner = _HistoryRunner()
-    client = backend.sync_client()
-    service = ConversationService(client, backend.config(), runner=runner)
-    try:
-        tid = service.create(OWNER).id
-        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+    with _one_thread(backend, runner) as (client, service, tid, keys):
         tips = [service.continue_(OWNER, tid, f"m{i}").entries[-1].id for i in range(6)]
         fork = tips[1]  # entry 4: both branches share e1..e4
         service.branch(OWNER, tid, fork)
@@ -401,8 +396,6 @@ def test_a_turn_on_another_branch_is_sent_only_what_follows_the_fork(backend: An
         assert sent[0] == (12, 10, 2)
         for (n_path, n_known, n_sent), before in zip(sent[1:], sent[:-1], strict=True):
             assert n_known == 4 and n_sent == n_path - 4, (n_path, n_known, n_sent, before)
-    finally:
-        service.close()
 
 
 @pytest.mark.parametrize("back", [1, 3, 8])
@@ -420,11 +413,7 @@ def test_a_regenerate_is_told_what_it_holds_without_walking_back_from_the_head(
     the head: with ``back`` 1 that ends at the ref itself, the edge where nothing lies
     between the two; the old walk passed that one too.)"""
     runner = _HistoryRunner()
-    client = backend.sync_client()
-    service = ConversationService(client, backend.config(), runner=runner)
-    try:
-        tid = service.create(OWNER).id
-        keys = service.core.keyspace.owner(OWNER.tenant_id, OWNER.user_id).thread(tid)
+    with _one_thread(backend, runner) as (client, service, tid, keys):
         tips = [service.continue_(OWNER, tid, f"m{i}").entries[-1].id for i in range(10)]
         ref = tips[-1 - back]
         service.branch(OWNER, tid, ref)
@@ -448,8 +437,6 @@ def test_a_regenerate_is_told_what_it_holds_without_walking_back_from_the_head(
         ids = cached.decode().split(" ")
         assert ids[-1] == last.entries[-1].id
         assert ids == _true_path(client, keys.parents, ids[-1])
-    finally:
-        service.close()
 
 
 _CONTENT = st.text(alphabet=st.sampled_from(["a", "é", '"', "\\", " ", "💥", "x"]), max_size=40)
