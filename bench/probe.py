@@ -27,6 +27,7 @@ __all__ = [
     "git_commit",
     "loadavg",
     "machine_meta",
+    "redis_cpu_seconds",
     "spread",
     "write_json",
 ]
@@ -112,6 +113,12 @@ def machine_meta(client: redis.Redis | None = None) -> dict[str, Any]:
     if client is not None:
         meta["redis_server"] = str(client.info("server").get("redis_version", ""))
     return meta
+
+
+def redis_cpu_seconds(client: redis.Redis) -> float:
+    """redis-server's CPU time so far (user + system, ``INFO cpu``), seconds."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:

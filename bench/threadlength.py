@@ -31,7 +31,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.probe import RESULTS_DIR, exit_on_sigterm, fmt, loadavg, machine_meta, spread, write_json
+from bench.probe import (
+    RESULTS_DIR,
+    exit_on_sigterm,
+    fmt,
+    loadavg,
+    machine_meta,
+    redis_cpu_seconds,
+    spread,
+    write_json,
+)
 from bench.server import BenchRedis
 from bench.workloads import MINIMAL_SCRIPT, Baselines, bench_config, chat_text
 from memtier.limits import HISTORY_CACHE_BYTES
@@ -117,10 +126,6 @@ def main(argv: list[str] | None = None) -> int:
                 client.evalsha(sha, 4, *Baselines.append_args("ba", j), text, "m")
             state["raw"] = i + n
 
-        def redis_cpu() -> float:
-            info = client.info("cpu")
-            return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
         rows: dict[str, Callable[[int], None]] = {"continue": continue_, "raw": raw}
         stage_rows: list[dict[str, Any]] = []
         for target in stages:
@@ -137,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(rounds):
                 loads.append({"round": r, **loadavg()})
                 for name in names[r % 2 :] + names[: r % 2]:
-                    s0, c0, t0 = redis_cpu(), time.process_time(), time.perf_counter()
+                    s0, c0, t0 = redis_cpu_seconds(client), time.process_time(), time.perf_counter()
                     rows[name](ops)
                     t1, c1 = time.perf_counter(), time.process_time()
                     per[name]["wall_us"].append((t1 - t0) / ops * 1e6)
                     per[name]["cpu_us"].append((c1 - c0) / ops * 1e6)
-                    per[name]["server_cpu_us"].append((redis_cpu() - s0) / ops * 1e6)
+                    per[name]["server_cpu_us"].append((redis_cpu_seconds(client) - s0) / ops * 1e6)
             turns += ops * rounds // args.threads
             stage_rows.append(
                 {

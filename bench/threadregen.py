@@ -24,7 +24,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.probe import RESULTS_DIR, exit_on_sigterm, fmt, loadavg, machine_meta, spread, write_json
+from bench.probe import (
+    RESULTS_DIR,
+    exit_on_sigterm,
+    fmt,
+    loadavg,
+    machine_meta,
+    redis_cpu_seconds,
+    spread,
+    write_json,
+)
 from bench.server import BenchRedis
 from bench.workloads import bench_config, chat_text
 from memtier.threads.models import Ownership
@@ -77,10 +86,6 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(n):
                 service.continue_(owner, tid, text, leaf_id=ref)
 
-        def redis_cpu() -> float:
-            info = client.info("cpu")
-            return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
         rows: dict[str, Callable[[int], None]] = {"head": head, "regenerate": regenerate}
         metrics = ("wall_us", "cpu_us", "server_cpu_us", "longest_command_us")
         per: dict[str, dict[str, list[float]]] = {k: {m: [] for m in metrics} for k in rows}
@@ -92,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
                 loads.append({"round": r, **loadavg()})
                 for name in list(rows)[r % 2 :] + list(rows)[: r % 2]:
                     client.slowlog_reset()
-                    s0, c0, t0 = redis_cpu(), time.process_time(), time.perf_counter()
+                    s0, c0, t0 = redis_cpu_seconds(client), time.process_time(), time.perf_counter()
                     rows[name](ops)
                     t1, c1 = time.perf_counter(), time.process_time()
-                    s1 = redis_cpu()
+                    s1 = redis_cpu_seconds(client)
                     log: list[Any] = client.slowlog_get(10_000)
                     per[name]["wall_us"].append((t1 - t0) / ops * 1e6)
                     per[name]["cpu_us"].append((c1 - c0) / ops * 1e6)

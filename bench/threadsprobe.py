@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import memtier
+    from bench.probe import redis_cpu_seconds
     from bench.server import BenchRedis
     from bench.workloads import MINIMAL_SCRIPT, Baselines, bench_config, chat_text
     from memtier.threads.models import Ownership
@@ -129,10 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         cpu: dict[str, list[float]] = {k: [] for k in rows}
         server_cpu: dict[str, list[float]] = {k: [] for k in rows}
 
-        def redis_cpu() -> float:
-            info = client.info("cpu")
-            return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
         requests: dict[str, dict[str, float]] = {}
         profiler: Any = None
         if args.profile is not None:
@@ -146,11 +143,11 @@ def main(argv: list[str] | None = None) -> int:
                 counts.clear()
                 if profiler is not None and name == "continue":
                     profiler.start()
-                s0 = redis_cpu()
+                s0 = redis_cpu_seconds(client)
                 c0, t0 = time.process_time(), time.perf_counter()
                 fn(n)
                 t1, c1 = time.perf_counter(), time.process_time()
-                server_cpu[name].append((redis_cpu() - s0) / n * 1e6)
+                server_cpu[name].append((redis_cpu_seconds(client) - s0) / n * 1e6)
                 if profiler is not None and name == "continue":
                     profiler.stop()
                 wall[name].append((t1 - t0) / n * 1e6)
