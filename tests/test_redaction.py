@@ -31,7 +31,9 @@ from memtier.redaction import (
     redact_json,
     redact_text,
     sanitize,
+    served_text,
 )
+from memtier.redaction.core import redact_text_remembered
 
 ALNUM = "aB3dE5gH7jK9mN1pQ2rS4tU6vW8xY0zC"  # 32 characters, mixed case with digits
 HEX = "0a1b2c3d4e5f6789"
@@ -778,6 +780,34 @@ def test_the_clean_key_memo_keeps_its_bounds_and_the_depth_limit() -> None:
     out, kinds = redact_json(nested, max_depth=4)
     assert kinds == (K.SECRET_ASSIGNMENT,) and "hunter2x" not in str(out)
     core._CLEAN_KEYS.clear()
+
+
+# The clean-text memo (core._CLEAN_TEXTS, served thread titles): the same as redact_text
+# cold and warm, nothing a detector changes remembered, and its bounds.
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(SECRETISH | st.text(max_size=300), min_size=1, max_size=4))
+def test_served_text_is_redact_text_with_the_clean_text_memo_cold_and_warm(
+    texts: list[str],
+) -> None:
+    core._CLEAN_TEXTS.clear()
+    cold = [served_text(t, scrub=False) for t in texts]
+    warm = [served_text(t, scrub=False) for t in texts]  # the clean ones remembered now
+    assert cold == warm == [redact_text(t) for t in texts]
+    for text in core._CLEAN_TEXTS:
+        assert redact(text) == (text, ()) and len(text) <= core._MAX_CLEAN_TEXT_CHARS
+    core._CLEAN_TEXTS.clear()
+
+
+def test_the_clean_text_memo_keeps_its_bounds() -> None:
+    core._CLEAN_TEXTS.clear()
+    for text in (GH, "a title", "t" * (core._MAX_CLEAN_TEXT_CHARS + 1)):
+        redact_text_remembered(text)
+    assert sorted(core._CLEAN_TEXTS) == ["a title"]  # not the token, not the long one
+    for i in range(core._MAX_CLEAN_TEXTS + 100):
+        redact_text_remembered(f"title {i}")
+    assert len(core._CLEAN_TEXTS) == core._MAX_CLEAN_TEXTS
+    assert redact_text_remembered(GH) == redact_text(GH) != GH  # full: still redacted
+    core._CLEAN_TEXTS.clear()
 
 
 # --- linear time on adversarial input ----------------------------------------------------------

@@ -41,6 +41,7 @@ __all__ = [
     "redact_json",
     "redact_once",
     "redact_text",
+    "redact_text_remembered",
     "sanitize",
 ]
 
@@ -63,6 +64,12 @@ _MAX_JSON_DEPTH: Final = 64
 _CLEAN_KEYS: Final[set[str]] = set()
 _MAX_CLEAN_KEYS: Final = 4096
 _MAX_CLEAN_KEY_CHARS: Final = 64
+# The same for whole strings served again and again (thread titles: one on every claim,
+# one per thread of a list page): redacting a title was a twentieth of a continue's own
+# client work.  At most _MAX_CLEAN_TEXTS of up to _MAX_CLEAN_TEXT_CHARS characters.
+_CLEAN_TEXTS: Final[set[str]] = set()
+_MAX_CLEAN_TEXTS: Final = 4096
+_MAX_CLEAN_TEXT_CHARS: Final = 256
 
 
 def _run_detector(detector: Detector, text: str, counts: dict[SecretKind, int]) -> str | None:
@@ -132,6 +139,25 @@ def redact_text(text: str) -> str:
     return redact(text).text
 
 
+def _remembered(memo: set[str], text: str, max_chars: int, max_items: int) -> RedactionResult:
+    """:func:`redact` of ``text``, answered from ``memo`` (strings it left unchanged) when
+    it is there; a clean ``text`` of up to ``max_chars`` characters is added while the memo
+    holds fewer than ``max_items``.  Exact: redact() is a pure function of the text."""
+    if text in memo:
+        return RedactionResult(text, ())
+    result = redact(text)
+    clean = not result.kinds and result.text == text
+    if clean and len(text) <= max_chars and len(memo) < max_items:
+        memo.add(text)
+    return result
+
+
+def redact_text_remembered(text: str) -> str:
+    """:func:`redact_text` for strings served again and again (thread titles): the same
+    result, without running the detectors again on a short string they left unchanged."""
+    return _remembered(_CLEAN_TEXTS, text, _MAX_CLEAN_TEXT_CHARS, _MAX_CLEAN_TEXTS).text
+
+
 def contains_secret(text: str) -> bool:
     """True iff any pattern matches ``text`` (after control-character removal).
 
@@ -173,16 +199,9 @@ def redact_json(
                 if depth < max_depth and key in _CLEAN_KEYS:
                     new_key = key  # (at max_depth walk(key) raises, as it always did)
                 elif depth < max_depth:
-                    cleaned = redact(key)
+                    cleaned = _remembered(_CLEAN_KEYS, key, _MAX_CLEAN_KEY_CHARS, _MAX_CLEAN_KEYS)
                     found.update(cleaned.kinds)
                     new_key = cleaned.text
-                    if (
-                        not cleaned.kinds
-                        and new_key == key
-                        and len(key) <= _MAX_CLEAN_KEY_CHARS
-                        and len(_CLEAN_KEYS) < _MAX_CLEAN_KEYS
-                    ):
-                        _CLEAN_KEYS.add(key)
                 else:
                     new_key = walk(key, depth + 1)
                 if (

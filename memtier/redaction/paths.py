@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from memtier.errors import ValidationError
-from memtier.redaction.core import redact_json, redact_text
+from memtier.redaction.core import redact_json, redact_text_remembered
 
 __all__ = ["PATH_PLACEHOLDER", "scrub_json_paths", "scrub_paths", "served_json", "served_text"]
 
@@ -54,8 +54,10 @@ def scrub_paths(text: str) -> str:
 
 
 def served_text(text: str, *, scrub: bool) -> str:
-    """A stored string as it may be served: secrets redacted (and local paths if ``scrub``)."""
-    cleaned = redact_text(text)
+    """A stored string as it may be served: secrets redacted (and local paths if ``scrub``).
+    (Served again and again -- a thread's title on every claim -- a short string the
+    detectors left unchanged is remembered: :func:`redact_text_remembered`.)"""
+    cleaned = redact_text_remembered(text)
     return scrub_paths(cleaned) if scrub else cleaned
 
 

@@ -9,7 +9,10 @@ per thread key, the path its last claim handed out: the thread's incarnation (``
 set by ``run_claim``) and the decoded entries root first.  The next claim names the
 incarnation, how many path entries it holds, the id of the last one and where it ends
 in the path's text; when the thread's path has that id at that place in that
-incarnation, ``run_claim`` sends only the ids and entries after it.  When the turn is on
+incarnation, ``run_claim`` sends only the ids and entries after it.  A successful commit
+adds the turn's own two entries to the path it continued (``turns._keep_own_entries``),
+as ``run_commit`` adds their ids to the path's text: a process's next turn on the branch
+is sent nothing.  When the turn is on
 another branch (a regenerated or edited turn: ``leaf_id``), ``run_claim`` finds the last
 entry both paths share and says how many of the held entries that is: the claim keeps
 that :meth:`KnownHistory.prefix` and is sent only what follows the fork.  That is exact

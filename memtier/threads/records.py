@@ -45,9 +45,13 @@ __all__ = [
 
 def pairs(flat: Sequence[Any]) -> dict[str, str]:
     """A flat ``field, value, ...`` reply (HGETALL inside a script) as a dict."""
-    decoded = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]  # text()
+    try:  # all bytes (memtier's clients): decoded in C, UTF-8 strict as text() does
+        decoded = list(map(bytes.decode, flat))
+    except TypeError:  # str (decode_responses=True) or numbers among them
+        decoded = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
     # An odd last element is left out (as the pairwise reading always did).
-    return dict(zip(decoded[0::2], decoded[1::2], strict=False))
+    fields = iter(decoded)
+    return dict(zip(fields, fields, strict=False))
 
 
 def usage_of(fields: Mapping[str, str]) -> dict[str, int]:
@@ -87,12 +91,15 @@ def thread_from_fields(
         for ref in (orjson.loads(fields.get("branches") or "[]") or [])
     )
     title = fields.get("title")
-    try:
-        metadata = served_json(orjson.loads(fields.get("metadata") or "{}"), scrub=False)
-    except (MemtierValidationError, orjson.JSONDecodeError):
-        metadata = {}  # a row written by hand beyond the bounds: never served as is
-    if not isinstance(metadata, dict):
-        metadata = {}
+    stored_metadata = fields.get("metadata")
+    metadata: Any = {}  # (none, the usual case: nothing to decode or redact)
+    if stored_metadata and stored_metadata != "{}":
+        try:
+            metadata = served_json(orjson.loads(stored_metadata), scrub=False)
+        except (MemtierValidationError, orjson.JSONDecodeError):
+            metadata = {}  # a row written by hand beyond the bounds: never served as is
+        if not isinstance(metadata, dict):
+            metadata = {}
     values = {  # every field, in declaration order (trusted's contract)
         "id": thread_id,
         "title": None if title is None else served_text(title, scrub=False),

@@ -123,6 +123,7 @@ class TurnState:
     first_entry: int  # number of the turn's first entry id, from the never-reused sequence
     run_options: dict[str, Any] | None = None
     stored_options: dict[str, Any] | None = None  # redacted, as the run record keeps them
+    history_inc: str = ""  # the thread incarnation the claim named (its history cache's)
     identity: AgentIdentity | None = None
     budget: TurnBudget | None = None  # shared run limits: allowance and consumption
     seq: int = 1  # emit batches; 1 = the agent_started batch
@@ -242,13 +243,17 @@ def continue_(
     if claimed.known:  # the first claimed.known path entries are the ones named: not sent
         if known is None or claimed.known > len(known.entries) or inc != known.inc:
             raise ConversationError(Code.BACKEND_UNAVAILABLE, "run_claim: malformed reply")
-        if claimed.known < len(known.entries):  # a turn on another branch: up to the fork
+        forked = claimed.known < len(known.entries)
+        if forked:  # a turn on another branch: up to the fork
             known = known.prefix(claimed.known)
         # Only what the claim sent is new: the path held is not walked again, and the
         # tuple kept is the runner's history when all of it fit (one copy, not two).
-        held = core.history_cache.extend(keys.entries, known, claimed.path, inline, sizes)
-        if len(held) != len(known.entries) + len(inline):
-            held = known.entries + tuple(inline)
+        if forked or inline or claimed.path:
+            held = core.history_cache.extend(keys.entries, known, claimed.path, inline, sizes)
+            if len(held) != len(known.entries) + len(inline):
+                held = known.entries + tuple(inline)
+        else:  # the cache holds the whole path already (this process's last turn kept it)
+            held = known.entries
     else:
         core.history_cache.keep(keys.entries, inc, claimed.path, inline, sizes)
         held = tuple(inline)
@@ -275,6 +280,7 @@ def continue_(
         stored_options=ledger_options,
         identity=identity,
         budget=None if core.run_limits is None else core.run_limits.budget(thread.usage),
+        history_inc=inc,
     )
     started = core.monotonic()  # the wall-clock meter counts from here
 
@@ -490,14 +496,43 @@ def _commit(
         return result
     if status not in (ThreadStatus.OK, ThreadStatus.DONE):
         raise status_error(status)
+    stored = tuple(entry_from_row(e) for e in entries)  # the rows just stored
+    if status == ThreadStatus.OK and stored:
+        _keep_own_entries(core, state, stored, entry_json)
     return ContinueResult(
         thread_id=state.thread.id,
         request_id=state.request_id,
         status=ContinueStatus(res["status"]),
         leaf_id=res.get("leafId"),
-        entries=tuple(entry_from_row(e) for e in entries),  # the rows just stored
+        entries=stored,
         reason=res.get("reason"),
     )
+
+
+def _keep_own_entries(
+    core: ThreadsCore,
+    state: TurnState,
+    stored: tuple[ConversationEntry, ...],
+    encoded: Sequence[str],
+) -> None:
+    """After a commit: the turn's entries continue the path its claim handed out, so the
+    history cache keeps them too, and this process's next turn on the branch is sent no
+    entry (it was sent back the two it had just written, and decoded them again).
+
+    Only when the cache holds that whole path (its last entry is the turn's base, in the
+    claim's incarnation), or the path was empty: run_commit then extends the thread's
+    path text the same way (a chain off the base), which the next claim checks the
+    cache against.  Anything else (the cache dropped the thread meanwhile, or holds
+    another branch) keeps what the cache holds: the next claim is sent what it lacks."""
+    cache, key = core.history_cache, state.keys.entries
+    ids = [entry.id for entry in stored]
+    sizes = [len(raw.encode("utf-8")) for raw in encoded]  # stored bytes, as a claim sends
+    if not state.base:
+        cache.keep(key, state.history_inc, ids, stored, sizes)
+        return
+    held = cache.known(key)
+    if held is not None and held.inc == state.history_inc and held.last_id == state.base:
+        cache.extend(key, held, ids, stored, sizes)
 
 
 def _abort_call(

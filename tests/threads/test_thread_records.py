@@ -17,9 +17,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from memtier.errors import ValidationError as MemtierValidationError
-from memtier.redaction import served_json, served_text
+from memtier.redaction import redact_text, served_json
 from memtier.threads.models import MARKER, BranchRef, ConversationThread, Ownership, ThreadState
-from memtier.threads.records import thread_from_fields, usage_of
+from memtier.threads.records import pairs, thread_from_fields, usage_of
 from memtier.wire import ms_to_datetime
 
 OWNER = Ownership("acme", "alice")
@@ -48,7 +48,8 @@ def validated(fields: dict[str, str], owner: Ownership, thread_id: str) -> Conve
         metadata = {}
     return ConversationThread(
         id=thread_id,
-        title=None if title is None else served_text(title, scrub=False),
+        # (redact_text itself, not served_text: the served form remembers clean titles)
+        title=None if title is None else redact_text(title),
         state=ThreadState(fields.get("state", "active")),
         branches=branches,
         created_at=ms_to_datetime(int(fields["created"])),
@@ -166,3 +167,27 @@ def test_a_damaged_thread_fails_or_reads_as_the_validated_one(
         else:
             fields[name] = value
     assert outcome(thread_from_fields, fields) == outcome(validated, fields)
+
+
+def pairs_as_before(flat: list[Any]) -> dict[str, str]:
+    """What pairs() was: each element through text(), then taken two by two."""
+    decoded = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
+    return dict(zip(decoded[0::2], decoded[1::2], strict=False))
+
+
+ELEMENT = st.binary(max_size=6) | st.text(max_size=6) | st.integers(-5, 5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(flat=st.lists(st.binary(max_size=8), max_size=9) | st.lists(ELEMENT, max_size=9))
+@example(flat=[b"a", b"1", b"b"])  # an odd last element is left out
+@example(flat=[b"a", "1", b"b", 2])  # str and numbers among bytes (decode_responses=True)
+@example(flat=[b"a", b"\xff"])  # not UTF-8: refused alike
+def test_a_flat_hash_reply_reads_as_it_did_element_by_element(flat: list[Any]) -> None:
+    def read(how: Any) -> Any:
+        try:
+            return ("ok", how(flat))
+        except UnicodeDecodeError:
+            return ("refused", None)
+
+    assert read(pairs) == read(pairs_as_before)

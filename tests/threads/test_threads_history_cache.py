@@ -9,7 +9,9 @@
   holds: a generated adversary (turns on the head and on older leaves, turns by another
   process, the thread deleted and created again under the same id with other content,
   inline budgets down to nothing) checks that every runner sees exactly the history as
-  stored; a turn on the head is sent its two new entries only.
+  stored; a commit keeps its own two entries, so a turn on the head is sent none, and
+  an adversary that swaps the cache during the runner for another branch of the same
+  length cannot make the commit extend that one.
 * :class:`HistoryCache` hands back what it kept, and keeps its bounds.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -30,7 +33,7 @@ from memtier.threads import (
     historycache,
 )
 from memtier.threads import turns as turns_module
-from memtier.threads.historycache import HistoryCache
+from memtier.threads.historycache import HistoryCache, KnownHistory
 from memtier.threads.models import ConversationEntry
 from memtier.threads.records import entry_from_json, entry_row
 from memtier.threads.runner import RunnerReply, RunnerTurn
@@ -262,7 +265,7 @@ def _claim_replies(service: ConversationService) -> list[Any]:
     return got
 
 
-def test_a_turn_on_the_head_is_sent_only_the_two_entries_it_has_not_seen(backend: Any) -> None:
+def test_a_turn_on_the_head_is_sent_no_entry_this_process_wrote(backend: Any) -> None:
     runner = _HistoryRunner()
     service = ConversationService(backend.sync_client(), backend.config(), runner=runner)
     try:
@@ -275,9 +278,10 @@ def test_a_turn_on_the_head_is_sent_only_the_two_entries_it_has_not_seen(backend
             n_fields = int(reply[4])
             n_path, n_known = int(reply[5 + n_fields]), int(reply[6 + n_fields])
             sent.append((n_path, n_known, len(reply) - (7 + n_fields) - (n_path - n_known)))
-        # (path length, held by this process, entries sent): the first claim of this
-        # process is sent everything, every later one its two new entries only
-        assert sent == [(0, 0, 0), (2, 0, 2), (4, 2, 2), (6, 4, 2), (8, 6, 2), (10, 8, 2)]
+        # (path length, held by this process, entries sent): each commit keeps the turn's
+        # two entries in the history cache, so every later claim holds the whole path and
+        # is sent nothing (before: the two entries it had just written, every turn)
+        assert sent == [(0, 0, 0), (2, 2, 0), (4, 4, 0), (6, 6, 0), (8, 8, 0), (10, 10, 0)]
         assert [len(h) for h in runner.seen] == [0, 2, 4, 6, 8, 10]
         # a new process (an empty cache) is sent the whole path again
         fresh = ConversationService(backend.sync_client(), backend.config(), runner=runner)
@@ -322,8 +326,8 @@ def test_the_history_sources_are_counted_for_operators(
     service = ConversationService(backend.sync_client(), backend.config(), runner=runner)
     try:
         tid = service.create(OWNER).id
-        # histories of 0, 2, 4, 6 entries: the last two of each are sent, the rest held
-        assert turns(service, tid, 4) == {"held": 6, "sent": 6, "read": 0}
+        # histories of 0, 2, 4, 6 entries, all held: each turn's commit kept its entries
+        assert turns(service, tid, 4) == {"held": 12, "sent": 0, "read": 0}
         fresh = ConversationService(backend.sync_client(), backend.config(), runner=runner)
         try:  # a process without the thread in its cache: all 8 are sent
             assert turns(fresh, tid, 1) == {"held": 0, "sent": 8, "read": 0}
@@ -343,7 +347,7 @@ def test_the_history_sources_are_counted_for_operators(
 @pytest.mark.parametrize(
     ("bounds", "held"),
     [
-        ({}, 6),  # the defaults: the thread is kept
+        ({}, 12),  # the defaults: the thread is kept, each turn's entries with it
         ({"history_cache_threads": 0}, 0),
         ({"history_cache_bytes": 0}, 0),
         ({"history_cache_bytes": 700}, 2),  # a history of ~300 B entries: the first two
@@ -389,13 +393,60 @@ def test_a_turn_on_another_branch_is_sent_only_what_follows_the_fork(backend: An
             tip[side] = tip[side].entries[-1].id
             assert runner.seen[-1] == expected
         sent = [_sent(reply) for reply in replies]
-        # (path length, held, sent).  The first claim, on a's tip, holds its path but the
-        # last turn's two entries; every later one switches branch and holds the 4 shared
+        # (path length, held, sent).  The first claim, on a's tip, holds its whole path
+        # (the last turn's commit kept it); every later one switches branch and holds the 4 shared
         # entries: it is sent what follows them (the history cache keeps one path per
         # thread, so a switch sends that branch's own entries again, not the whole thread)
-        assert sent[0] == (12, 10, 2)
+        assert sent[0] == (12, 12, 0)
         for (n_path, n_known, n_sent), before in zip(sent[1:], sent[:-1], strict=True):
             assert n_known == 4 and n_sent == n_path - 4, (n_path, n_known, n_sent, before)
+
+
+def test_a_commit_keeps_its_entries_only_after_the_path_its_claim_handed_out(
+    backend: Any,
+) -> None:
+    """The commit adds the turn's two entries to the history cache only when the cache
+    ends at the turn's base.  The adversary: while the runner runs, the cache is made to
+    hold another branch of the same thread, as long in entries and in bytes as the
+    base's path (e1 e2 e5 e6 against e1 e2 e3 e4).  Appended to it, the new entries would
+    end at the very byte where the thread's path text has them, the next claim's check
+    would pass, and the next runner would be handed the other branch's entries.  Every
+    runner must see its history as stored, and the turn after is told it holds only
+    what the branches share."""
+    swap: list[tuple[str, KnownHistory]] = []
+
+    class _SwappingRunner(_HistoryRunner):
+        def __call__(self, turn: RunnerTurn) -> RunnerReply:
+            for key, other in swap:  # the adversary, once
+                service.core.history_cache.forget(key)
+                sizes = [other.sizes[0], *(b - a for a, b in pairwise(other.sizes))]
+                ids = [entry.id for entry in other.entries]
+                service.core.history_cache.keep(key, other.inc, ids, other.entries, sizes)
+            swap.clear()
+            return super().__call__(turn)
+
+    runner = _SwappingRunner()
+    with _one_thread(backend, runner) as (client, service, tid, keys):
+        replies = _claim_replies(service)
+        service.continue_(OWNER, tid, "m0")  # e1 e2
+        a_tip = service.continue_(OWNER, tid, "m1").entries[-1].id  # e3 e4
+        service.branch(OWNER, tid, a_tip)
+        service.branch(OWNER, tid, "e2")
+        b_tip = service.continue_(OWNER, tid, "b", leaf_id="e2").entries[-1].id  # e5 e6
+        other = service.core.history_cache.known(keys.entries)
+        assert other is not None and [e.id for e in other.entries] == ["e1", "e2", "e5", "e6"]
+        assert b_tip == "e6" and a_tip == "e4"
+        service.branch(OWNER, tid, b_tip)
+        swap.append((keys.entries, other))
+        expected = _stored_history(client, keys, a_tip)
+        head = service.continue_(OWNER, tid, "on a", leaf_id=a_tip).entries[-1].id
+        assert runner.seen[-1] == expected
+        expected = _stored_history(client, keys, head)
+        assert [e.id for e in expected] == ["e1", "e2", "e3", "e4", "e7", "e8"]
+        service.continue_(OWNER, tid, "on a again")  # on the head: e8
+        assert runner.seen[-1] == expected
+        # the cache held e1 e2 e5 e6: the claim found the fork after e2 and sent the rest
+        assert _sent(replies[-1]) == (6, 2, 4)
 
 
 @pytest.mark.parametrize("back", [1, 3, 8])
