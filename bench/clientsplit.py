@@ -1,7 +1,7 @@
 """One call's client CPU split into memtier's own work and its round trips, and what the
 two cost together beyond their sum.
 
-``python -m bench.clientsplit [--rounds K] [--ops N] [--out FILE]``
+``python -m bench.clientsplit [--rounds K] [--ops N] [--out FILE] [--quick]``
 
 On a private ``redis-server`` (free loopback port, temp dir, stopped by pid), rows in an
 order that rotates each round, ``N`` operations each, this process's CPU time per
@@ -142,14 +142,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--ops", type=int, default=600)
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "clientsplit.json")
+    p.add_argument("--quick", action="store_true", help="1 round of 30: what the smoke test runs")
     args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.ops = 1, 30
     exit_on_sigterm()
 
     text = chat_text(300)
     owner = Ownership("bench", "user1")
     with BenchRedis() as server:
         client = server.client()
-        meta = machine_meta(client)
+        meta = machine_meta(client) | {"server_pid": server.pid()}
         store = ConversationStore(client, bench_config("csplit"))
         service = ConversationService(client, bench_config("csplitt"))
         appends, reads = KeyPool(71, 1000), KeyPool(72, 32)

@@ -25,6 +25,17 @@ START, END = "<!-- bench:table:start -->", "<!-- bench:table:end -->"
 README_START, README_END = "<!-- bench:targets:start -->", "<!-- bench:targets:end -->"
 
 
+# How memtier's client work compares with redis-py's own (bench.clientsplit), for the
+# append and threads misses: measured by a probe of its own, not by the full run.
+_CLIENT_SPLIT = (
+    'Measured apart (`python -m bench.clientsplit`, *Where the time goes*, "Client CPU '
+    "is not additive\"), memtier's own client work per append is about 32 us of CPU in "
+    "a loop with no socket I/O, against about 18 us for redis-py's `client.evalsha`; "
+    "between real replies each costs about twice that or more (memtier's append 2.5x, "
+    "redis-py's 2x), on top of about 30 us for the round trip itself."
+)
+
+
 class Run:
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
@@ -285,7 +296,7 @@ def _analysis(run: Run) -> list[str]:
         "redis-py's whole client, so the 1.0x goal would leave memtier's validation, "
         "redaction, ids, packing, retry, metrics and receipt no time at all.  The C "
         "floor row is higher only because its script runs the commands without the "
-        "checks the semantics need.",
+        "checks the semantics need.  " + _CLIENT_SPLIT,
         "",
         "Profile of `store.append` (300 B, pyinstrument, wall time; the time inside "
         "the socket calls is mostly waiting while Redis runs the script):",
@@ -445,9 +456,10 @@ def _analysis(run: Run) -> list[str]:
         "client reuses the entries and served ledger rows it decoded before "
         '(*Where the time goes*, "Threads: the history path cached"); a continue no '
         "longer costs more on a long thread (`bench.threadlength`, sixteenth round); "
-        "what is left is about 1 ms of client CPU "
-        "per turn at the load of these runs, spread thin, and the Lua of the three "
-        "scripts around their commands.  Two round trips would mean buffering "
+        "what is left is the client's own work, spread thin (about 190 us per continue "
+        "in a loop with no socket I/O, about twice that between real replies: "
+        '"Client CPU is not additive" in *Where the time goes*), and the Lua of the '
+        "three scripts around their commands.  Two round trips would mean buffering "
         "the runner's events into the commit, which breaks the promise that an emitted "
         "event is on the ledger at once.",
         "",

@@ -18,8 +18,10 @@ interleaved round by round so that the machine's load hits them alike:
 Each row records wall us/op and this process's CPU us/op (user + system, every thread:
 the load of other processes cannot inflate it), and the requests per op the service's
 executor performed (round trips; the runner hand-off is not one).  ``--profile`` writes a
-pyinstrument profile of the continue rows.  To compare two trees, run this file from one
-tree with ``PYTHONPATH`` set to the other (it imports ``bench`` and ``memtier`` from there).
+pyinstrument profile of the continue rows.  To compare two trees, run it from each tree's
+own directory (``cd <tree> && PYTHONPATH=<tree> python -m bench.threadsprobe``): ``-m``
+puts the current directory ahead of ``PYTHONPATH``, so run from one tree it imports that
+tree's ``memtier`` whatever ``PYTHONPATH`` says (the JSON's ``tree`` names the one used).
 """
 
 from __future__ import annotations
