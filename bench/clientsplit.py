@@ -1,7 +1,7 @@
 """One call's client CPU split into memtier's own work and its round trips, and what the
 two cost together beyond their sum.
 
-``python -m bench.clientsplit [--rounds K] [--ops N] [--out FILE] [--quick]``
+``python -m bench.clientsplit [--rounds K] [--ops N] [--out FILE|DIR] [--quick]``
 
 On a private ``redis-server`` (free loopback port, temp dir, stopped by pid), rows in an
 order that rotates each round, ``N`` operations each, this process's CPU time per
@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.ops = 1, 30
+    if args.out.is_dir():  # a directory: the probes' own file name in it
+        args.out = args.out / ("clientsplit-quick.json" if args.quick else "clientsplit.json")
     exit_on_sigterm()
 
     text = chat_text(300)

@@ -339,20 +339,7 @@ def test_threadregen_quick(tmp_path: Path) -> None:
 
 @pytest.mark.real
 def test_clientsplit_quick(tmp_path: Path) -> None:
-    require_real_redis("redis-server")
-    out = tmp_path / "clientsplit.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.clientsplit", "--quick", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads(out.read_text())  # strict JSON
-    pid = data["meta"]["server_pid"]
-    assert isinstance(pid, int) and not _alive(pid), "the probe left its redis-server running"
+    data = _run("bench.clientsplit", tmp_path)
     assert data["trips"] == {"append": 1, "context": 1, "continue": 3}
     cpu = data["cpu_us_per_op"]
     for op in ("raw", "append", "context", "continue"):
@@ -361,12 +348,6 @@ def test_clientsplit_quick(tmp_path: Path) -> None:
         # the pure row ran (recorded replies) and cost something, as the real one did
         assert cpu[f"{op}.pure"]["median"] > 0 and cpu[f"{op}.real"]["median"] > 0
     assert cpu["trip"]["median"] > 0
-    assert data["rounds_cpu_us_per_op"]["continue.penalty"] == [
-        r - p - 3 * t
-        for r, p, t in zip(
-            data["rounds_cpu_us_per_op"]["continue.real"],
-            data["rounds_cpu_us_per_op"]["continue.pure"],
-            data["rounds_cpu_us_per_op"]["trip"],
-            strict=True,
-        )
-    ]
+    rounds = data["rounds_cpu_us_per_op"]
+    parts = zip(rounds["continue.real"], rounds["continue.pure"], rounds["trip"], strict=True)
+    assert rounds["continue.penalty"] == [r - p - 3 * t for r, p, t in parts]
