@@ -17,12 +17,17 @@ operation (user + system; the load of other processes cannot inflate it):
   runner (200 threads; the pure row one thread, its history cache put back to what it
   held before the recorded turn, outside the timed call);
 * ``trip``: the minimal script, pre-packed, sent and read on one connection: a round trip
-  with no client work; ``raw.real`` / ``raw.pure``: redis-py's ``client.evalsha`` of the
-  same script (the baseline of the append targets), the pure row with the connection's
-  send a no-op and its read the recorded reply.
+  with no client work; ``append.trip`` / ``context.trip``: the same for memtier's own
+  request (``append_turn`` with its ARGV prepared, every call storing a turn; the context
+  read's transaction, its six replies read, not decoded); ``raw.real`` / ``raw.pure``:
+  redis-py's ``client.evalsha`` of the minimal script (the baseline of the append
+  targets), the pure row with the connection's send a no-op and its read the recorded
+  reply.
 
 Then, per operation: ``penalty = real - pure - trips * trip``, where ``trips`` is the
-operation's round trips (append 1, context 1, continue 3, raw 1).  When client CPU were
+operation's round trips (append 1, context 1, continue 3, raw 1) and ``trip`` the
+operation's own pre-packed request where there is one (append, context), else the
+minimal script's (the continue's three scripts are counted as three of those).  When client CPU were
 additive, the penalty would be about 0.  It is not: on this shared 2-core VM, the
 process sleeps on every reply, and whatever runs on the core meanwhile leaves its caches
 cold, so each microsecond of Python after a reply costs more than it does in a loop
@@ -228,6 +233,38 @@ def main(argv: list[str] | None = None) -> int:
                 conn.read_response()
             return time.process_time() - c0
 
+        append_script = store.scripts["append_turn"]
+        core = store.core
+
+        def append_trip(n: int) -> float:
+            # memtier's own append_turn request, ARGV prepared and packed before the clock
+            # starts (fresh turn ids: every call stores a turn), sent and read alone
+            sha_keys = (append_script.sha, append_script.num_keys)
+            turns = [core.prepare_turn(appends.next(), AvatarMessage(text=text)) for _ in range(n)]
+            calls = [core.append_call(turn) for turn in turns]
+            packed = [conn.pack_command("EVALSHA", *sha_keys, *c.keys, *c.args) for c in calls]
+            c0 = time.process_time()
+            for request in packed:
+                conn.send_packed_command(request)
+                conn.read_response()
+            return time.process_time() - c0
+
+        def context_trip(n: int) -> float:
+            # the context read's transaction (MULTI, the session check's plain commands,
+            # LRANGE, EXEC) packed before the clock starts; every reply read, none decoded
+            requests = []
+            for _ in range(n):
+                tx = core.context_call(reads.next(), 20)
+                assert tx.plain is not None
+                commands = [("MULTI",), *tx.plain.commands, *tx.reads, ("EXEC",)]
+                requests.append((conn.pack_commands(commands), len(commands)))
+            c0 = time.process_time()
+            for request, count in requests:
+                conn.send_packed_command(request)
+                for _ in range(count):
+                    conn.read_response()
+            return time.process_time() - c0
+
         def append_real(n: int) -> float:
             return _cpu_loop(n, lambda: store.append(appends.next(), AvatarMessage(text=text)))
 
@@ -267,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             "raw.real": raw,
             "raw.pure": raw_pure,
             "trip": trip,
+            "append.trip": append_trip,
+            "context.trip": context_trip,
             "append.real": append_real,
             "append.pure": append_pure,
             "context.real": context_real,
@@ -286,9 +325,10 @@ def main(argv: list[str] | None = None) -> int:
 
     per_round: dict[str, list[float]] = {}
     for op, trips in (TRIPS | {"raw": 1}).items():
+        own = cpu.get(f"{op}.trip", cpu["trip"])  # the op's own request, where it has one
         per_round[f"{op}.penalty"] = [
             real - pure - trips * t
-            for real, pure, t in zip(cpu[f"{op}.real"], cpu[f"{op}.pure"], cpu["trip"], strict=True)
+            for real, pure, t in zip(cpu[f"{op}.real"], cpu[f"{op}.pure"], own, strict=True)
         ]
 
     result = {
@@ -303,9 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"client CPU us per op, median of {args.rounds} rounds (tree {meta['memtier_commit']}):")
     print(f"  trip (pre-packed minimal script)  {med['trip']:7.1f}")
     for op, trips in (TRIPS | {"raw": 1}).items():
+        trip_us = med.get(f"{op}.trip", med["trip"])
         print(
             f"  {op:9s} real {med[f'{op}.real']:7.1f}  pure {med[f'{op}.pure']:7.1f}"
-            f"  trips {trips} x trip  penalty {med[f'{op}.penalty']:7.1f}"
+            f"  trips {trips} x {trip_us:5.1f}  penalty {med[f'{op}.penalty']:7.1f}"
         )
     print(f"wrote {args.out}")
     return 0

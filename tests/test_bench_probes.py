@@ -347,7 +347,10 @@ def test_clientsplit_quick(tmp_path: Path) -> None:
             assert cpu[f"{op}.{part}"]["n"] == 1, (op, part)
         # the pure row ran (recorded replies) and cost something, as the real one did
         assert cpu[f"{op}.pure"]["median"] > 0 and cpu[f"{op}.real"]["median"] > 0
-    assert cpu["trip"]["median"] > 0
+    for trip in ("trip", "append.trip", "context.trip"):  # the minimal script's, the ops' own
+        assert cpu[trip]["n"] == 1 and cpu[trip]["median"] > 0, trip
     rounds = data["rounds_cpu_us_per_op"]
+    parts = zip(rounds["append.real"], rounds["append.pure"], rounds["append.trip"], strict=True)
+    assert rounds["append.penalty"] == [r - p - t for r, p, t in parts]
     parts = zip(rounds["continue.real"], rounds["continue.pure"], rounds["trip"], strict=True)
     assert rounds["continue.penalty"] == [r - p - 3 * t for r, p, t in parts]
