@@ -29,10 +29,10 @@ README_START, README_END = "<!-- bench:targets:start -->", "<!-- bench:targets:e
 # append and threads misses: measured by a probe of its own, not by the full run.
 _CLIENT_SPLIT = (
     'Measured apart (`python -m bench.clientsplit`, *Where the time goes*, "Client CPU '
-    "is not additive\"), memtier's own client work per append is about 32 us of CPU in "
-    "a loop with no socket I/O, against about 18 us for redis-py's `client.evalsha`; "
-    "between real replies each costs about twice that or more (memtier's append 2.5x, "
-    "redis-py's 2x), on top of about 30 us for the round trip itself."
+    "is not additive\"), memtier's own client work per append is about 33 us of CPU in "
+    "a loop with no socket I/O, against about 17 us for redis-py's `client.evalsha`; "
+    "between real replies each costs more than twice that (memtier's append 2.3-2.4x, "
+    "redis-py's 2.1x), on top of about 30 us for the round trip itself."
 )
 
 
