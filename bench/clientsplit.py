@@ -51,7 +51,16 @@ from typing import Any
 
 from bench.probe import RESULTS_DIR, exit_on_sigterm, machine_meta, spread, write_json
 from bench.server import BenchRedis
-from bench.workloads import MINIMAL_SCRIPT, Baselines, KeyPool, bench_config, chat_text, populate
+from bench.workloads import (
+    MINIMAL_SCRIPT,
+    Baselines,
+    KeyPool,
+    RecordedCall,
+    bench_config,
+    chat_text,
+    lean_calls_recorded,
+    populate,
+)
 from memtier import AvatarMessage, ConversationStore
 from memtier import connection as memtier_connection
 from memtier.threads.models import Ownership
@@ -82,24 +91,12 @@ class _Canned:
 @contextlib.contextmanager
 def _recording(canned: _Canned) -> Iterator[None]:
     """The lean transport as it is, its replies appended to ``canned``."""
-    lean = memtier_connection.LeanPool
-    execute, transaction = lean.execute, lean.transaction
-
-    def rec_execute(self: Any, args: Any, packed: Any) -> Any:
-        reply = execute(self, args, packed)
-        canned.replies.append(reply)
-        return reply
-
-    def rec_transaction(self: Any, commands: Any, count: int, packed: Any) -> Any:
-        reply = transaction(self, commands, count, packed)
-        canned.replies.append(reply)
-        return reply
-
-    lean.execute, lean.transaction = rec_execute, rec_transaction  # type: ignore[method-assign]
+    calls: list[RecordedCall] = []
     try:
-        yield
+        with lean_calls_recorded(calls):
+            yield
     finally:
-        lean.execute, lean.transaction = execute, transaction  # type: ignore[method-assign]
+        canned.replies.extend(call.reply for call in calls)
 
 
 @contextlib.contextmanager

@@ -324,6 +324,10 @@ def _server_and_concurrency_targets(h: Harness) -> list[Target]:
     threads_py_floor = _ratio(
         g("threads.floor.continue.python"), g("threads.base.append.300B.redispy")
     )
+    # memtier's own three scripts replayed with no client work: the goal's room for Lua
+    threads_own = _ratio(
+        g("threads.continue.scripts.python"), g("threads.base.append.300B.redispy")
+    )
     out.append(
         _target(
             "threads continue (echo runner) vs raw minimal script",
@@ -336,6 +340,12 @@ def _server_and_concurrency_targets(h: Harness) -> list[Target]:
                 if threads_py_floor is None
                 else f"; Python floor (the floor's 3 scripts, pre-encoded socket, no client "
                 f"work): x{threads_py_floor[0]:.2f}"
+            )
+            + (
+                ""
+                if threads_own is None
+                else f"; memtier's own 3 scripts, same socket, no client work: "
+                f"x{threads_own[0]:.2f}"
             ),
             # the three scripts' required commands from a C client (bench/floor_claim-6.lua,
             # floor_emit-3.lua, floor_commit-6.lua): whether 0.33x is reachable at all

@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,10 @@ FLOOR_SCRIPTS = tuple(
     Path(__file__).with_name(name)
     for name in ("floor_claim-6.lua", "floor_emit-3.lua", "floor_commit-6.lua")
 )
+# memtier's own continue scripts replayed with no client work: (threads, turns on each
+# first, continues per round) by profile; the threads grow by rounds x continues / threads
+# turns over the group (full: 20 -> 44 entries, about the continue row's middle).
+_REPLAY_SIZES = {"tiny": (20, 2, 20), "quick": (200, 10, 300), "full": (200, 10, 300)}
 
 
 # (flush sessions, flush rounds, disk-rate bytes, compaction sessions, writer baseline s)
@@ -363,12 +369,14 @@ def run_threads(h: Harness, server: BenchRedis, baseline: Measure) -> None:
             assert result.events
 
     floor, python_floor = continue_floor_measures(server, service, text)
+    own_scripts = continue_scripts_measure(h, server, service, text)
     h.group(
         "threads",
         [
             baseline,
             floor,
             python_floor,
+            own_scripts,
             Measure("threads.create", "threads create", timed(create)),
             Measure("threads.continue", "threads continue, echo runner [300B]", timed(continue_)),
             Measure(
@@ -389,6 +397,7 @@ def run_threads(h: Harness, server: BenchRedis, baseline: Measure) -> None:
             for k in (
                 floor.key,
                 python_floor.key,
+                own_scripts.key,
                 "threads.create",
                 "threads.continue",
                 "threads.replay",
@@ -530,3 +539,108 @@ def continue_floor_measures(server: BenchRedis, service: Any, text: str) -> tupl
         "client has not seen, by one HMGET), one event (6), commit (11); op/s of whole "
         "continues",
     ), python_floor
+
+
+_STREAM_ID = re.compile(rb"\d{10,}-\d+")  # an XADD id: the server's clock in ms, a sequence
+
+
+def _without_clock(reply: Any) -> Any:
+    """``reply`` with stream entry ids (``<ms>-<seq>``: the server's clock) made equal."""
+    if isinstance(reply, list):
+        return [_without_clock(part) for part in reply]
+    if isinstance(reply, bytes) and _STREAM_ID.fullmatch(reply):
+        return b"<stream id>"
+    return reply
+
+
+def continue_scripts_measure(h: Harness, server: BenchRedis, service: Any, text: str) -> Measure:
+    """memtier's own three scripts of a continue, from Python with no client work: the
+    claim, emit and commit requests of real continues (echo runner, 300 B), recorded as
+    they went over the wire, sent again from a pre-encoded socket, one round trip each.
+    Between this row and the Python floor (the floor's scripts, no Lua logic) is memtier's
+    Lua; between this row and the continue row is memtier's client work.
+
+    A request carries its request id, lease token and history base, so it is valid once,
+    in its order, on the state it was recorded on.  The threads' keys are saved (``DUMP``)
+    first; then one chain of continues is recorded for every round of the group (warm-up
+    included).  The first round restores the keys (untimed: it is the warm-up round, whose
+    Redis CPU is not counted either), and round k sends chain k, which starts where chain
+    k-1 left the threads.  Every reply is compared with the recorded one (stream ids,
+    which carry the server's clock, aside): a divergence raises, so the row reports an
+    error rather than a figure for some other work.
+    """
+    from bench.workloads import RawSocket, RecordedCall, lean_calls_recorded
+    from memtier.threads.models import Ownership
+
+    s = h.settings
+    n_threads, turns, per_round = _REPLAY_SIZES[s.profile]
+    rounds = s.warmup_rounds + s.rounds
+    owner = Ownership("bench", "replay")
+    tids = [service.create(owner, title=f"r{i}").id for i in range(n_threads)]
+    for _ in range(turns):
+        for tid in tids:
+            service.continue_(owner, tid, text)
+    pattern = service.core.keyspace.owner(owner.tenant_id, owner.user_id).pattern()
+    limit = 8 * n_threads + 8  # six keys per thread, the owner's index: a bounded save
+
+    def owner_keys(client: Any) -> list[bytes]:
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        if len(keys) > limit:
+            raise RuntimeError(f"{len(keys)} keys under {pattern}: more than {limit}")
+        return keys
+
+    with server.client() as client:
+        saved = [(key, client.pttl(key), client.dump(key)) for key in owner_keys(client)]
+    chains: list[list[RecordedCall]] = []
+    for r in range(rounds):
+        chain: list[RecordedCall] = []
+        with lean_calls_recorded(chain):
+            for j in range(per_round):
+                service.continue_(owner, tids[(r * per_round + j) % n_threads], text)
+        if len(chain) != 3 * per_round or any(c.replies != 1 for c in chain):
+            raise RuntimeError(f"a continue made {len(chain) / per_round:g} lean calls, not 3")
+        chains.append(chain)
+    raw = RawSocket(server.port)
+    sent = {"rounds": 0}
+
+    def run(n: int) -> float:
+        k = sent["rounds"]
+        try:
+            elapsed = replay_round(k, n)
+        except BaseException:
+            raw.close()  # a refused round ends the row: the harness sends it no more
+            raise
+        if k == len(chains) - 1:
+            raw.close()  # the last recorded round: nothing is sent after it
+        return elapsed
+
+    def replay_round(k: int, n: int) -> float:
+        if k >= len(chains) or n != per_round:
+            raise RuntimeError(f"round {k} of {n} continues: {len(chains)} of {per_round} recorded")
+        if k == 0:  # the keys as the first chain found them
+            with server.client() as client:
+                for key in owner_keys(client):
+                    client.delete(key)
+                for key, ttl, value in saved:
+                    client.restore(key, max(ttl, 0), value, replace=True)
+        sent["rounds"] = k + 1
+        chain = chains[k]
+        started = time.perf_counter()
+        replies = [raw.call(call.request) for call in chain]
+        elapsed = time.perf_counter() - started
+        for i, (call, reply) in enumerate(zip(chain, replies, strict=True)):
+            if _without_clock(reply) != _without_clock(call.reply):
+                raise RuntimeError(
+                    f"replayed call {i} of round {k} replied {reply!r}, recorded {call.reply!r}"
+                )
+        return elapsed
+
+    first, last = 2 * turns, 2 * (turns + -(-rounds * per_round // n_threads))
+    return Measure(
+        "threads.continue.scripts.python",
+        f"memtier's 3 scripts from Python, pre-encoded socket [300B, {first}-{last} entries]",
+        run,
+        fixed_ops=per_round,
+        note="not the public API: the claim, emit and commit of real continues, recorded "
+        "and sent again on the threads' saved keys; no client work; op/s of whole continues",
+    )

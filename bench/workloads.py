@@ -10,13 +10,14 @@ the peers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,10 @@ __all__ = [
     "Baselines",
     "KeyPool",
     "MemtierBench",
+    "RecordedCall",
     "bench_config",
     "chat_text",
+    "lean_calls_recorded",
     "populate",
 ]
 
@@ -634,6 +637,46 @@ def low_level_connection(port: int) -> Any:
     return conn
 
 
+@dataclasses.dataclass(frozen=True)
+class RecordedCall:
+    """One call of memtier's lean transport as it went over the wire: the request's bytes,
+    the reply (an error reply as its exception), and how many replies the request gets
+    (1 for a script call, the command count for a ``MULTI`` ... ``EXEC`` transaction)."""
+
+    request: bytes
+    reply: Any
+    replies: int
+
+
+@contextlib.contextmanager
+def lean_calls_recorded(sink: list[RecordedCall]) -> Iterator[None]:
+    """memtier's lean transport (:class:`memtier.connection.LeanPool`) as it is, each call
+    it completes appended to ``sink``: what a probe serves back as canned replies
+    (``bench.clientsplit``) or sends again from a pre-encoded socket
+    (``bench.workers_threads``).  Only plain sync clients take the lean path: a caller
+    checks that the calls it expects were recorded."""
+    from memtier.connection import LeanPool
+
+    execute, transaction = LeanPool.execute, LeanPool.transaction
+
+    def recorded_execute(self: Any, args: Any, packed: list[Any]) -> Any:
+        reply = execute(self, args, packed)
+        sink.append(RecordedCall(b"".join(packed), reply, 1))
+        return reply
+
+    def recorded_transaction(self: Any, commands: Any, count: int, packed: list[Any]) -> Any:
+        reply = transaction(self, commands, count, packed)
+        sink.append(RecordedCall(b"".join(packed), reply, count))
+        return reply
+
+    LeanPool.execute = recorded_execute  # type: ignore[method-assign]
+    LeanPool.transaction = recorded_transaction  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LeanPool.execute, LeanPool.transaction = execute, transaction  # type: ignore[method-assign]
+
+
 class RawSocket:
     """A blocking loopback socket and a hiredis reader: nothing between us and Redis."""
 
@@ -661,6 +704,9 @@ class RawSocket:
         if refused is not None:
             raise RuntimeError(f"{what} refused a prepared call: {refused}")
         return elapsed
+
+    def close(self) -> None:
+        self.sock.close()
 
     def read(self) -> Any:
         """The next reply (an error reply as its exception object)."""

@@ -120,12 +120,21 @@ def test_tiny_run_writes_table_json_and_stops_its_server(
     assert script_own["baseline"] == "procs.base-own" and script_own["ratios"], script_own
     # The continue's floors: the C client's and Python's (the same 3 scripts, pre-encoded
     # socket), each a ratio against the threads group's raw script, named in the target.
-    for key in ("threads.floor.continue.redis-benchmark", "threads.floor.continue.python"):
+    # memtier's own three scripts, recorded from real continues and replayed (every reply
+    # compared with the recorded one), are a row of the same group, named in the target.
+    for key in (
+        "threads.floor.continue.redis-benchmark",
+        "threads.floor.continue.python",
+        "threads.continue.scripts.python",
+    ):
         row = results[key]
         assert row["status"] == "ok" and row["summary"]["median"] > 0, row
         assert row["baseline"] == "threads.base.append.300B.redispy" and row["ratios"], row
+    own = results["threads.continue.scripts.python"]
+    assert own["cmds_per_op"] >= 9 and own["server_us_per_op"], own  # the scripts' commands
     threads_target = targets["threads continue (echo runner) vs raw minimal script"]
     assert "Python floor (the floor's 3 scripts" in threads_target["detail"], threads_target
+    assert "memtier's own 3 scripts" in threads_target["detail"], threads_target
     # Targets added for issue 12: same-run ratios with a spread; Redis CPU from per-round
     # INFO commandstats; the 8-process target is not judged on the 2-process tiny run.
     for name in (
