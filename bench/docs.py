@@ -190,6 +190,38 @@ def _plain_read_probe() -> str:
     return " and ".join(parts) + " (EXEC's own time, medians of the probe's repeats)"
 
 
+def _pacing_probe() -> str:
+    """The two scripts' Redis CPU at the same pacing (``bench.pacing``'s committed runs),
+    as sentences."""
+    runs = sorted(RESULTS.glob("pacing-run*.json"))
+    if not runs:
+        return "(no `bench.pacing` run committed)"
+    data = [json.loads(path.read_text(encoding="utf-8")) for path in runs]
+    ratios = [v["median"] for d in data for v in d["ratio"].values()]
+    cpu = [d["redis_us_per_call"] for d in data]
+    gaps = sorted(int(k.removeprefix("ratio.gap")) for k in data[0]["ratio"])
+    return (
+        "The target divides memtier's append, paced by memtier's client, by the minimal "
+        "script, paced by redis-py's, and on this VM a call costs the server more the "
+        "longer the client worked before sending it (`python -m bench.pacing`, "
+        f"`bench/results/pacing-run*.json`, {len(runs)} runs): from "
+        f"{_span([c[f'append.gap{gaps[0]}']['median'] for c in cpu])} to "
+        f"{_span([c[f'append.gap{gaps[-1]}']['median'] for c in cpu])} us per "
+        f"`append_turn` and from {_span([c[f'minimal.gap{gaps[0]}']['median'] for c in cpu])} "
+        f"to {_span([c[f'minimal.gap{gaps[-1]}']['median'] for c in cpu])} us per minimal "
+        f"script with {gaps[0]} to {gaps[-1]} us of Python work after each reply "
+        f"(`store.append` itself: {_span([c['append.store']['median'] for c in cpu])}).  "
+        "At the same pacing the two scripts' ratio is "
+        f"x{min(ratios):.2f}-x{max(ratios):.2f} (medians per gap and run), so the "
+        "target's ratio is the scripts', not the clients' pacing."
+    )
+
+
+def _span(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f}"
+
+
 def _threads_own_scripts(run: Run) -> str:
     """What memtier's own three continue scripts reach with no client work (the replay
     row of the threads group) and what that leaves the client at the goal, as sentences."""
@@ -245,9 +277,7 @@ def _redis_py_call_cost() -> str:
     for path in runs:
         cpu = json.loads(path.read_text(encoding="utf-8"))["cpu_us_per_op"]
         extra.append(cpu["raw.real"]["median"] - cpu["trip"]["median"])
-    lo, hi = min(extra), max(extra)
-    per_call = f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f}"
-    three = f"{3 * lo:.0f}" if round(3 * lo) == round(3 * hi) else f"{3 * lo:.0f}-{3 * hi:.0f}"
+    per_call, three = _span(extra), _span([3 * x for x in extra])
     return (
         "That is less than redis-py's own call path spends on one script call: "
         f"`client.evalsha` in place of a pre-packed round trip adds {per_call} us of client "
@@ -325,7 +355,8 @@ def _analysis(run: Run) -> list[str]:
         "done: the config stamp in place of the constant ARGV (Redis 7 scripts keep no "
         "state between calls; packing the 15 limits into one ARGV measured 6.5 -> 6.35 "
         "us), and a longer TTL-refresh interval (three `PEXPIRE`s on an append to a "
-        "session untouched for 1 s; longer would loosen the exact inactivity TTL).",
+        "session untouched for 1 s; longer would loosen the exact inactivity TTL).  "
+        + _pacing_probe(),
         "",
         f"{cmds('memtier.append.300B.sync'):.1f} commands per append "
         "(INFO commandstats, amortised TTL refreshes and sweeps included); the pipelined "

@@ -354,3 +354,29 @@ def test_clientsplit_quick(tmp_path: Path) -> None:
     assert rounds["append.penalty"] == [r - p - t for r, p, t in parts]
     parts = zip(rounds["continue.real"], rounds["continue.pure"], rounds["trip"], strict=True)
     assert rounds["continue.penalty"] == [r - p - 3 * t for r, p, t in parts]
+
+
+def test_pacing_quick(tmp_path: Path) -> None:
+    data = _run("bench.pacing", tmp_path)
+    us, calls = data["rounds"]["redis_us_per_call"], data["rounds"]["evalsha_calls"]
+    gaps = (0, 100, 200)
+    rows = {f"{kind}.gap{g}" for g in gaps for kind in ("append", "minimal")} | {"append.store"}
+    assert set(us) == rows and set(calls) == rows
+    for name in rows:  # each row counted exactly its own calls, and they cost something
+        assert calls[name] == [30], name
+        assert us[name][0] > 0, name
+    for g in gaps:  # the ratio is of the same round's two rows at the same pacing
+        assert data["rounds"]["ratio"][f"ratio.gap{g}"] == [
+            us[f"append.gap{g}"][0] / us[f"minimal.gap{g}"][0]
+        ]
+
+
+def test_pacing_busy_work_lasts_at_least_its_gap() -> None:
+    import time
+
+    from bench.pacing import busy
+
+    for gap_us in (0, 50, 400):
+        started = time.perf_counter()
+        busy(gap_us)
+        assert time.perf_counter() - started >= gap_us / 1e6
