@@ -563,9 +563,9 @@ def continue_scripts_measure(h: Harness, server: BenchRedis, service: Any, text:
     A request carries its request id, lease token and history base, so it is valid once,
     in its order, on the state it was recorded on.  The threads' keys are saved (``DUMP``)
     first; then one chain of continues is recorded for every round of the group (warm-up
-    included).  The first round restores the keys (untimed: it is the warm-up round, whose
-    Redis CPU is not counted either), and round k sends chain k, which starts where chain
-    k-1 left the threads.  Every reply is compared with the recorded one (stream ids,
+    included), and the keys are restored before the group starts (so no round's time or
+    Redis CPU includes the restore).  Round k sends chain k, which starts where chain k-1
+    left the threads.  Every reply is compared with the recorded one (stream ids,
     which carry the server's clock, aside): a divergence raises, so the row reports an
     error rather than a figure for some other work.
     """
@@ -600,6 +600,11 @@ def continue_scripts_measure(h: Harness, server: BenchRedis, service: Any, text:
         if len(chain) != 3 * per_round or any(c.replies != 1 for c in chain):
             raise RuntimeError(f"a continue made {len(chain) / per_round:g} lean calls, not 3")
         chains.append(chain)
+    with server.client() as client:  # the keys as the first chain found them
+        for key in owner_keys(client):
+            client.delete(key)
+        for key, ttl, value in saved:
+            client.restore(key, max(ttl, 0), value, replace=True)
     raw = RawSocket(server.port)
     sent = {"rounds": 0}
 
@@ -617,12 +622,6 @@ def continue_scripts_measure(h: Harness, server: BenchRedis, service: Any, text:
     def replay_round(k: int, n: int) -> float:
         if k >= len(chains) or n != per_round:
             raise RuntimeError(f"round {k} of {n} continues: {len(chains)} of {per_round} recorded")
-        if k == 0:  # the keys as the first chain found them
-            with server.client() as client:
-                for key in owner_keys(client):
-                    client.delete(key)
-                for key, ttl, value in saved:
-                    client.restore(key, max(ttl, 0), value, replace=True)
         sent["rounds"] = k + 1
         chain = chains[k]
         started = time.perf_counter()

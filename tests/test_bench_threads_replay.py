@@ -61,7 +61,7 @@ def test_a_replay_on_other_state_is_refused_not_timed(
 ) -> None:
     _h, measure, service = replay
     per_round = _REPLAY_SIZES["tiny"][2]
-    measure.run(per_round)  # round 0 restores the saved keys
+    measure.run(per_round)  # round 0, on the keys the measure restored
     # The adversary: the threads move on outside the recording (one more turn on each),
     # so round 1's claims name a base that is no longer what the thread holds.
     owner = Ownership("bench", "replay")  # the owner whose keys the measure saved
