@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.report import shown_value
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "performance.md"
@@ -76,7 +78,7 @@ def _excerpt(path: Path, lines: int = 34) -> str:
 def _targets(run: Run) -> list[str]:
     out = ["| target | goal | this run: median [min-max] over rounds | |", "|---|---|---|---|"]
     for t in run.targets:
-        val = "-" if t["value"] is None else f"{t['value']:.2f}"
+        val = "-" if t["value"] is None else shown_value(t["value"], t["goal"])
         lo, hi = t.get("low"), t.get("high")
         if lo is not None and hi is not None and lo != hi:
             val += f" [{lo:.2f}-{hi:.2f}]"
@@ -125,7 +127,8 @@ def _runs_compared(run: Run) -> list[str]:
             if t is None or t["value"] is None:
                 cells.append("-")
             else:
-                cells.append(f"{t['value']:.2f} ({'met' if t['met'] else 'missed'})")
+                shown = shown_value(t["value"], t["goal"])
+                cells.append(f"{shown} ({'met' if t['met'] else 'missed'})")
         this = " (this run)" if each is run else ""
         out.append(
             f"| `{meta.get('git_commit')}` {str(meta.get('started', ''))[:16]}{this} | "

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.report import shown_value
+
 __all__ = ["TargetPoint", "draw_scale", "draw_targets", "goal_of", "main", "target_points"]
 
 SCALE_SERIES = (
@@ -94,7 +96,7 @@ def target_points(data: dict[str, Any]) -> list[TargetPoint]:
             spread = ""
             if t.get("low") is not None and t.get("high") is not None and t["low"] != t["high"]:
                 spread = f" [{t['low']:.2f}-{t['high']:.2f}]"
-            label = f"{value:.2f}{spread}, goal {t['goal']}"
+            label = f"{shown_value(value, t['goal'])}{spread}, goal {t['goal']}"
             if not measured:
                 label = f"not measured ({t.get('detail', '')[:60]})"
         out.append(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -81,6 +82,21 @@ def _fastest(h: Harness, prefix: str, op: str, size: str) -> Result | None:
         if mine and r.values and (best is None or r.summary["median"] > best.summary["median"]):
             best = r
     return best
+
+
+_GOAL_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def shown_value(value: float, goal: str) -> str:
+    """``value`` with two decimals, or as many more (up to five) as it takes not to read as
+    the goal's own number: a ratio of 0.798 against ">= 0.8x" shows as 0.798, not 0.80,
+    so that a missed target never prints as if it sat on its goal."""
+    found = _GOAL_NUMBER.search(goal)
+    threshold = float(found.group()) if found else math.nan
+    for digits in range(2, 6):
+        if value == threshold or float(f"{value:.{digits}f}") != threshold:
+            return f"{value:.{digits}f}"
+    return f"{value:.5f}"
 
 
 def _target(
@@ -495,7 +511,7 @@ def render_text(h: Harness, targets: list[Target]) -> str:
     lines.append("== targets ".ljust(len(header), "="))
     for t in targets:
         state = {True: "MET   ", False: "MISSED", None: "n/a   "}[t.met]
-        val = "-" if t.value is None else f"{t.value:.2f}"
+        val = "-" if t.value is None else shown_value(t.value, t.goal)
         spread = ""
         if t.low is not None and t.high is not None and not math.isnan(t.low) and t.low != t.high:
             spread = f" [{t.low:.2f}-{t.high:.2f}]"
@@ -522,7 +538,7 @@ def render_markdown(h: Harness, targets: list[Target]) -> str:
         lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
     lines += ["", "**targets**", "", "| target | goal | this run | met |", "|---|---|---|---|"]
     for t in targets:
-        val = "-" if t.value is None else f"{t.value:.2f}"
+        val = "-" if t.value is None else shown_value(t.value, t.goal)
         if t.low is not None and t.high is not None and not math.isnan(t.low) and t.low != t.high:
             val += f" [{t.low:.2f}-{t.high:.2f}]"
         met = {True: "met", False: "**missed**", None: "not measured"}[t.met]

@@ -422,3 +422,29 @@ def test_peer_targets_show_the_c_floor_and_the_raw_python_ceiling(
             assert t.floor is not None and abs(t.floor - floor) <= 1e-9 * max(1.0, floor)
         else:
             assert t.floor is None
+
+
+@given(
+    st.floats(min_value=0.0, max_value=1_000.0, allow_nan=False),
+    st.sampled_from([(">= 0.8x", 0.8), (">= 0.33x", 0.33), ("< 2 ms", 2.0), ("<= 1.5x", 1.5)]),
+)
+@example(0.797738965216529, (">= 0.8x", 0.8))  # the d8755bd run's context 300 B: missed
+@example(0.8, (">= 0.8x", 0.8))
+@example(0.3299, (">= 0.33x", 0.33))
+@example(2.0004, ("< 2 ms", 2.0))
+def test_a_target_value_never_prints_as_its_goal_number_unless_it_is_it(
+    value: float, goal: tuple[str, float]
+) -> None:
+    """The tables print 0.798 against a 0.8x goal, not 0.80: the printed figure falls on
+    the same side of the goal's number as the value (to five decimals)."""
+    from bench.report import shown_value
+
+    text, threshold = goal
+    shown = shown_value(value, text)
+    assert len(shown.split(".")[1]) >= 2
+    printed = float(shown)
+    if abs(value - threshold) >= 0.5e-5:
+        assert (printed < threshold) == (value < threshold), (value, shown)
+        assert (printed > threshold) == (value > threshold), (value, shown)
+    if round(value, 2) != threshold:
+        assert shown == f"{value:.2f}"  # everything else keeps two decimals
