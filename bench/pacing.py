@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.framework import command_stats
 from bench.probe import RESULTS_DIR, exit_on_sigterm, machine_meta, spread, write_json
 from bench.server import BenchRedis
 from bench.workloads import (
@@ -40,17 +41,13 @@ from bench.workloads import (
     _resp,
     bench_config,
     chat_text,
+    prepared_appends,
 )
 from memtier import AvatarMessage, ConversationStore
 
 __all__ = ["main"]
 
 SESSIONS = 1000
-
-
-def _evalsha(client: Any) -> tuple[int, int]:
-    stats = client.info("commandstats").get("cmdstat_evalsha", {})
-    return int(stats.get("calls", 0)), int(stats.get("usec", 0))
 
 
 def busy(us: float) -> None:
@@ -68,9 +65,9 @@ def busy(us: float) -> None:
 
 def _per_call(client: Any, send: Callable[[], None]) -> tuple[float, int]:
     """Redis CPU us per ``EVALSHA`` while ``send()`` runs, and how many were counted."""
-    calls0, usec0 = _evalsha(client)
+    calls0, usec0 = command_stats(client).get("evalsha", (0, 0))
     send()
-    calls1, usec1 = _evalsha(client)
+    calls1, usec1 = command_stats(client).get("evalsha", (0, 0))
     if calls1 <= calls0:
         raise RuntimeError("no EVALSHA was counted")
     return (usec1 - usec0) / (calls1 - calls0), calls1 - calls0
@@ -101,18 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         pool = KeyPool(81, SESSIONS)
         for key in pool.keys:  # every append below goes to an existing session
             store.append(key, AvatarMessage(text=text))
-        core, script = store.core, store.scripts["append_turn"]
-        client.script_load(script.source)
+        client.script_load(store.scripts["append_turn"].source)
         minimal_sha = str(client.script_load(MINIMAL_SCRIPT.read_text(encoding="utf-8")))
         raw = RawSocket(server.port)
         seq = {"minimal": 0}
 
         def appends(n: int) -> list[bytes]:
-            out = []
-            for _ in range(n):
-                call = core.append_call(core.prepare_turn(pool.next(), AvatarMessage(text=text)))
-                out.append(_resp("EVALSHA", script.sha, script.num_keys, *call.keys, *call.args))
-            return out
+            return prepared_appends(store, pool, text, n)
 
         def minimals(n: int) -> list[bytes]:
             i = seq["minimal"]

@@ -47,6 +47,7 @@ __all__ = [
     "chat_text",
     "lean_calls_recorded",
     "populate",
+    "prepared_appends",
 ]
 
 PAYLOAD_SIZES: dict[str, int] = {"300B": 300, "4KiB": 4096}
@@ -630,6 +631,18 @@ class Baselines:
         )
 
 
+def prepared_appends(store: ConversationStore, pool: KeyPool, text: str, n: int) -> list[bytes]:
+    """``n`` calls of memtier's own ``append_turn`` to ``pool``'s next sessions, each
+    prepared as ``store.append`` prepares it (validated, redacted, a fresh turn id: every
+    call stores a turn) and packed for a raw socket (the script must be loaded)."""
+    core, script = store.core, store.scripts["append_turn"]
+    packed = []
+    for _ in range(n):
+        call = core.append_call(core.prepare_turn(pool.next(), AvatarMessage(text=text)))
+        packed.append(_resp("EVALSHA", script.sha, script.num_keys, *call.keys, *call.args))
+    return packed
+
+
 def low_level_connection(port: int) -> Any:
     """redis-py's low-level :class:`~redis.connection.Connection` (hiredis parser), connected."""
     conn: Any = Connection(host=HOST, port=port)  # type: ignore[no-untyped-call]
@@ -823,17 +836,12 @@ class MemtierBench:
         and nothing else.  No Python client of these semantics can be faster: the
         distance between this row and the baseline is all the room memtier's own client
         work has (the Python floor of "append vs raw", beside the C floor)."""
-        pool, core = self.pool(APPEND_POOL), self.store.core
-        script = self.store.scripts["append_turn"]
-        self.client.script_load(script.source)
+        pool = self.pool(APPEND_POOL)
+        self.client.script_load(self.store.scripts["append_turn"].source)
         raw = RawSocket(self.server.port)
 
         def run(n: int) -> float:
-            packed = []
-            for _ in range(n):
-                call = core.append_call(core.prepare_turn(pool.next(), AvatarMessage(text=text)))
-                packed.append(_resp("EVALSHA", script.sha, script.num_keys, *call.keys, *call.args))
-            return raw.timed_calls(packed, "append_turn")
+            return raw.timed_calls(prepared_appends(self.store, pool, text, n), "append_turn")
 
         return Measure(
             f"memtier.append.{size}.script-socket",
