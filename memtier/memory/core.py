@@ -78,6 +78,8 @@ __all__ = [
 
 # Members whose keys are kept (about 0.5 KB each): the sessions a process is busy with.
 _ROUTE_CACHE_SIZE = 4096
+# Context read requests kept, by (member, channel, newest): about 1.5 KB each.
+_CONTEXT_REQUEST_CACHE_SIZE = 4096
 
 
 def context_limit(limit: int) -> int:
@@ -167,6 +169,12 @@ class MemoryCore:
         # member -> its partition and session keys: pure functions of the member, rebuilt
         # on every call otherwise (a hash, three f-strings, two small objects).
         self._route = lru_cache(maxsize=_ROUTE_CACHE_SIZE)(self._route_uncached)
+        # (member, channel, newest) -> its context read: the same immutable request on
+        # every read without a test clock (built anew, it is a few us that cost twice as
+        # much between two replies; docs/performance.md, "The context read's request").
+        self._context_requests = lru_cache(maxsize=_CONTEXT_REQUEST_CACHE_SIZE)(
+            self._context_request
+        )
         # each key's last context read, decoded (bounded: memtier.memory.contextdecode)
         self._read_cache = ReadCache()
 
@@ -391,10 +399,18 @@ class MemoryCore:
         """The context read in one round trip: ``MULTI``, ``context_head`` (the expiry
         verdict and the session's fields, atomic with the read), a plain ``LRANGE`` of the
         newest ``limit`` records (0: all), ``EXEC``.  The records never pass through Lua,
-        and on the lean paths neither does the check (:mod:`memtier.memory.contexthead`)."""
-        part, sk = self._route(key.member)
+        and on the lean paths neither does the check (:mod:`memtier.memory.contexthead`).
+
+        The request depends only on the key, the limit and the configuration, so without
+        a test clock the one built for them is handed out again (it is immutable)."""
         newest = context_limit(limit)
-        ttl_ms, clock = self.ttl_ms(key.channel), self.clock_arg()
+        if self._clock is not None:  # a test clock: each read carries the clock's value
+            return self._context_request(key.member, key.channel, newest)
+        return self._context_requests(key.member, key.channel, newest)
+
+    def _context_request(self, member: str, channel: Channel, newest: int) -> Transaction:
+        part, sk = self._route(member)
+        ttl_ms, clock = self.ttl_ms(channel), self.clock_arg()
         return Transaction(
             CONTEXT_HEAD.call(
                 {"session": sk.session, "meta": part.meta}, ttl_ms=ttl_ms, clock_override=clock
