@@ -516,8 +516,8 @@ class LeanPool:
         """
         conn = self._get()
         try:
-            if not packed:
-                packed.extend(self._pack_all(conn, commands))
+            if not packed:  # one assignment: a racing sender writes the same bytes
+                packed[:] = self._pack_all(conn, commands)
             try:
                 conn.send_packed_command(packed)
                 refused: ResponseError | None = None

@@ -118,11 +118,20 @@ class Transaction:
     ``[script reply, read reply, ...]``; a re-send after a lost reply is safe (nothing
     in it writes).  ``plain``: the script's reads as plain commands, for the shells
     that pack the transaction themselves (:class:`PlainHead`); the reply is the same.
+
+    ``packed``: the bytes a shell that packs the transaction itself sent, kept for the
+    next send of this same request (its retries, and every read of a core's kept
+    context request: :meth:`memtier.memory.core.MemoryCore.context_call`).  Opaque to
+    the core; a shell fills it whole in one assignment (``packed[:] = ...``), so two
+    threads packing one request at once leave one copy of the same bytes.
     """
 
     script: ScriptCall
     reads: tuple[ReadCommand, ...]
     plain: PlainHead | None = None
+    # Not an __init__ argument, so a request derived with dataclasses.replace starts
+    # empty: its bytes differ.
+    packed: list[Any] = field(default_factory=list, init=False, compare=False, repr=False)
 
     @property
     def keys(self) -> tuple[str, ...]:

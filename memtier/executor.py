@@ -228,7 +228,7 @@ class SyncExecutor:
         slot = lean.slot(keys[0]) if isinstance(lean, ClusterLean) and keys else -1
         if isinstance(lean, ClusterLean) and slot < 0:
             lean = None
-        packed: list[Any] = []
+        packed = tx.packed  # filled by the first lean send, reused by every later one
 
         def send() -> list[Any]:
             if lean is not None:
@@ -430,7 +430,7 @@ class AsyncExecutor:
         if pipeline is None and isinstance(script, LuaScript) and keys:
             lean = self.lean_cluster_for(client)
         slot = lean.slot(keys[0]) if lean is not None else -1
-        packed: list[bytes] = []
+        packed = tx.packed  # filled by the first send, reused by every later one
 
         def send() -> Awaitable[list[Any]]:
             if pipeline is not None:

@@ -552,9 +552,8 @@ class LuaScript:
         With ``plain``, the script's reads go as plain commands (:class:`PlainHead`)."""
         commands = self._lean_transaction_commands(keys, args, reads, plain)
         count = len(commands)
-        if not packed:
-            for command in commands:
-                packed.extend(pipeline.pack(command))
+        if not packed:  # one assignment: a racing sender writes the same bytes
+            packed[:] = [chunk for command in commands for chunk in pipeline.pack(command)]
         if plain is not None:
             return await self._plain_transaction_async(
                 lambda: pipeline.call(packed, count), plain, len(reads)
@@ -582,9 +581,8 @@ class LuaScript:
         ``plain``, the script's reads go as plain commands (:class:`PlainHead`)."""
         commands = self._lean_transaction_commands(keys, args, reads, plain)
         count = len(commands)
-        if not packed:
-            for command in commands:
-                packed.extend(lean.pack(command))
+        if not packed:  # one assignment: a racing sender writes the same bytes
+            packed[:] = [chunk for command in commands for chunk in lean.pack(command)]
 
         async def send() -> Any:
             try:

@@ -10,20 +10,32 @@ the frozen configuration, the limit), and it is immutable.  An adversary checks:
   builds for it, and its session check folds every reply the same way;
 * a store with a test clock reads the clock on every request (never a kept one);
 * on real servers and the real clock, a kept request still sees the session expire at
-  its TTL and the next session after it, on the sync and asyncio stores.
+  its TTL and the next session after it, on the sync and asyncio stores;
+* its packed bytes are packed once and sent again by every later read; two threads that
+  pack one fresh request at the same moment (held at a barrier right where each packs)
+  leave one copy of it, and the server runs exactly one transaction per read.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
+import redis
+import redis.asyncio
 from asyncadapter import PrivateLoop
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from memhelpers import Clock, key
+from servers import RedisServer
 
 from memtier import AsyncConversationStore, AvatarMessage, ConversationStore, MemtierConfig, limits
+from memtier.autopipeline import Packer
+from memtier.connection import LeanPool
 from memtier.engine import Transaction
 from memtier.memory import core as memory_core
 from memtier.memory.core import MemoryCore
@@ -217,3 +229,104 @@ def test_a_kept_request_sees_the_session_expire_on_the_asyncio_store(
         loop.run(scenario())
     finally:
         loop.stop()
+
+
+# --- the packed bytes, kept with the request --------------------------------------------------
+def test_two_threads_packing_one_request_leave_one_copy(tmp_path: Any) -> None:
+    """Both threads find the kept request unpacked and pack it at the same moment (a
+    barrier where each packs): the request then holds one transaction's bytes, each read
+    sent exactly one (the server ran two ``EXEC``), and the next read packs nothing."""
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url, max_connections=4)
+        try:
+            assert int(client.info("server")["process_id"]) == server.pid  # ours only
+            store = ConversationStore(client, MemtierConfig.load(redis_url=server.url))
+            k = key(3)
+            for n in range(3):
+                store.append(k, AvatarMessage(text=f"turn {n}"))
+            request = store.core.context_call(k, 20)
+            assert request.packed == []
+            client.config_resetstat()
+            barrier = threading.Barrier(2, timeout=30)
+            packs = []
+            original = LeanPool._pack_all
+
+            def pack_at_the_barrier(self: LeanPool, conn: Any, commands: Any) -> Any:
+                packs.append(1)
+                if len(packs) <= 2:
+                    barrier.wait()  # both threads got past `if not packed`
+                return original(self, conn, commands)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(LeanPool, "_pack_all", pack_at_the_barrier)
+                with ThreadPoolExecutor(2) as pool:
+                    reads = list(pool.map(lambda _: store.context(k, limit=20), range(2)))
+                assert len(packs) == 2  # the race happened: both packed
+                assert [[t.seq for t in r.turns] for r in reads] == [[1, 2, 3], [1, 2, 3]]
+                assert b"".join(request.packed).count(b"MULTI") == 1
+                assert _commands(client, "exec") == 2
+                assert [t.seq for t in store.context(k, limit=20).turns] == [1, 2, 3]
+                assert len(packs) == 2  # sent again, not packed again
+                assert _commands(client, "exec") == 3
+        finally:
+            client.close()
+
+
+def test_a_request_derived_from_a_kept_one_packs_its_own_bytes(redis_server: Any) -> None:
+    """``dataclasses.replace`` of a kept request (the script form of the same read, as
+    the NOSCRIPT tests build it) does not inherit the bytes the kept one was sent as."""
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        config = MemtierConfig.load(redis_url=redis_server.url, namespace="reqcache-derived")
+        store = ConversationStore(client, config)
+        k = key(5)
+        store.append(k, AvatarMessage(text="one"))
+        want = [t.seq for t in store.context(k, limit=20).turns]
+        request = store.core.context_call(k, 20)
+        assert b"EVALSHA" not in b"".join(request.packed)  # the plain form was sent
+        derived = dataclasses.replace(request, plain=None)
+        assert derived.packed == []
+        reply = store.executor.execute(derived, "context")
+        assert [t.seq for t in store.core.decode_context(k, reply).turns] == want
+        assert b"EVALSHA" in b"".join(derived.packed)
+        assert b"EVALSHA" not in b"".join(request.packed)
+    finally:
+        client.close()
+
+
+def test_the_asyncio_store_packs_a_kept_request_once(redis_server: Any) -> None:
+    loop = PrivateLoop()
+    packed: list[int] = []
+    original = Packer.__call__
+
+    def counted(self: Packer, args: Any) -> list[bytes]:
+        packed.append(1)
+        return original(self, args)
+
+    try:
+
+        async def scenario() -> None:
+            config = MemtierConfig.load(redis_url=redis_server.url, namespace="reqcache-aio")
+            store = AsyncConversationStore(redis.asyncio.Redis.from_url(redis_server.url), config)
+            k = key(4)
+            await store.append(k, AvatarMessage(text="one"))
+            request = store.core.context_call(k, 20)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(Packer, "__call__", counted)
+                first = await store.context(k, limit=20)
+                packs = len(packed)
+                sent = list(request.packed)
+                second = await store.context(k, limit=20)
+            assert packs > 0 and len(packed) == packs  # packed by the first read only
+            assert request.packed == sent and b"".join(sent).count(b"MULTI") == 1
+            assert [t.seq for t in first.turns] == [t.seq for t in second.turns] == [1]
+            await store.close()
+
+        loop.run(scenario())
+    finally:
+        loop.stop()
+
+
+def _commands(client: Any, name: str) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
