@@ -470,7 +470,9 @@ def _analysis(run: Run) -> list[str]:
         "7.5 before it, `bench/results/ctxdecode-reuse-*.json`), the run that continues "
         "them by position when the window moved (a conversation reading itself after each "
         "turn: 9.5 us against 12.1), else each record found by its first 48 bytes, then "
-        "compared whole.  "
+        "compared whole.  The request itself, the transaction's commands and their packed "
+        "bytes, is built once per key and limit and sent again (*Where the time goes*, "
+        '"The context read\'s request, kept").  '
         "memtier's context is "
         f"x{tv('context vs redis-py LRANGE 20 + orjson [300B]'):.2f} / "
         f"x{tv('context vs redis-py LRANGE 20 + orjson [4KiB]'):.2f} of the baseline in "
