@@ -171,7 +171,7 @@ class MemoryCore:
         self._route = lru_cache(maxsize=_ROUTE_CACHE_SIZE)(self._route_uncached)
         # (member, channel, newest) -> its context read: the same immutable request on
         # every read without a test clock (built anew, it is a few us that cost twice as
-        # much between two replies; docs/performance.md, "The context read's request").
+        # much between two replies; docs/performance.md, "The context read's request, kept").
         self._context_requests = lru_cache(maxsize=_CONTEXT_REQUEST_CACHE_SIZE)(
             self._context_request
         )
