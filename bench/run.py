@@ -18,7 +18,6 @@ import dataclasses
 import os
 import platform
 import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -62,21 +61,6 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through the finally blocks: the server stops
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,
-            check=False,
-        )
-        return out.stdout.strip()
-    except OSError:
-        return ""
-
-
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -92,6 +76,7 @@ def _versions() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from bench.framework import Harness, Settings
+    from bench.probe import git_commit
     from bench.server import BenchRedis
 
     settings = Settings.named("tiny" if args.tiny else "quick" if args.quick else "full")
@@ -123,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             "profile": settings.profile,
             "settings": vars(settings),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-            "git_commit": _git_commit(),
+            "git_commit": git_commit(),  # "+dirty": a tree with uncommitted changes
             "versions": {**_versions(), "redis-server": server.version},
             "cpus": os.cpu_count(),
             "server_pid": server.pid(),

@@ -380,3 +380,29 @@ def test_pacing_busy_work_lasts_at_least_its_gap() -> None:
         started = time.perf_counter()
         busy(gap_us)
         assert time.perf_counter() - started >= gap_us / 1e6
+
+
+def test_git_commit_marks_a_tree_with_uncommitted_changes(tmp_path: Path) -> None:
+    """Results name the tree they measured: the short commit of a clean tree, with
+    "+dirty" once a tracked file differs from it (an untracked file is not a change)."""
+    from bench.probe import git_commit
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-q", "-m", "one")
+    sha = git("rev-parse", "--short", "HEAD")
+    assert git_commit(tmp_path) == sha
+    (tmp_path / "new.txt").write_text("untracked\n")
+    assert git_commit(tmp_path) == sha
+    (tmp_path / "a.txt").write_text("two\n")
+    assert git_commit(tmp_path) == sha + "+dirty"

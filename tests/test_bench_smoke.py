@@ -75,6 +75,10 @@ def test_tiny_run_writes_table_json_and_stops_its_server(
     data = json.loads((out / "latest-tiny.json").read_text())  # strict JSON (no NaN)
     results = {r["key"]: r for r in data["results"]}
     assert not data["meta"]["section_errors"]
+    # The tree measured, "+dirty" when it had uncommitted changes (bench.probe.git_commit).
+    from bench.probe import git_commit
+
+    assert data["meta"]["git_commit"] == git_commit()
     # Every measured row has rounds, a median and spread; candidates carry same-run ratios.
     for key in (
         "base.append.300B.redispy",
