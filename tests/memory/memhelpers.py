@@ -27,6 +27,13 @@ class Clock:
         self.now += int(ms)
 
 
+def command_calls(client: Any) -> dict[str, int]:
+    """Calls per command on a server this test started (``INFO commandstats``), keyed
+    ``cmdstat_<name>``."""
+    stats = client.info("commandstats")
+    return {name: int(v["calls"]) for name, v in stats.items()}
+
+
 def avatar(n: int) -> uuid.UUID:
     return uuid.UUID(int=n)
 

@@ -43,7 +43,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from memhelpers import T0, Clock, key
+from memhelpers import T0, Clock, command_calls, key
 from redispy import LEAN_CLUSTER, at_least
 from servers import RedisServer, held_connections
 
@@ -390,11 +390,6 @@ def test_async_context_is_one_round_trip(
         loop.stop()
 
 
-def _commandstats(client: Any) -> dict[str, int]:
-    stats = client.info("commandstats")
-    return {name: int(v["calls"]) for name, v in stats.items()}
-
-
 @pytest.mark.parametrize(
     ("lean", "test_clock"),
     [(True, True), (True, False), (False, True)],
@@ -415,10 +410,10 @@ def test_the_read_is_a_transaction_with_no_lua_copy_of_the_turns(
     k = key(9)
     store.append(k, AvatarMessage(text="hello"))
     store.context(k)
-    before = _commandstats(admin)
+    before = command_calls(admin)
     for _ in range(READS):
         assert len(store.context(k).turns) == 1
-    after = _commandstats(admin)
+    after = command_calls(admin)
     delta = {name: after.get(name, 0) - before.get(name, 0) for name in after}
     if lean:
         once = ["multi", "exec", "hmget", "hget", "lrange"] + ([] if test_clock else ["time"])

@@ -18,6 +18,7 @@ the frozen configuration, the limit), and it is immutable.  An adversary checks:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -30,7 +31,7 @@ import redis.asyncio
 from asyncadapter import PrivateLoop
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from memhelpers import Clock, key
+from memhelpers import Clock, command_calls, key
 from servers import RedisServer
 
 from memtier import AsyncConversationStore, AvatarMessage, ConversationStore, MemtierConfig, limits
@@ -209,11 +210,7 @@ def test_a_kept_request_sees_the_session_expire_on_the_sync_store(backend_no_fak
     """The real clock (no test hook), real servers (standalone and Cluster)."""
     config = backend_no_fake.config(conversation={"public_ttl_seconds": TTL_S})
     store = ConversationStore(backend_no_fake.sync_client(), config)
-    loop = PrivateLoop()
-    try:
-        loop.run(_expiry_scenario(store, _passed))
-    finally:
-        loop.stop()
+    asyncio.run(_expiry_scenario(store, _passed))  # a sync store: nothing in it awaits
 
 
 def test_a_kept_request_sees_the_session_expire_on_the_asyncio_store(
@@ -234,7 +231,7 @@ def test_a_kept_request_sees_the_session_expire_on_the_asyncio_store(
 
 
 # --- the packed bytes, kept with the request --------------------------------------------------
-def test_two_threads_packing_one_request_leave_one_copy(tmp_path: Any) -> None:
+def test_two_threads_packing_one_request_leave_one_copy() -> None:
     """Both threads find the kept request unpacked and pack it at the same moment (a
     barrier where each packs): the request then holds one transaction's bytes, each read
     sent exactly one (the server ran two ``EXEC``), and the next read packs nothing."""
@@ -266,10 +263,10 @@ def test_two_threads_packing_one_request_leave_one_copy(tmp_path: Any) -> None:
                 assert len(packs) == 2  # the race happened: both packed
                 assert [[t.seq for t in r.turns] for r in reads] == [[1, 2, 3], [1, 2, 3]]
                 assert b"".join(request.packed).count(b"MULTI") == 1
-                assert _commands(client, "exec") == 2
+                assert command_calls(client).get("cmdstat_exec", 0) == 2
                 assert [t.seq for t in store.context(k, limit=20).turns] == [1, 2, 3]
                 assert len(packs) == 2  # sent again, not packed again
-                assert _commands(client, "exec") == 3
+                assert command_calls(client).get("cmdstat_exec", 0) == 3
         finally:
             client.close()
 
@@ -327,8 +324,3 @@ def test_the_asyncio_store_packs_a_kept_request_once(redis_server: Any) -> None:
         loop.run(scenario())
     finally:
         loop.stop()
-
-
-def _commands(client: Any, name: str) -> int:
-    stats = client.info("commandstats")
-    return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
