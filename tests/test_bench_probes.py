@@ -356,6 +356,48 @@ def test_clientsplit_quick(tmp_path: Path) -> None:
     assert rounds["continue.penalty"] == [r - p - 3 * t for r, p, t in parts]
 
 
+@pytest.mark.real
+def test_roundtrip_quick(tmp_path: Path) -> None:
+    from bench.roundtrip import SPUN, UNIX
+
+    data = _run("bench.roundtrip", tmp_path)
+    names = [f"{b}.{m}" for b in SPUN for m in ("sleep", "spin")] + list(UNIX)
+    wall, cpu = data["rounds"]["wall_us_per_call"], data["rounds"]["cpu_us_per_call"]
+    assert set(wall) == set(names) and set(cpu) == {*names, "append.pure"}
+    for name in names:
+        assert len(wall[name]) == 1 and wall[name][0] > 0 and cpu[name][0] > 0, name
+    # every spin row waited for each of its replies by spinning (one read per call)
+    assert data["rounds"]["spun"] == {f"{b}.spin": [30] for b in SPUN}
+    assert data["spin_reads"]["found"] + data["spin_reads"]["fell_back"] == 50 * len(SPUN)
+    derived = data["rounds"]["derived"]  # each of the same round's rows
+    assert derived["wake_us"] == [wall["trip.sleep"][0] - wall["trip.spin"][0]]
+    pure, ping, both = cpu["append.pure"][0], cpu["ping.sleep"][0], cpu["pure+ping.sleep"][0]
+    assert derived["excess_cpu.sleep"] == [both - pure - ping]
+    assert derived["unix_vs_tcp.append"] == [wall["append.sleep"][0] / wall["append.unix"][0]]
+    assert "cpuidle_driver" in data["meta"] and "kernel_cmdline" in data["meta"]
+
+
+def test_roundtrip_spin_wait_is_bounded_and_sees_data() -> None:
+    import socket
+    import time
+
+    from bench.roundtrip import SpinCount, spin_wait
+
+    a, b = socket.socketpair()
+    try:
+        count = SpinCount()
+        started = time.perf_counter()
+        spin_wait(a.fileno(), 0.005, count)  # nothing to read: gives up after its budget
+        assert time.perf_counter() - started >= 0.005
+        assert (count.found, count.fell_back) == (0, 1)
+        b.send(b"x")
+        spin_wait(a.fileno(), 5.0, count)  # data waiting: returns at once
+        assert (count.found, count.fell_back) == (1, 1)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_pacing_quick(tmp_path: Path) -> None:
     data = _run("bench.pacing", tmp_path)
     us, calls = data["rounds"]["redis_us_per_call"], data["rounds"]["evalsha_calls"]
