@@ -180,12 +180,21 @@ def adapt_sync_runner(runner: ConversationRunner) -> AsyncConversationRunner:
             return await asyncio.shield(worker)
         except asyncio.CancelledError:
             # asyncio cancellation -> the sync runner's threading.Event; wait (bounded) for
-            # the worker thread to stop, so that nothing it does outlives the turn.
+            # the worker thread to stop, so that nothing it does outlives the turn.  What
+            # the runner ends with is not committed, an exception included: taken from the
+            # worker whenever it ends, so asyncio does not log it as "never retrieved".
             cancelled.set()
+            worker.add_done_callback(_discard_outcome)
             await asyncio.wait({worker}, timeout=SYNC_CANCEL_WAIT_S)
             raise
 
     return run
+
+
+def _discard_outcome(worker: asyncio.Future[Any]) -> None:
+    """A cancelled turn's worker: its result or exception, taken and dropped."""
+    if not worker.cancelled():
+        worker.exception()
 
 
 async def _await(awaitable: Awaitable[None]) -> None:

@@ -5,6 +5,7 @@ a retry is a new run; a client that disconnects does not cancel."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from memtier.threads import (
     RunnerReply,
     RunnerTurn,
 )
+from memtier.threads.runner import adapt_sync_runner
 
 MakeService = Callable[..., Service]
 
@@ -206,6 +208,51 @@ async def test_asyncio_cancellation_of_an_async_runner(
     assert page.records[-1].type == "cancelled"
     assert page.records[-1].data["reason"] == "shutdown"
     await reader.aclose()
+
+
+@pytest.mark.parametrize("ends", ["raises", "returns"])
+def test_a_cancelled_sync_runner_leaves_no_unretrieved_exception(ends: str) -> None:
+    """The asyncio service runs a sync runner in a worker thread; cancelled, it sets the
+    runner's Event and waits for the thread.  What the runner then ends with is not
+    committed -- an exception included -- and must not reach asyncio's "Task exception was
+    never retrieved" report (an error in the host's logs for a cancellation that went as
+    it should).  No Redis: the wrapper alone, its loop's exception handler watched."""
+    entered = threading.Event()
+
+    def runner(turn: RunnerTurn) -> RunnerReply:
+        entered.set()
+        assert turn.cancelled.wait(30), "never cancelled"
+        if ends == "raises":
+            raise RuntimeError("stopped")
+        return RunnerReply("finished anyway")
+
+    async def emit(event: Any) -> None:  # pragma: no cover - this runner emits nothing
+        raise AssertionError(event)
+
+    reported: list[dict[str, Any]] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        turn = AsyncRunnerTurn(
+            thread=None,  # type: ignore[arg-type]  # the wrapper passes it through
+            history=(),
+            message="hi",
+            request_id="r1",
+            leaf_id=None,
+            emit=emit,
+        )
+        task = asyncio.ensure_future(adapt_sync_runner(runner)(turn))
+        assert await asyncio.to_thread(entered.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        del task
+        for _ in range(3):  # the worker's task is freed with the cancelled frames' cycle
+            gc.collect()
+            await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert reported == []
 
 
 def test_cancel_over_http_and_a_disconnect_does_not_cancel(backend: Any) -> None:
