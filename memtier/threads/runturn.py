@@ -188,7 +188,19 @@ class TurnControl:
             raise
         finally:
             active.remove(self)
-            metrics.THREAD_RUNNER_DURATION.labels(outcome).observe(time.perf_counter() - started)
+            _runner_duration(outcome).observe(time.perf_counter() - started)
+
+
+# THREAD_RUNNER_DURATION's children by outcome ("ok", "denied", "error"): looked up once
+# per process, not on every turn (a labels() call takes the metric's lock).
+_RUNNER_DURATIONS: dict[str, Any] = {}
+
+
+def _runner_duration(outcome: str) -> Any:
+    child = _RUNNER_DURATIONS.get(outcome)
+    if child is None:
+        child = _RUNNER_DURATIONS[outcome] = metrics.THREAD_RUNNER_DURATION.labels(outcome)
+    return child
 
 
 class ActiveTurns:

@@ -17,7 +17,7 @@ import contextlib
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import orjson
 
@@ -68,6 +68,7 @@ from memtier.threads.validation import (
     valid_entry_id,
     valid_request_id,
 )
+from memtier.trustedmodels import trusted
 
 if TYPE_CHECKING:
     from memtier.threads.core import ThreadsCore
@@ -158,15 +159,16 @@ def continue_(
     keys = thread_keys(core.keyspace, owner, thread_id)
     check_identity(owner, identity)  # before any Redis call
     content, truncated = message_text(message)
-    rid = (
-        valid_request_id(request_id, core.config.request_id_bytes) or f"req_{secrets.token_hex(16)}"
-    )
+    # The attempt's token and, when the caller gave none, the request id: 128 random bits
+    # each, from one CSPRNG read (a syscall per read).
+    entropy = secrets.token_hex(32)
+    rid = valid_request_id(request_id, core.config.request_id_bytes) or f"req_{entropy[32:]}"
     leaf = "" if leaf_id is None else valid_entry_id(leaf_id)
     options = validate_run_options(core.run_options_schema, run_options)
     # A retry must repeat the message, the leaf and the options (else request_conflict);
     # turns without options keep the fingerprint of earlier versions.
     digest = fingerprint([content, leaf] if options is None else [content, leaf, options])
-    token = secrets.token_hex(16)
+    token = entropy[:32]
     running: dict[str, Any] = {"s": "running", "tok": token, "fp": digest}
     running["at"] = core.clock()
     ledger_options = None if options is None else event_data(options)
@@ -259,9 +261,14 @@ def continue_(
         held = tuple(inline)
     rest = yield from _load_entries(keys, claimed.path[len(inline) :])
     history = held + tuple(rest)
-    _HISTORY_HELD.inc(claimed.known)
-    _HISTORY_SENT.inc(len(inline))
-    _HISTORY_READ.inc(len(rest))
+    # (Counters of nothing are not touched: each inc takes the child's lock; on a thread
+    # the process holds whole, two of the three are 0 on every turn.)
+    if claimed.known:
+        _HISTORY_HELD.inc(claimed.known)
+    if inline:
+        _HISTORY_SENT.inc(len(inline))
+    if rest:
+        _HISTORY_READ.inc(len(rest))
     state = TurnState(
         owner=owner,
         keys=keys,
@@ -274,7 +281,7 @@ def continue_(
         base=claimed.base,
         token=token,
         fingerprint=digest,
-        entry_count=claimed.count,
+        entry_count=claimed.entry_count,
         first_entry=claimed.first,
         run_options=options,
         stored_options=ledger_options,
@@ -335,12 +342,12 @@ def _claim(
     raise status_error(ThreadStatus.THREAD_BUSY)
 
 
-@dataclass(frozen=True, slots=True)
-class _Claimed:
-    """run_claim's OK reply: the turn's place, the thread hash, the history path."""
+class _Claimed(NamedTuple):
+    """run_claim's OK reply: the turn's place, the thread hash, the history path (a named
+    tuple: one is built per continue, at half a frozen dataclass's cost)."""
 
     base: str
-    count: int
+    entry_count: int  # the thread's entries so far
     first: int
     fields: dict[str, str]
     known: int  # the first path entries, root first, the claim named as held: not sent
@@ -361,7 +368,7 @@ def _claimed(reply: Sequence[Any]) -> _Claimed:
         raise ConversationError(Code.BACKEND_UNAVAILABLE, "run_claim: malformed reply")
     return _Claimed(
         base=text(reply[1]),
-        count=int(reply[2]),
+        entry_count=int(reply[2]),
         first=int(reply[3]),
         fields=pairs(reply[5:at]),
         known=n_known,
@@ -446,8 +453,9 @@ def _commit(
         if state.budget is not None:
             finished["usage"] = state.budget.used
         events.append(("agent_finished", finished))
+        outcome = ContinueStatus.COMPLETED
         res: dict[str, Any] = {
-            "status": ContinueStatus.COMPLETED.value,
+            "status": outcome.value,
             "leafId": asst_id,
             "entryIds": [user_id, asst_id],
         }
@@ -461,7 +469,8 @@ def _commit(
             "discardedEntryIds": state.entry_ids(),
         }
         events.append(("agent_denied", denied_row))
-        res = {"status": ContinueStatus.DENIED.value, "reason": reason, "entryIds": []}
+        outcome = ContinueStatus.DENIED
+        res = {"status": outcome.value, "reason": reason, "entryIds": []}
         new_head = ""
     done_record: dict[str, Any] = {"s": "done", "tok": state.token, "fp": state.fingerprint}
     done_record.update(at=now, res=res)
@@ -496,16 +505,22 @@ def _commit(
         return result
     if status not in (ThreadStatus.OK, ThreadStatus.DONE):
         raise status_error(status)
-    stored = tuple(entry_from_row(e) for e in entries)  # the rows just stored
+    stored = tuple([entry_from_row(e) for e in entries])  # the rows just stored
     if status == ThreadStatus.OK and stored:
         _keep_own_entries(core, state, stored, entry_json)
-    return ContinueResult(
-        thread_id=state.thread.id,
-        request_id=state.request_id,
-        status=ContinueStatus(res["status"]),
-        leaf_id=res.get("leafId"),
-        entries=stored,
-        reason=res.get("reason"),
+    # Built without validation: every value is of its field's type right here (the
+    # entries are models already); tests/threads/test_thread_records.py compares it with
+    # the validated result.
+    return trusted(
+        ContinueResult,
+        {
+            "thread_id": state.thread.id,
+            "request_id": state.request_id,
+            "status": outcome,
+            "leaf_id": res.get("leafId"),
+            "entries": stored,
+            "reason": res.get("reason"),
+        },
     )
 
 

@@ -25,6 +25,7 @@ from memtier.errors import ConversationError
 from memtier.keys import ThreadKeyspace
 from memtier.threads import (
     AgentDenied,
+    ContinueResult,
     ContinueStatus,
     ConversationService,
     EntryRole,
@@ -303,6 +304,33 @@ def test_runner_failure_records_error_and_allows_retry(make_service: MakeService
     runner.fail = None
     ok = service.continue_(OWNER, thread.id, "hi", request_id="r")
     assert ok.status is ContinueStatus.COMPLETED and runner.calls == 2
+
+
+@pytest.mark.parametrize("denied", [False, True], ids=["completed", "denied"])
+def test_a_turn_result_is_the_validated_model(make_service: MakeService, denied: bool) -> None:
+    """``continue_`` builds its result without validation (``turns._commit``, as the
+    entries and the thread): field for field, with the same fields set and the same wire
+    form, it is the model pydantic validates from the same values."""
+    runner = CountingRunner(fail=AgentDenied("policy says no") if denied else None)
+    service = make_service(runner=runner)
+    thread = service.create(OWNER)
+    result = service.continue_(OWNER, thread.id, "hi", request_id="v1")
+    validated = ContinueResult(
+        thread_id=result.thread_id,
+        request_id=result.request_id,
+        status=result.status.value,  # as a caller's JSON would give it: converted
+        leaf_id=result.leaf_id,
+        entries=result.entries,
+        reason=result.reason,
+    )
+    assert result == validated and type(result.status) is ContinueStatus
+    assert result.model_fields_set == validated.model_fields_set
+    assert result.model_dump(mode="json", by_alias=True) == validated.model_dump(
+        mode="json", by_alias=True
+    )
+    assert result.status is (ContinueStatus.DENIED if denied else ContinueStatus.COMPLETED)
+    # a replay of the request answers from the run record: the same result
+    assert service.continue_(OWNER, thread.id, "hi", request_id="v1") == result
 
 
 def test_denied_turn_is_recorded_without_entries(make_service: MakeService) -> None:
