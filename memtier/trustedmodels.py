@@ -37,8 +37,9 @@ def trusted(
     the result with a validated instance).  Only for models without private attributes or
     ``model_post_init``; the memory read path uses it (memory core, turn-record codec),
     the append receipt, the threads entries and the threads themselves
-    (tests/threads/test_entry_rows.py, tests/threads/test_thread_records.py) and the
-    ledger's records (tests/threads/test_event_records.py).  ``fields_set``: the fields a
+    (tests/threads/test_entry_rows.py, tests/threads/test_thread_records.py), the
+    ledger's records (tests/threads/test_event_records.py) and a continue's result
+    (tests/threads/test_threads_service.py).  ``fields_set``: the fields a
     validating call would have been given (default: all of them), for a model whose
     callers leave a defaulted field out.
     """

@@ -11,8 +11,9 @@ version never reaches a caller as it is).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
+from typing import Any, Final, TypeVar
 
 import orjson
 
@@ -43,21 +44,24 @@ __all__ = [
 ]
 
 
-# Members by value: a dict lookup is a tenth of the enum's own call (run for every entry and
-# every thread a continue reads); a value that is not one still goes through the enum,
-# which refuses it as before.
-_ROLES: Final = {role.value: role for role in EntryRole}
-_STATES: Final = {state.value: state for state in ThreadState}
+_E = TypeVar("_E", bound=StrEnum)
 
 
-def _role(value: Any) -> EntryRole:
-    member = _ROLES.get(value) if type(value) is str else None
-    return EntryRole(value) if member is None else member
+def _by_value(enum: type[_E]) -> Callable[[Any], _E]:
+    """``enum(value)`` as a dict lookup -- a tenth of the enum's own call, run for every
+    entry and every thread a continue reads; a value that is not a member's still goes
+    through the enum, which refuses it as before."""
+    members = {member.value: member for member in enum}
+
+    def member_of(value: Any) -> _E:
+        found = members.get(value) if type(value) is str else None
+        return enum(value) if found is None else found
+
+    return member_of
 
 
-def _state(value: Any) -> ThreadState:
-    member = _STATES.get(value) if type(value) is str else None
-    return ThreadState(value) if member is None else member
+_role: Final = _by_value(EntryRole)
+_state: Final = _by_value(ThreadState)
 
 
 def pairs(flat: Sequence[Any]) -> dict[str, str]:

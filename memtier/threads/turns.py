@@ -509,8 +509,8 @@ def _commit(
     if status == ThreadStatus.OK and stored:
         _keep_own_entries(core, state, stored, entry_json)
     # Built without validation: every value is of its field's type right here (the
-    # entries are models already); tests/threads/test_thread_records.py compares it with
-    # the validated result.
+    # entries are models already); tests/threads/test_threads_service.py
+    # (test_a_turn_result_is_the_validated_model) compares it with the validated result.
     return trusted(
         ContinueResult,
         {
