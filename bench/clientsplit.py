@@ -46,10 +46,9 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
-from bench.probe import RESULTS_DIR, exit_on_sigterm, machine_meta, spread, write_json
+from bench.probe import exit_on_sigterm, machine_meta, parse_round_args, spread, write_json
 from bench.server import BenchRedis
 from bench.workloads import (
     MINIMAL_SCRIPT,
@@ -143,13 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.clientsplit")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--ops", type=int, default=600)
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "clientsplit.json")
-    p.add_argument("--quick", action="store_true", help="1 round of 30: what the smoke test runs")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.rounds, args.ops = 1, 30
-    if args.out.is_dir():  # a directory: the probes' own file name in it
-        args.out = args.out / ("clientsplit-quick.json" if args.quick else "clientsplit.json")
+    args = parse_round_args(p, argv, "clientsplit")
     exit_on_sigterm()
 
     text = chat_text(300)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.framework import command_stats
-from bench.probe import RESULTS_DIR, exit_on_sigterm, machine_meta, spread, write_json
+from bench.probe import exit_on_sigterm, machine_meta, parse_round_args, spread, write_json
 from bench.server import BenchRedis
 from bench.workloads import (
     MINIMAL_SCRIPT,
@@ -78,13 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--ops", type=int, default=2000)
     p.add_argument("--gaps", default="0,100,200", help="us of client work after each reply")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "pacing.json")
-    p.add_argument("--quick", action="store_true", help="1 round of 30: what the smoke test runs")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.rounds, args.ops = 1, 30
-    if args.out.is_dir():
-        args.out = args.out / ("pacing-quick.json" if args.quick else "pacing.json")
+    args = parse_round_args(p, argv, "pacing")
     gaps = [int(g) for g in args.gaps.split(",")]
     if any(not 0 <= g <= 10_000 for g in gaps):
         raise SystemExit("--gaps: each between 0 and 10,000 us")

@@ -8,6 +8,7 @@ a figure without the load it was taken under cannot be compared with another.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -146,3 +147,20 @@ def write_json(path: Path, data: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return path
+
+
+def parse_round_args(
+    p: argparse.ArgumentParser, argv: list[str] | None, name: str
+) -> argparse.Namespace:
+    """``p``'s arguments (it has ``--rounds`` and ``--ops``) plus the two every
+    round-and-ops probe shares: ``--out FILE|DIR`` (a directory: ``<name>.json`` in it, or
+    ``<name>-quick.json``) and ``--quick`` (1 round of 30 operations: what its smoke test
+    runs)."""
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / f"{name}.json")
+    p.add_argument("--quick", action="store_true", help="1 round of 30: what the smoke test runs")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.ops = 1, 30
+    if args.out.is_dir():  # a directory: the probe's own file name in it
+        args.out = args.out / (f"{name}-quick.json" if args.quick else f"{name}.json")
+    return args

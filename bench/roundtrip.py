@@ -64,7 +64,7 @@ from typing import Any
 import redis
 
 from bench.clientsplit import _answering, _Canned, _recording
-from bench.probe import RESULTS_DIR, exit_on_sigterm, machine_meta, spread, write_json
+from bench.probe import exit_on_sigterm, machine_meta, parse_round_args, spread, write_json
 from bench.server import BenchRedis
 from bench.workloads import (
     MINIMAL_SCRIPT,
@@ -177,13 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--ops", type=int, default=1000)
     p.add_argument("--spin-us", type=int, default=5000, help="longest spin per reply")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "roundtrip.json")
-    p.add_argument("--quick", action="store_true", help="1 round of 30: what the smoke test runs")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.rounds, args.ops = 1, 30
-    if args.out.is_dir():
-        args.out = args.out / ("roundtrip-quick.json" if args.quick else "roundtrip.json")
+    args = parse_round_args(p, argv, "roundtrip")
     if not 0 < args.spin_us <= SPIN_US_CEILING:
         raise SystemExit(f"--spin-us: between 1 and {SPIN_US_CEILING:,}")
     budget_s = args.spin_us / 1e6
