@@ -543,6 +543,28 @@ class LeanPool:
         finally:
             self._release(conn)
 
+    def pipeline(self, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
+        """Send ``commands`` in one write, not as a transaction, and return their replies
+        in order; an error reply is its exception instance in the list (every reply is
+        read, so the connection stays in step)."""
+        conn = self._get()
+        try:
+            packed = self._pack_all(conn, commands)
+            try:
+                conn.send_packed_command(packed)
+                replies: list[Any] = []
+                for _ in commands:
+                    try:
+                        replies.append(conn.read_response())
+                    except ResponseError as exc:
+                        replies.append(exc)
+                return replies
+            except BaseException:
+                conn.disconnect()
+                raise
+        finally:
+            self._release(conn)
+
 
 def lean_pool(client: Any) -> LeanPool | None:
     """A :class:`LeanPool` for ``client`` if its script calls may bypass redis-py's

@@ -146,12 +146,15 @@ class ScriptBatch:
 
     Each script still runs alone and atomically (its keys on one slot; the calls may be
     on different slots), but the batch is not a transaction: other clients' commands
-    may run between its calls.  Only for calls that do not depend on each other and are
-    safe to re-send (create-only restores, reads): a lost reply re-sends the whole batch,
-    and a call the server did not have loaded is re-sent alone.  On clients without a
-    pipeline path (cluster, fakeredis, asyncio) the executor runs the calls one by one:
-    the same replies, more round trips.  The plan bounds the batch (its calls and bytes)
-    so the server runs it in about as long as one bounded script.
+    may run between its calls, and the calls may run in another order (a lost reply
+    re-sends the whole batch, a call the server did not have loaded is re-sent alone,
+    an asyncio call is retried alone).  Only for calls that are safe to re-send and
+    either do not depend on each other (create-only restores, reads) or check their
+    order themselves (``append_many``: each ``append_turn`` names the call before it).
+    Sync standalone clients send one pipeline; asyncio standalone clients send the
+    calls at once through the auto-pipeline; other clients (cluster, fakeredis, no
+    auto-pipelining) run the calls one by one: the same replies, more round trips.  The
+    plan bounds the batch (its calls and bytes).
     """
 
     calls: tuple[ScriptCall, ...]

@@ -270,20 +270,23 @@ class SyncExecutor:
         the calls one by one; the hooks see every call's reply either way."""
         calls = batch.calls
         client = self.client
+        lean = self._lean_for(client)
         if (
             len(calls) < 2
-            or not isinstance(self._lean_for(client), LeanPool)  # standalone only
+            or not isinstance(lean, LeanPool)  # standalone only
             or any(c.durable is not None for c in calls)
             or not all(isinstance(self.scripts[c.script], LuaScript) for c in calls)
         ):
             return [self.execute(call, operation) for call in calls]
         items = [(self.scripts[c.script], c.keys, c.args) for c in calls]
+        pool = lean
 
         def attempt() -> list[Any]:
             for call in calls:
                 if call.attempts is not None:
                     call.attempts[0] += 1
-            replies = self.guard.call(lambda: run_script_batch(client, items))
+            self.lean_calls += 1
+            replies = self.guard.call(lambda: run_script_batch(pool, client, items))
             for call, reply in zip(calls, replies, strict=True):
                 for hook in self.on_script:
                     hook(call.script, call.args, reply)
@@ -364,8 +367,8 @@ class AsyncExecutor:
                 operation or request.script.script, self._transaction(request), self.policy
             )
 
-        if isinstance(request, ScriptBatch):  # one by one (see ScriptBatch)
-            return [await self.execute(call, operation) for call in request.calls]
+        if isinstance(request, ScriptBatch):
+            return await self._script_batch(request, operation)
         if isinstance(request, Overlap):
             return await self._overlap(request, operation)
         if isinstance(request, Command):
@@ -507,6 +510,26 @@ class AsyncExecutor:
             return reply
 
         return attempt
+
+    async def _script_batch(self, batch: ScriptBatch, operation: str | None) -> list[Any]:
+        """On an auto-pipelined standalone client every call at once, so they join the
+        loop tick's batch in their order and share its round trip; else one by one.
+        Each call keeps its own retries; every one has ended before an error (the first
+        in call order) is raised, so nothing of the batch is left in flight."""
+        calls = batch.calls
+        pipeline = self.pipeline_for(self.client)
+        if len(calls) < 2 or pipeline is None:
+            return [await self.execute(call, operation) for call in calls]
+        tasks = [asyncio.ensure_future(self.execute(call, operation)) for call in calls]
+        try:
+            with pipeline.queue_only():
+                await asyncio.sleep(0)  # one iteration: each call queues, in order
+        finally:  # cancelled or not, every call has ended before this returns or raises
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes
 
     async def _overlap(self, overlap: Overlap, operation: str | None) -> Any:
         """The request as a task on this loop while the work runs in a worker thread

@@ -131,6 +131,13 @@ EXPIRY_GRACE_MS: Final = 5_000
 # An append re-sets its keys' TTLs only when this much server time passed since the last
 # PEXPIRE (must stay below the grace: keys then live ttl + grace - this .. ttl + grace).
 TTL_REFRESH_MS: Final = 1_000
+# append_many: turns one call takes (its turn ids then fit the idempotency window, so the
+# same call sent again with the same ids stores nothing twice), and turns and payload bytes
+# sent per round trip.  Redis runs one connection's pipelined calls back to back, so a
+# round trip of 16 appends holds the shard about as long as one snapshot page (~1 ms).
+MAX_APPEND_MANY_TURNS: Final = IDEMPOTENCY_WINDOW
+APPEND_BATCH_TURNS: Final = 16
+APPEND_BATCH_BYTES: Final = 512 * KiB
 # Paging: list_metadata and events pages.
 METADATA_PAGE: Final = Bound(100, 1_000, 1, "sessions per page")
 EVENTS_PAGE: Final = Bound(100, 1_000, 1, "events per page")

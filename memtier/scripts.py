@@ -833,21 +833,23 @@ def _parse_folder(root: Path, folder: str) -> ScriptRegistry:
 
 
 def run_script_batch(
-    client: Any, items: Sequence[tuple[LuaScript, Sequence[str], Sequence[Any]]]
+    lean: LeanPool,
+    client: Any,
+    items: Sequence[tuple[LuaScript, Sequence[str], Sequence[Any]]],
 ) -> list[Any]:
     """Run several scripts in one non-transactional pipeline on a standalone sync client
-    (:class:`~memtier.engine.ScriptBatch`): their replies, in order.
+    (:class:`~memtier.engine.ScriptBatch`), packed and sent on its
+    :class:`~memtier.connection.LeanPool` ``lean``: their replies, in order.
 
     A call the server answers NOSCRIPT is re-sent alone through :meth:`LuaScript.__call__`
-    (which loads it): the batch's calls are independent, so only its order changes.
-    Errors as :meth:`LuaScript.__call__` (the first failed call raises); each script's
-    duration metric gets its share of the round trip.
+    on ``client`` (which loads it), in its place in the batch's order (the calls after it
+    already ran).  Errors as :meth:`LuaScript.__call__` (the first failed call raises);
+    each script's duration metric gets its share of the round trip.
     """
-    pipe = client.pipeline(transaction=False)
-    for script, keys, args in items:
-        pipe.evalsha(*script._args(script.text_for(client).sha, keys, args))
     started = time.perf_counter()
-    replies = pipe.execute(raise_on_error=False)
+    replies = lean.pipeline(
+        tuple(("EVALSHA", *script._args(script.sha, keys, args)) for script, keys, args in items)
+    )
     share = (time.perf_counter() - started) / max(1, len(items))
     out: list[Any] = []
     for (script, keys, args), reply in zip(items, replies, strict=True):

@@ -45,6 +45,9 @@
     ARGV[23] ttl_refresh_ms    key TTLs are re-set when this much server time (ms) passed
                                since the last PEXPIRE (session field `xp`); must be below
                                grace_ms, so keys still outlive the deadline, by at most grace
+    ARGV[24..] after           optional, at most one (append_many's calls after the first):
+                               the turn id of the batch's previous turn; this turn is
+                               stored only if that id is in the session's id zset
 
   Output (array):
     { 0, sid, seq, clock_ms, wall_ms, turn_bytes, rotated, session_bytes, turns, evicted,
@@ -59,6 +62,9 @@
     { -2, needed, freeable, swept }  AGGREGATE_FULL: eviction of max_evictions sessions
         cannot make room; nothing stored
     { -3, turn_bytes, limit, swept }  TURN_TOO_LARGE: larger than any session may hold
+    { -4 }  AFTER_MISSING: `after` is given and is not a stored turn id of this session
+        (the batch's previous turn was refused, or the session was dropped between the
+        batch's calls); nothing stored, nothing written
     (swept, in every refusal: other expired sessions the opportunistic sweep removed before
     the refusal -- they stay removed, with their `expired` events)
 
@@ -72,6 +78,14 @@
   Record: "<seq>|<clock>|<wall, empty when equal to clock>|<turn_bytes>|<flags>|<payload>"
   (memtier/memory/turncodec.py reads it, and records of the first format, "<flags>" = 0/1
   with the wall time always written).
+
+  Order of a batch: append_many sends its turns as one pipeline of calls of this script,
+  each after the first naming its predecessor (`after`).  Other clients' commands may run
+  between the calls, and one call may be refused; the guard makes every batch store a
+  prefix of its turns, in order -- what the same appends one by one, stopping at the
+  first refusal, would store.  The caller sends the rest again from the first call
+  refused.  The guard runs before any write; a retry of a stored turn passes it (its
+  predecessor was stored before it).
 
   Idempotency: the id zset maps each of the last id_window turn ids to its seq; one
   `ZADD NX` both detects a retry and claims the id (a refusal takes it back).  A retry is
@@ -124,6 +138,7 @@ local sweep_n = tonumber(ARGV[20])
 local grace_ms = tonumber(ARGV[21])
 local sweep_interval_ms = tonumber(ARGV[22])
 local ttl_refresh_ms = tonumber(ARGV[23])
+local after = ARGV[24]
 
 -- turn_bytes goes into the record as sent, so it must be a canonical decimal.
 if not (turn_bytes and ttl_ms and other_ttl_ms and max_sessions and max_turns
@@ -131,6 +146,7 @@ if not (turn_bytes and ttl_ms and other_ttl_ms and max_sessions and max_turns
         and compact_percent and id_window and max_evictions and sweep_n and grace_ms
         and sweep_interval_ms and ttl_refresh_ms)
     or turn_id == '' or new_sid == '' or ttl_refresh_ms >= grace_ms
+    or after == '' or #ARGV > 24
     or not (sfind(turn_bytes_s, '^[1-9]%d*$') or turn_bytes_s == '0')
     or not sfind(flags, '^[01]v[1-9]%d*$') then
   return redis.error_reply('memtier: append_turn: malformed ARGV')
@@ -167,6 +183,12 @@ local dropped_any = false
 -- 1. Expiry of this member's own session (a turn at or after the deadline rotates).
 local h = rcall('HMGET', s_key, 'id', 'last', 'seq', 'turns', 'bytes', 'tools', 'cq', 'xp',
   'r:' .. turn_id)
+-- A batch's order guard (see Order of a batch above): `after` must be a turn this session
+-- stored (a claim no stored turn followed has a seq above the session's).
+if after then
+  local at = rcall('ZSCORE', i_key, after)
+  if not (at and h[3] and tonumber(at) <= tonumber(h[3])) then return { -4 } end
+end
 local rotated = 0
 local last = h[2]
 if (last and now >= tonumber(last) + ttl_ms)

@@ -6,14 +6,14 @@ import asyncio
 import re
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from memtier import metrics
+from memtier import limits, metrics
 from memtier.errors import ValidationError
 from memtier.memory.aio import AsyncConversationStore
-from memtier.memory.models import Channel, ConversationKey
+from memtier.memory.models import Channel, ConversationKey, Turn
 from memtier.memory.store import ConversationStore
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "AnyStore",
     "NotStoredReason",
     "NotStoredTally",
+    "append_calls",
     "call_store",
     "session_key",
     "tool_turn_id",
@@ -74,6 +75,13 @@ class NotStoredTally:
     def add(self, reason: NotStoredReason) -> None:
         self.counts[reason.value] += 1
         metrics.INTEGRATION_ITEMS_NOT_STORED.labels(self.framework, reason.value).inc()
+
+
+def append_calls(turns: Sequence[Turn]) -> list[Sequence[Turn]]:
+    """``turns`` as the ``append_many`` calls that store them (each takes at most
+    ``MAX_APPEND_MANY_TURNS``: a framework's batch of more goes in several calls)."""
+    step = limits.MAX_APPEND_MANY_TURNS
+    return [turns[i : i + step] for i in range(0, len(turns), step)]
 
 
 async def call_store(store: AnyStore, method: str, *args: Any) -> Any:

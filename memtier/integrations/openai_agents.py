@@ -36,6 +36,7 @@ from memtier.integrations._common import (
     AnyStore,
     NotStoredReason,
     NotStoredTally,
+    append_calls,
     call_store,
     session_key,
     tool_turn_id,
@@ -238,12 +239,13 @@ class MemtierSession:
         return items
 
     async def add_items(self, items: list[Any]) -> None:
-        """Append each item as a turn, in order (items of one call are not one transaction)."""
+        """Append the items' turns in order with ``append_many`` (one round trip per 16
+        turns).  Not one transaction: a refusal leaves the items before it stored
+        (the error's ``stored`` detail counts them) and none after it."""
         call_names: dict[str, str] = {}
         turns = [item_to_turn(item, self.not_stored, call_names) for item in items]
-        for turn in turns:
-            if turn is not None:
-                await call_store(self.store, "append", self.key, turn)
+        for batch in append_calls([turn for turn in turns if turn is not None]):
+            await call_store(self.store, "append_many", self.key, batch)
 
     async def pop_item(self) -> Any | None:
         """Remove and return the newest stored item (one atomic script); None if empty."""

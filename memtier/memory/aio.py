@@ -9,7 +9,7 @@ run their steps in a worker thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from memtier import limits, metrics
@@ -220,6 +220,15 @@ class AsyncConversationStore:
         compacted), CapacityError, TurnTooLargeError, BackendError.
         """
         return await self.executor.run(ops.append(self, key, turn), "append")
+
+    async def append_many(self, key: KeyLike, turns: Sequence[Turn]) -> list[AppendReceipt]:
+        """Append ``turns`` to one session, in order, in as few round trips as it can
+        (the calls of one round trip share the loop tick's auto-pipelined write).
+
+        Stores, returns and raises exactly as
+        :meth:`~memtier.memory.store.ConversationStore.append_many`.
+        """
+        return await self.executor.run(ops.append_many(self, key, turns), "append")
 
     async def context(self, key: KeyLike, *, limit: int = 0) -> Context:
         """The LLM-facing projection of exactly this key (empty if none or expired)."""

@@ -67,6 +67,7 @@ from memtier.scriptspec import BoundSpec
 from memtier.wire import ms_to_datetime
 
 __all__ = [
+    "AfterMissing",
     "AppendStatus",
     "MemoryCore",
     "ScriptCall",
@@ -97,6 +98,13 @@ class AppendStatus:
     SESSION_FULL = -1
     AGGREGATE_FULL = -2
     TURN_TOO_LARGE = -3
+    AFTER_MISSING = -4
+
+
+class AfterMissing(Exception):
+    """An ``append_many`` call whose predecessor in its batch is not stored (refused, or
+    its session dropped between the batch's calls): nothing was stored; the plan sends
+    the batch again from this turn.  Never raised to callers of the store."""
 
 
 class PreparedTurn(NamedTuple):
@@ -282,7 +290,11 @@ class MemoryCore:
             return None
         return Durable(settings.wait_replicas, settings.wait_timeout_ms, part.meta)
 
-    def append_call(self, prepared: PreparedTurn, session_id: str | None = None) -> ScriptCall:
+    def append_call(
+        self, prepared: PreparedTurn, session_id: str | None = None, after: str | None = None
+    ) -> ScriptCall:
+        """The ``append_turn`` call of ``prepared``; ``after``: the turn id of the batch's
+        previous turn (``append_many``), which must be stored for this one to be."""
         key = prepared.key
         member = key.member
         part, sk = self._route(member)
@@ -292,7 +304,7 @@ class MemoryCore:
                 part, key.channel
             )
         # The free inputs in _APPEND_FREE order (checked against the spec when bound).
-        return fixed.bound.call(
+        call = fixed.bound.call(
             (sk.session, sk.turns, sk.turn_ids),
             (
                 member,
@@ -305,6 +317,9 @@ class MemoryCore:
             ),
             fixed.durable,
         )
+        if after is None:
+            return call
+        return ScriptCall(call.script, call.keys, (*call.args, after), durable=call.durable)
 
     def _append_bounds(self, part: PartitionKeys, channel: Channel) -> _AppendFixed:
         """What every append to ``channel`` on ``part`` sends alike: its partition keys,
@@ -392,6 +407,8 @@ class MemoryCore:
                 limit_bytes=int(reply[2]),
                 swept=int(reply[3]),
             )
+        if status == AppendStatus.AFTER_MISSING:
+            raise AfterMissing(prepared.turn_id)
         raise ScriptError(f"append_turn returned unknown status {status}")
 
     # --- context -------------------------------------------------------------------------------

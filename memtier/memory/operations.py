@@ -22,10 +22,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from memtier import limits, metrics
-from memtier.engine import Command, Handoff, Plan
-from memtier.errors import MemtierError, SessionFullError, SnapshotError, ValidationError
+from memtier.engine import Command, Handoff, Plan, ScriptBatch, ScriptCall
+from memtier.errors import (
+    MemtierError,
+    ScriptError,
+    SessionFullError,
+    SnapshotError,
+    ValidationError,
+)
 from memtier.memory.compaction import CompactionOutcome, compaction_plan
-from memtier.memory.core import MemoryCore, PreparedTurn
+from memtier.memory.core import AfterMissing, MemoryCore, PreparedTurn
 from memtier.memory.models import (
     AppendReceipt,
     Context,
@@ -55,6 +61,7 @@ __all__ = [
     "MemoryHost",
     "StoreStats",
     "append",
+    "append_many",
     "check_data_loss",
     "compact",
     "context",
@@ -127,10 +134,95 @@ def append(host: MemoryHost, key: KeyLike, turn: Turn) -> Plan[AppendReceipt]:
     if host.loss_watch is not None:
         yield from check_data_loss(host)
     call = core.append_call(prepared)
+    try:
+        reply = yield call
+    except Exception as exc:
+        _count_append_error(prepared, exc, 0)
+        raise
+    return (yield from _receipt(host, prepared, reply, call))
+
+
+def append_many(host: MemoryHost, key: KeyLike, turns: Sequence[Turn]) -> Plan[list[AppendReceipt]]:
+    """Append ``turns`` to one session, in order (see :meth:`ConversationStore.append_many`).
+
+    Every turn is validated, redacted and bounded before anything is sent.  Then the
+    turns go as pipelines of ``append_turn`` calls, one round trip each (at most
+    ``APPEND_BATCH_TURNS`` turns and ``APPEND_BATCH_BYTES`` of payload); each call after
+    a pipeline's first names its predecessor, and the script stores it only if that one
+    is stored (:class:`~memtier.memory.core.AfterMissing` otherwise).  So what is stored
+    is always what the same appends one by one would store: a prefix of ``turns`` in
+    order, up to the first refusal, which is raised (a full session is compacted inline
+    and its turn sent again first, as :func:`append` does).  The error's ``stored``
+    detail is how many of ``turns`` were stored (with ``outcome_unknown``, later ones
+    may have been too: the same turn ids sent again store nothing twice).
+    """
+    core = host.core
+    ckey = core.coerce_key(key)
+    if len(turns) > limits.MAX_APPEND_MANY_TURNS:
+        raise ValidationError(
+            f"append_many takes at most {limits.MAX_APPEND_MANY_TURNS} turns a call",
+            field="turns",
+            limit=limits.MAX_APPEND_MANY_TURNS,
+        )
+    prepared = [core.prepare_turn(ckey, turn) for turn in turns]
+    if host.loss_watch is not None:
+        yield from check_data_loss(host)
+    receipts: list[AppendReceipt] = []
+    # Each round stores at least its pipeline's first turn (which names no predecessor)
+    # or raises, so there are at most len(turns) rounds.
+    for _ in range(len(prepared)):
+        start = len(receipts)
+        if start == len(prepared):
+            break
+        batch = _next_batch(prepared, start)
+        calls = [
+            core.append_call(p, after=batch[i - 1].turn_id if i else None)
+            for i, p in enumerate(batch)
+        ]
+        try:
+            replies = (yield ScriptBatch(tuple(calls))) if len(calls) > 1 else [(yield calls[0])]
+        except Exception as exc:
+            _count_append_error(batch[0], exc, 0)
+            _note_stored(exc, start)
+            raise
+        for p, reply in zip(batch, replies, strict=True):
+            try:
+                receipt = yield from _receipt(host, p, reply, None)
+            except AfterMissing:
+                if len(receipts) == start:  # the first call names no predecessor
+                    raise ScriptError("append_turn refused a batch's first call") from None
+                break  # sent again in the next round, from this turn
+            except Exception as exc:
+                _note_stored(exc, len(receipts))
+                raise
+            receipts.append(receipt)
+    return receipts
+
+
+def _next_batch(prepared: Sequence[PreparedTurn], start: int) -> Sequence[PreparedTurn]:
+    """The turns from ``start`` that one round trip sends (at least one)."""
+    end, size = start, 0
+    while end < len(prepared) and end - start < limits.APPEND_BATCH_TURNS:
+        size += len(prepared[end].payload)
+        if size > limits.APPEND_BATCH_BYTES and end > start:
+            break
+        end += 1
+    return prepared[start:end]
+
+
+def _receipt(
+    host: MemoryHost, prepared: PreparedTurn, reply: Any, call: ScriptCall | None
+) -> Plan[AppendReceipt]:
+    """The receipt of an append's ``reply``, counted.  A full session is compacted
+    inline (unless ``inline_compaction`` is off) and the turn sent once more: ``call``
+    again (the same turn id), or for a batch's call (None) the turn alone, naming no
+    predecessor (the one before it was stored).  :class:`AfterMissing` is not counted:
+    the batch sends that turn again."""
+    core = host.core
     swept_first = 0  # expired sessions the refused first attempt swept
     try:
         try:
-            receipt = core.decode_append(prepared, (yield call))
+            receipt = core.decode_append(prepared, reply)
         except SessionFullError as full:
             if not host.inline_compaction:
                 raise
@@ -139,13 +231,22 @@ def append(host: MemoryHost, key: KeyLike, turn: Turn) -> Plan[AppendReceipt]:
                 BlockingPlan(_inline_compaction(host, prepared))
             )
             metrics.COMPACTIONS.labels(outcome.status.value).inc()
-            receipt = core.decode_append(prepared, (yield call))
+            again = call if call is not None else core.append_call(prepared)
+            receipt = core.decode_append(prepared, (yield again))
+    except AfterMissing:
+        raise
     except Exception as exc:
         _count_append_error(prepared, exc, swept_first)
         raise
     if swept_first:
         receipt = receipt.model_copy(update={"swept": receipt.swept + swept_first})
     return _count_append(prepared, receipt)
+
+
+def _note_stored(exc: Exception, stored: int) -> None:
+    """Name on ``exc`` how many turns of an ``append_many`` were stored before it."""
+    if isinstance(exc, MemtierError):
+        exc.details["stored"] = stored
 
 
 def context(host: MemoryHost, key: KeyLike, limit: int) -> Plan[Context]:

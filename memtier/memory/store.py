@@ -7,7 +7,7 @@ retry, script hooks); the logic is in the plans and :class:`~memtier.memory.core
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from memtier import limits, metrics
@@ -191,6 +191,24 @@ class ConversationStore:
         compacted), CapacityError, TurnTooLargeError, BackendError.
         """
         return self.executor.run(ops.append(self, key, turn), "append")
+
+    def append_many(self, key: KeyLike, turns: Sequence[Turn]) -> list[AppendReceipt]:
+        """Append ``turns`` to one session, in order, in as few round trips as it can.
+
+        What is stored is what ``append`` of each turn in turn would store, stopping at
+        the first error: a prefix of ``turns``, in order, each with its own receipt (a
+        full session is compacted inline as ``append`` does).  Every turn is validated
+        and redacted before anything is sent, so bad input stores nothing.  The turns
+        go as pipelines of script calls (up to 16 turns or 512 KiB a round trip), each
+        stored only if the one before it was, so no turn is stored after one that was
+        refused, whatever other clients do between the calls.
+
+        Raises what ``append`` raises; an error after some turns were stored names
+        how many in ``error.details["stored"]`` (the first that many of ``turns``;
+        with ``outcome_unknown`` later ones may be too: resending them with the same
+        turn ids stores nothing twice).  More than 1,024 turns: ValidationError.
+        """
+        return self.executor.run(ops.append_many(self, key, turns), "append")
 
     def context(self, key: KeyLike, *, limit: int = 0) -> Context:
         """The LLM-facing projection of exactly this key (empty if none or expired)."""

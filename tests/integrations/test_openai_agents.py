@@ -15,9 +15,10 @@ import pytest
 from adapterstores import Clock, async_store, sync_store
 from agents import Agent, Runner, function_tool
 from agentshelpers import ScriptedModel, assert_pairs_intact, call, say, shape
+from roundtrips import Writes
 
 from memtier import AsyncConversationStore, ConversationKey, ConversationStore, MemtierConfig
-from memtier.errors import ValidationError
+from memtier.errors import SessionFullError, ValidationError
 from memtier.integrations._common import NotStoredReason
 from memtier.integrations.openai_agents import SESSION_NAMESPACE, MemtierSession
 from memtier.metrics import render
@@ -182,6 +183,48 @@ async def test_bad_items_raise_memtier_validation_errors(backend: Any) -> None:
             await session.add_items([bad])
         assert err.value.code == "invalid_input"
     assert await session.get_items() == []  # nothing half-written
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("real", marks=pytest.mark.real),
+        pytest.param("valkey", marks=pytest.mark.valkey),
+    ],
+    indirect=True,
+)
+async def test_add_items_is_one_round_trip_and_refused_items_leave_a_prefix(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The items of one ``add_items`` go in one ``append_many``: one round trip for a
+    turn's user message, tool call, its output and the answer; a refusal mid-list
+    leaves the items before it and none after it."""
+    store = async_store(
+        backend, Clock(), conversation={"max_turns_per_session": 8, "max_session_bytes": 1024}
+    )
+    store.inline_compaction = False
+    session = MemtierSession("one-trip", store)
+    # connect first: a batch's connection comes from the pool (a new one writes its handshake)
+    await session.add_items(
+        [{"role": "user", "content": "connect"}, {"role": "assistant", "content": "first"}]
+    )
+    items: list[Any] = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"role": "assistant", "content": "Sunny."},
+    ]
+    writes = Writes(monkeypatch)
+    await session.add_items(items)
+    assert writes.count == 1
+    assert len(await session.get_items()) == 6
+    big = "y" * 990  # past the session's bytes: refused; the small one after it would fit
+    with pytest.raises(SessionFullError) as refused:
+        await session.add_items(
+            [{"role": "user", "content": big}, {"role": "user", "content": "small"}]
+        )
+    assert refused.value.details["stored"] == 0
+    assert len(await session.get_items()) == 6  # the small item was not stored either
 
 
 # --- the SDK's Runner --------------------------------------------------------------------------
