@@ -408,7 +408,7 @@ class MemoryCore:
                 swept=int(reply[3]),
             )
         if status == AppendStatus.AFTER_MISSING:
-            raise AfterMissing(prepared.turn_id)
+            raise AfterMissing
         raise ScriptError(f"append_turn returned unknown status {status}")
 
     # --- context -------------------------------------------------------------------------------
