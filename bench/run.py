@@ -154,6 +154,7 @@ def _run_sections(
 ) -> float | None:
     from bench import checkpoints, multiproc, profiling, scale, workers_threads
     from bench.peers import PeerSet
+    from bench.turnitems import TURN_ITEMS, turn_items_measures
     from bench.workloads import (
         CONCURRENCY,
         PAYLOAD_SIZES,
@@ -251,6 +252,14 @@ def _run_sections(
                         for m in ms
                         if m.key not in (ba, br)
                     },
+                )
+            ms = [] if args.no_peers else turn_items_measures(peers, mem, texts["300B"])
+            if ms:  # (the SDK not installed: reported unavailable, no group)
+                b = ms[0].key
+                h.group(
+                    f"one agent turn's {TURN_ITEMS} items per call, asyncio, one connection [300B]",
+                    ms,
+                    ratios={m.key: b for m in ms[1:]},
                 )
 
         def read_group() -> None:
