@@ -279,14 +279,13 @@ class SyncExecutor:
         ):
             return [self.execute(call, operation) for call in calls]
         items = [(self.scripts[c.script], c.keys, c.args) for c in calls]
-        pool = lean
 
         def attempt() -> list[Any]:
             for call in calls:
                 if call.attempts is not None:
                     call.attempts[0] += 1
             self.lean_calls += 1
-            replies = self.guard.call(lambda: run_script_batch(pool, client, items))
+            replies = self.guard.call(lambda: run_script_batch(lean, client, items))
             for call, reply in zip(calls, replies, strict=True):
                 for hook in self.on_script:
                     hook(call.script, call.args, reply)

@@ -135,11 +135,13 @@ def append(host: MemoryHost, key: KeyLike, turn: Turn) -> Plan[AppendReceipt]:
         yield from check_data_loss(host)
     call = core.append_call(prepared)
     try:
-        reply = yield call
+        receipt = core.decode_append(prepared, (yield call))
+    except SessionFullError as full:
+        receipt = yield from _after_full(host, prepared, full, call)
     except Exception as exc:
         _count_append_error(prepared, exc, 0)
         raise
-    return (yield from _receipt(host, prepared, reply, call))
+    return _count_append(prepared, receipt)
 
 
 def append_many(host: MemoryHost, key: KeyLike, turns: Sequence[Turn]) -> Plan[list[AppendReceipt]]:
@@ -187,7 +189,15 @@ def append_many(host: MemoryHost, key: KeyLike, turns: Sequence[Turn]) -> Plan[l
             raise
         for p, reply in zip(batch, replies, strict=True):
             try:
-                receipt = yield from _receipt(host, p, reply, None)
+                try:
+                    receipt = core.decode_append(p, reply)
+                except SessionFullError as full:
+                    receipt = yield from _after_full(host, p, full, None)
+                except AfterMissing:
+                    raise
+                except Exception as exc:
+                    _count_append_error(p, exc, 0)
+                    raise
             except AfterMissing:
                 if len(receipts) == start:  # the first call names no predecessor
                     raise ScriptError("append_turn refused a batch's first call") from None
@@ -195,7 +205,7 @@ def append_many(host: MemoryHost, key: KeyLike, turns: Sequence[Turn]) -> Plan[l
             except Exception as exc:
                 _note_stored(exc, len(receipts))
                 raise
-            receipts.append(receipt)
+            receipts.append(_count_append(p, receipt))
     return receipts
 
 
@@ -210,37 +220,29 @@ def _next_batch(prepared: Sequence[PreparedTurn], start: int) -> Sequence[Prepar
     return prepared[start:end]
 
 
-def _receipt(
-    host: MemoryHost, prepared: PreparedTurn, reply: Any, call: ScriptCall | None
+def _after_full(
+    host: MemoryHost, prepared: PreparedTurn, full: SessionFullError, call: ScriptCall | None
 ) -> Plan[AppendReceipt]:
-    """The receipt of an append's ``reply``, counted.  A full session is compacted
-    inline (unless ``inline_compaction`` is off) and the turn sent once more: ``call``
-    again (the same turn id), or for a batch's call (None) the turn alone, naming no
-    predecessor (the one before it was stored).  :class:`AfterMissing` is not counted:
-    the batch sends that turn again."""
+    """The receipt of ``prepared`` after its session was full: compacted inline and the
+    turn sent once more -- ``call`` again (the same turn id), or for a batch's call
+    (None) the turn alone, naming no predecessor (the one before it was stored).  With
+    ``inline_compaction`` off, ``full`` is raised.  Failures are counted here."""
     core = host.core
-    swept_first = 0  # expired sessions the refused first attempt swept
+    swept_first = int(full.details.get("swept", 0))  # what the refused attempt swept
     try:
-        try:
-            receipt = core.decode_append(prepared, reply)
-        except SessionFullError as full:
-            if not host.inline_compaction:
-                raise
-            swept_first = int(full.details.get("swept", 0))
-            outcome: CompactionOutcome = yield Handoff(
-                BlockingPlan(_inline_compaction(host, prepared))
-            )
-            metrics.COMPACTIONS.labels(outcome.status.value).inc()
-            again = call if call is not None else core.append_call(prepared)
-            receipt = core.decode_append(prepared, (yield again))
-    except AfterMissing:
-        raise
+        if not host.inline_compaction:
+            raise full
+        outcome: CompactionOutcome = yield Handoff(BlockingPlan(_inline_compaction(host, prepared)))
+        metrics.COMPACTIONS.labels(outcome.status.value).inc()
+        again = call if call is not None else core.append_call(prepared)
+        receipt = core.decode_append(prepared, (yield again))
     except Exception as exc:
-        _count_append_error(prepared, exc, swept_first)
+        # (full itself carries its swept count; a later failure adds it to its own)
+        _count_append_error(prepared, exc, 0 if exc is full else swept_first)
         raise
     if swept_first:
         receipt = receipt.model_copy(update={"swept": receipt.swept + swept_first})
-    return _count_append(prepared, receipt)
+    return receipt
 
 
 def _note_stored(exc: Exception, stored: int) -> None:
