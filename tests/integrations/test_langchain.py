@@ -12,6 +12,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
 from lchelpers import RecordingChatModel, kinds
+from roundtrips import Writes
 
 from memtier import ConversationKey
 from memtier.errors import ConfigurationError, ValidationError
@@ -97,6 +98,43 @@ def test_bad_messages_are_validation_errors_and_nothing_is_written(backend: Any)
     with pytest.raises(ValidationError):
         history.add_messages(["not a message"])  # type: ignore[list-item]
     assert history.messages == []
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("real", marks=pytest.mark.real),
+        pytest.param("valkey", marks=pytest.mark.valkey),
+    ],
+    indirect=True,
+)
+async def test_add_messages_is_one_round_trip_sync_and_async(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain's turn (question, tool call, its result, answer) in one ``append_many``:
+    one round trip, sync and asyncio."""
+    store, astore = sync_store(backend, Clock()), async_store(backend, Clock())
+    history = MemtierChatMessageHistory("s-trip", store, astore=astore)
+
+    def turn(call_id: str) -> list[Any]:
+        return [
+            HumanMessage(content="Weather?"),
+            AIMessage(content="", tool_calls=[{"name": "w", "args": {}, "id": call_id}]),
+            ToolMessage(content="sunny", tool_call_id=call_id),
+            AIMessage(content="Sunny."),
+        ]
+
+    # connect first (a batch's connection comes from the pool: a new one writes its
+    # handshake)
+    history.add_messages([HumanMessage(content="hi"), AIMessage(content="hello")])
+    await history.aadd_messages([HumanMessage(content="hi"), AIMessage(content="hello")])
+    writes = Writes(monkeypatch)
+    history.add_messages(turn("c1"))
+    assert writes.count == 1
+    await history.aadd_messages(turn("c2"))
+    assert writes.count == 2
+    stored = history.messages
+    assert len(stored) == 12 and kinds(stored[-4:]) == kinds(turn("c2"))
 
 
 async def test_async_forms_match_sync(backend: Any) -> None:
