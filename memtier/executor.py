@@ -517,7 +517,8 @@ class AsyncExecutor:
         in call order) is raised, so nothing of the batch is left in flight."""
         calls = batch.calls
         pipeline = self.pipeline_for(self.client)
-        if len(calls) < 2 or pipeline is None:
+        # (a durable call waits for replicas on its own connection: not pipelined)
+        if len(calls) < 2 or pipeline is None or any(c.durable is not None for c in calls):
             return [await self.execute(call, operation) for call in calls]
         tasks = [asyncio.ensure_future(self.execute(call, operation)) for call in calls]
         try:

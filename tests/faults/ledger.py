@@ -33,6 +33,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -155,9 +156,17 @@ def start_writers(
     seconds: float = 30.0,
     pause_ms: int = 0,
     extra: Sequence[str] = (),
+    together: bool = False,
 ) -> Writers:
-    """Start ``writers`` processes appending ``turns`` each (bounded also by ``seconds``)."""
+    """Start ``writers`` processes appending ``turns`` each (bounded also by ``seconds``).
+
+    ``together``: every writer connects first and they start appending at once (for a
+    fault that the writes themselves cause, such as a disk filling up: a writer that
+    started late would only ever see it)."""
     procs, ledgers, logs = [], [], []
+    go = workdir / "go"
+    if together:
+        extra = (*extra, "--go", str(go))
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     for w in range(writers):
         ledger = workdir / f"ledger-{w}.jsonl"
@@ -181,7 +190,17 @@ def start_writers(
             )
         ledgers.append(ledger)
         logs.append(log)
-    return Writers(procs, ledgers, logs)
+    started = Writers(procs, ledgers, logs)
+    if together:
+        deadline = time.monotonic() + 60.0
+        ready = [workdir / f"go.ready-{w}" for w in range(writers)]
+        while not all(r.exists() for r in ready):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                started.__exit__()
+                raise AssertionError(f"the writers did not connect: {[r.exists() for r in ready]}")
+            time.sleep(0.01)
+        go.touch()
+    return started
 
 
 def wait_writers(writers: Writers, timeout_s: float = 180.0) -> None:

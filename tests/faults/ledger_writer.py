@@ -21,6 +21,8 @@ from ledger import classify, ledger_key, turn_text
 
 from memtier import AvatarMessage, ConversationStore, MemtierConfig
 
+GO_TIMEOUT_S = 60.0
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -33,6 +35,9 @@ def main() -> int:
     parser.add_argument("--pause-ms", type=int, default=0)
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--durability", default="")
+    # A start barrier: the writer connects, creates <go>.ready-<writer>, and appends only
+    # once <go> exists (bounded wait), so every writer starts together.
+    parser.add_argument("--go", default="")
     args = parser.parse_args()
 
     settings: dict[str, object] = {"redis_url": args.url, "namespace": args.namespace}
@@ -45,6 +50,14 @@ def main() -> int:
 
     def record(row: dict[str, object]) -> None:
         os.write(fd, (json.dumps(row, separators=(",", ":")) + "\n").encode())
+
+    if args.go:
+        store.client.ping()  # connected before the others are told to go
+        Path(f"{args.go}.ready-{args.writer}").touch()
+        waited = time.monotonic() + GO_TIMEOUT_S
+        while not Path(args.go).exists() and time.monotonic() < waited:
+            time.sleep(0.01)
+        deadline = time.monotonic() + args.seconds
 
     try:
         for n in range(args.turns):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from faultservers import FaultRedis, fault_redis
@@ -108,3 +109,46 @@ async def test_the_asyncio_store_waits_for_the_replica_too(
             replica.sigcont()
         retried = await store.append(key, AvatarMessage(text="b", turn_id="t2"))
         assert retried.duplicate and retried.seq == 2
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+async def test_a_replicated_append_many_waits_for_the_replica_turn_by_turn(
+    primary_and_replica: tuple[FaultRedis, FaultRedis], api: str
+) -> None:
+    """``append_many`` with ``durability="replicated"`` sends its turns one by one, each
+    confirmed by the replica: with the replica stopped the first is an unknown outcome
+    (on the primary, not confirmed), nothing after it is sent, and the same call sent
+    again once the replica is back confirms it and stores the rest, each once."""
+    from memtier import AsyncConversationStore
+
+    primary, replica = primary_and_replica
+    key = ConversationKey(uuid.uuid4(), "im")
+    config = MemtierConfig.load(
+        redis_url=primary.url,
+        namespace="d" + uuid.uuid4().hex[:8],
+        redis={"durability": "replicated", "wait_replicas": 1, "wait_timeout_ms": 1000},
+    )
+    turns = [AvatarMessage(text=f"m{i}", turn_id=f"t{i}") for i in range(3)]
+    sync = ConversationStore.from_config(config, recover=False)
+    astore = AsyncConversationStore.from_config(config, recover=False)
+
+    async def append_many() -> list[Any]:
+        if api == "sync":
+            return sync.append_many(key, turns)
+        return await astore.append_many(key, turns)
+
+    try:
+        replica.sigstop()
+        try:
+            with pytest.raises(OutcomeUnknownError) as unknown:
+                await append_many()
+            assert unknown.value.details["stored"] == 0
+            assert [t.turn_id for t in sync.context(key).turns] == ["t0"]
+        finally:
+            replica.sigcont()
+        receipts = await append_many()
+        assert [(r.seq, r.duplicate) for r in receipts] == [(1, True), (2, False), (3, False)]
+        assert [t.turn_id for t in sync.context(key).turns] == ["t0", "t1", "t2"]
+    finally:
+        sync.close()
+        await astore.close()

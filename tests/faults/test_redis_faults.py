@@ -211,7 +211,14 @@ def test_aof_disk_full_refuses_writes_and_loses_no_acknowledged_turn(tmp_path: P
     config = {**AOF_ALWAYS, "appendfsync": "everysec"}  # `always` makes Redis exit instead
     with fault_redis(config, tmpfs_bytes=1 << 20) as server:
         with start_writers(
-            server.url, namespace, tmp_path, writers=2, turns=2000, seconds=90, keys=24
+            server.url,
+            namespace,
+            tmp_path,
+            writers=2,
+            turns=2000,
+            seconds=90,
+            keys=24,
+            together=True,
         ) as writers:
             _wait_first_acks(writers.ledgers)
             wait_writers(writers)
