@@ -8,6 +8,13 @@ from typing import Any
 import pytest
 import redis.connection
 
+# The backends whose clients send a batch of script calls as one pipeline (a cluster
+# client sends them one by one), for the tests that count its round trips.
+PIPELINED_BACKENDS = [
+    pytest.param("real", marks=pytest.mark.real),
+    pytest.param("valkey", marks=pytest.mark.valkey),
+]
+
 
 class Writes:
     """Counts writes to Redis (one per round trip): ``send_packed_command`` of every sync

@@ -42,13 +42,16 @@ def primary_and_replica() -> Iterator[tuple[FaultRedis, FaultRedis]]:
         yield primary, replica
 
 
-def _store(url: str, durability: str) -> ConversationStore:
-    config = MemtierConfig.load(
+def _config(url: str, durability: str) -> MemtierConfig:
+    return MemtierConfig.load(
         redis_url=url,
         namespace="d" + uuid.uuid4().hex[:8],
         redis={"durability": durability, "wait_replicas": 1, "wait_timeout_ms": 1000},
     )
-    return ConversationStore.from_config(config, recover=False)
+
+
+def _store(url: str, durability: str) -> ConversationStore:
+    return ConversationStore.from_config(_config(url, durability), recover=False)
 
 
 def test_a_replicated_append_is_acknowledged_only_once_a_replica_has_it(
@@ -94,11 +97,7 @@ async def test_the_asyncio_store_waits_for_the_replica_too(
 
     primary, replica = primary_and_replica
     key = ConversationKey(uuid.uuid4(), "im")
-    config = MemtierConfig.load(
-        redis_url=primary.url,
-        namespace="d" + uuid.uuid4().hex[:8],
-        redis={"durability": "replicated", "wait_replicas": 1, "wait_timeout_ms": 1000},
-    )
+    config = _config(primary.url, "replicated")
     async with AsyncConversationStore.from_config(config, recover=False) as store:
         assert (await store.append(key, AvatarMessage(text="a", turn_id="t1"))).seq == 1
         replica.sigstop()
@@ -123,11 +122,7 @@ async def test_a_replicated_append_many_waits_for_the_replica_turn_by_turn(
 
     primary, replica = primary_and_replica
     key = ConversationKey(uuid.uuid4(), "im")
-    config = MemtierConfig.load(
-        redis_url=primary.url,
-        namespace="d" + uuid.uuid4().hex[:8],
-        redis={"durability": "replicated", "wait_replicas": 1, "wait_timeout_ms": 1000},
-    )
+    config = _config(primary.url, "replicated")
     turns = [AvatarMessage(text=f"m{i}", turn_id=f"t{i}") for i in range(3)]
     sync = ConversationStore.from_config(config, recover=False)
     astore = AsyncConversationStore.from_config(config, recover=False)

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from memhelpers import Clock, key, sync_store
-from roundtrips import Writes
+from roundtrips import PIPELINED_BACKENDS, Writes
 
 import memtier.executor
 from memtier import AgentResponse, AvatarMessage, ConversationKey, ConversationStore, ToolSummary
@@ -35,11 +35,6 @@ from memtier.memory.models import AppendReceipt
 make_store = memfixtures.make_store
 
 TTL_MS = 60_000
-# The backends whose clients send a batch as one pipeline.
-STANDALONE = [
-    pytest.param("real", marks=pytest.mark.real),
-    pytest.param("valkey", marks=pytest.mark.valkey),
-]
 _avatars = itertools.count(1)
 
 # (kind 0 avatar / 1 agent / 2 tool, size, turn id from a small pool or fresh)
@@ -268,7 +263,7 @@ def _expire(other: ConversationStore, keys: Sequence[ConversationKey], clock: Cl
     "adversary", [_drop, _another_writer, _script_flush, _expire], ids=lambda f: f.__name__
 )
 @pytest.mark.parametrize("after", [1, 3])
-@pytest.mark.parametrize("backend", STANDALONE, indirect=True)
+@pytest.mark.parametrize("backend", PIPELINED_BACKENDS, indirect=True)
 def test_other_clients_between_the_pipelined_calls(
     backend: Any, monkeypatch: pytest.MonkeyPatch, adversary: Adversary, after: int
 ) -> None:
@@ -314,7 +309,7 @@ def test_other_clients_between_the_pipelined_calls(
 
 
 # --- round trips, bounds, bad input ----------------------------------------------------------
-@pytest.mark.parametrize("backend", STANDALONE, indirect=True)
+@pytest.mark.parametrize("backend", PIPELINED_BACKENDS, indirect=True)
 def test_a_batch_is_one_round_trip(
     backend: Any, monkeypatch: pytest.MonkeyPatch, make_store: Any
 ) -> None:
