@@ -133,8 +133,8 @@ EXPIRY_GRACE_MS: Final = 5_000
 TTL_REFRESH_MS: Final = 1_000
 # append_many: turns one call takes (its turn ids then fit the idempotency window, so the
 # same call sent again with the same ids stores nothing twice), and turns and payload bytes
-# sent per round trip.  Redis runs one connection's pipelined calls back to back, so a
-# round trip of 16 appends holds the shard about as long as one snapshot page (~1 ms).
+# of one append_turn call (one round trip).  One call of 16 turns holds the shard for less
+# than one snapshot page (~1 ms); append_turn itself refuses more than 16 turns a call.
 MAX_APPEND_MANY_TURNS: Final = IDEMPOTENCY_WINDOW
 APPEND_BATCH_TURNS: Final = 16
 APPEND_BATCH_BYTES: Final = 512 * KiB

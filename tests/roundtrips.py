@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 import redis.connection
 
-# The backends whose clients send a batch of script calls as one pipeline (a cluster
-# client sends them one by one), for the tests that count its round trips.
-PIPELINED_BACKENDS = [
+# The real servers, standalone and Cluster, for the tests that count round trips
+# (fakeredis has no connections to count).
+ROUND_TRIP_BACKENDS = [
     pytest.param("real", marks=pytest.mark.real),
+    pytest.param("cluster", marks=pytest.mark.cluster),
     pytest.param("valkey", marks=pytest.mark.valkey),
+    pytest.param("valkey-cluster", marks=[pytest.mark.valkey, pytest.mark.cluster]),
 ]
 
 

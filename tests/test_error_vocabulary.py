@@ -258,22 +258,6 @@ def _code_of(call: Callable[[], object]) -> str:
     return info.value.code.value
 
 
-# append_turn refusals that append_many answers itself (it sends the batch again from
-# that turn): never raised to a caller, so they have no error code.
-APPEND_INTERNAL = ("AFTER_MISSING",)
-
-
-def test_an_internal_append_refusal_is_no_memtier_error() -> None:
-    from memtier.memory.core import AfterMissing, MemoryCore
-
-    lua = header_refusals(_scripts()["memory/append_turn"])
-    core = MemoryCore(MemtierConfig.load())
-    for name in APPEND_INTERNAL:
-        with pytest.raises(AfterMissing) as raised:
-            core.decode_append(cast(Any, None), [lua[name]])
-        assert not isinstance(raised.value, MemtierError)
-
-
 def _append_code(status: int) -> str:
     from memtier.memory.core import MemoryCore
 
@@ -297,8 +281,7 @@ def _lua_refusal_codes() -> dict[str, str]:
         if value < 0:
             mapped[f"threads:{name}"] = thread_errors[thread_status(value)][0].value
     for name, value in header_refusals(_scripts()["memory/append_turn"]).items():
-        if name not in APPEND_INTERNAL:
-            mapped[f"memory/append_turn:{name}"] = _append_code(value)
+        mapped[f"memory/append_turn:{name}"] = _append_code(value)
     for name, value in header_refusals(_scripts()["langgraph/checkpoint_write"]).items():
         mapped[f"langgraph/checkpoint_write:{name}"] = _checkpoint_write_code(value)
     # redis.error_reply('memtier: ...') in any script: memtier.scripts maps it to ScriptError

@@ -45,9 +45,9 @@
     ARGV[23] ttl_refresh_ms    key TTLs are re-set when this much server time (ms) passed
                                since the last PEXPIRE (session field `xp`); must be below
                                grace_ms, so keys still outlive the deadline, by at most grace
-    ARGV[24..] after           optional, at most one (append_many's calls after the first):
-                               the turn id of the batch's previous turn; this turn is
-                               stored only if that id is in the session's id zset
+    ARGV[24..] more turns      optional (append_many): the batch's other turns of this
+                               session, 4 values each -- turn_id, payload, turn_bytes,
+                               flags, as ARGV[3..6] -- at most 15 turns (16 in all)
 
   Output (array):
     { 0, sid, seq, clock_ms, wall_ms, turn_bytes, rotated, session_bytes, turns, evicted,
@@ -62,11 +62,14 @@
     { -2, needed, freeable, swept }  AGGREGATE_FULL: eviction of max_evictions sessions
         cannot make room; nothing stored
     { -3, turn_bytes, limit, swept }  TURN_TOO_LARGE: larger than any session may hold
-    { -4 }  AFTER_MISSING: `after` is given and is not a stored turn id of this session
-        (the batch's previous turn was refused, or the session was dropped between the
-        batch's calls); nothing stored, nothing written
     (swept, in every refusal: other expired sessions the opportunistic sweep removed before
     the refusal -- they stay removed, with their `expired` events)
+    With more turns (ARGV[24..]): a refusal of the first turn comes alone, as above;
+    otherwise an array of the replies above, one per turn handled, in order.  A refusal is
+    always the last; the array may also end early (fewer replies than turns, the last not
+    a refusal): the turn after the last reply needed the sweep or the partition pressure
+    path, so it was not handled -- the caller sends it and the turns after it in a new
+    call.
 
   Side effects: events (expired, rotated, evicted_*), PEXPIRE of the session's keys to
   ttl + grace (lazily: when a key is new or ttl_refresh_ms passed since the last one, so a
@@ -79,13 +82,14 @@
   (memtier/memory/turncodec.py reads it, and records of the first format, "<flags>" = 0/1
   with the wall time always written).
 
-  Order of a batch: append_many sends its turns as one pipeline of calls of this script,
-  each after the first naming its predecessor (`after`).  Other clients' commands may run
-  between the calls, and one call may be refused; the guard makes every batch store a
-  prefix of its turns, in order -- what the same appends one by one, stopping at the
-  first refusal, would store.  The caller sends the rest again from the first call
-  refused.  The guard runs before any write; a retry of a stored turn passes it (its
-  predecessor was stored before it).
+  A batch (append_many): the first turn takes the whole path below (sections 0-7); the
+  others take the common path only (`more_turns`): an id claim, the session bounds, one
+  RPUSH each, and the session, LRU, index and meta writes once at the end.  Each stores
+  what one more call of this script would store at that point, so a batch stores what the
+  same appends one by one store -- a prefix of its turns, in order, up to the first
+  refusal.  A turn that would need more than the common path (a sweep due, partition
+  pressure) ends the call before it is touched; the caller sends it in a new call, whose
+  first turn takes the whole path.
 
   Idempotency: the id zset maps each of the last id_window turn ids to its seq; one
   `ZADD NX` both detects a retry and claims the id (a refusal takes it back).  A retry is
@@ -138,7 +142,8 @@ local sweep_n = tonumber(ARGV[20])
 local grace_ms = tonumber(ARGV[21])
 local sweep_interval_ms = tonumber(ARGV[22])
 local ttl_refresh_ms = tonumber(ARGV[23])
-local after = ARGV[24]
+local n_turns = 1
+if #ARGV > 23 then n_turns = 1 + (#ARGV - 23) / 4 end
 
 -- turn_bytes goes into the record as sent, so it must be a canonical decimal.
 if not (turn_bytes and ttl_ms and other_ttl_ms and max_sessions and max_turns
@@ -146,10 +151,17 @@ if not (turn_bytes and ttl_ms and other_ttl_ms and max_sessions and max_turns
         and compact_percent and id_window and max_evictions and sweep_n and grace_ms
         and sweep_interval_ms and ttl_refresh_ms)
     or turn_id == '' or new_sid == '' or ttl_refresh_ms >= grace_ms
-    or after == '' or #ARGV > 24
     or not (sfind(turn_bytes_s, '^[1-9]%d*$') or turn_bytes_s == '0')
-    or not sfind(flags, '^[01]v[1-9]%d*$') then
+    or not sfind(flags, '^[01]v[1-9]%d*$')
+    or n_turns ~= math.floor(n_turns) or n_turns > 16 then
   return redis.error_reply('memtier: append_turn: malformed ARGV')
+end
+for a = 24, #ARGV, 4 do
+  local b = ARGV[a + 2]
+  if ARGV[a] == '' or not (sfind(b, '^[1-9]%d*$') or b == '0')
+      or not sfind(ARGV[a + 3], '^[01]v[1-9]%d*$') then
+    return redis.error_reply('memtier: append_turn: malformed ARGV')
+  end
 end
 
 -- Cost rule of the common path (an existing session, no expiry, sweep or eviction due):
@@ -159,6 +171,152 @@ end
 -- hash) returned, the counters are formatted once each with %d, and a string is passed
 -- wherever one exists.  No tables or closures with upvalues of this chunk either: the
 -- helpers below take their inputs as arguments.
+
+-- A retry's first answer (see Idempotency), from a receipt "<sid>|<seq>|<clock>|<wall>|
+-- <bytes>|<rotated>"; `bytes` and `turns` are the session's now.
+local function receipt_reply(receipt, bytes, turns)
+  local f = {}
+  for part in string.gmatch(receipt, '[^|]+') do f[#f + 1] = part end
+  return { 1, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
+    tonumber(f[6]), bytes, turns, 0, 0, 0 }
+end
+
+-- ... or from the turn's own record (seq `first` <= cur): one of the newest
+-- cur - first + 1 records of the list.  nil when there is none.
+local function record_reply(t_key, sid, first, cur, bytes, turns)
+  local k = math.min(turns, cur - first + 1)
+  local recs = {}
+  if k > 0 then recs = rcall('LRANGE', t_key, -k, -1) end
+  for j = #recs, 1, -1 do
+    local rs, rc, rw, rb, rr = string.match(recs[j], '^(%d+)|(%d+)|(%d*)|(%d+)|[01](r?)')
+    if rs and tonumber(rs) == first then
+      if rw == '' then rw = rc end
+      return { 1, sid, first, tonumber(rc), tonumber(rw), tonumber(rb), rr == 'r' and 1 or 0,
+        bytes, turns, 0, 0, 0 }
+    end
+  end
+  return nil
+end
+
+-- The batch's other turns (ARGV[24..]; see A batch above), after the first turn's reply
+-- `first` (stored, or a retry's answer): the session's state after the first turn comes
+-- in the arguments, the rest from KEYS and ARGV (parsed again here: a batch only, not a
+-- single append, pays for it).  Returns the replies, the first one's included.
+local function more_turns(first, sid, seq, turns, bytes, tools, cq, xp, aggregate,
+                          next_sweep, now, now_s, wall, wall_s, real, real_s, fresh)
+  local s_key, t_key, i_key = KEYS[1], KEYS[2], KEYS[3]
+  local member = ARGV[2]
+  local ttl_ms, grace_ms = tonumber(ARGV[8]), tonumber(ARGV[21])
+  local max_turns, max_session_bytes = tonumber(ARGV[11]), tonumber(ARGV[12])
+  local max_aggregate, max_tools = tonumber(ARGV[13]), tonumber(ARGV[14])
+  local compact_percent, id_window = tonumber(ARGV[17]), tonumber(ARGV[18])
+  -- every receipt of the batch in one read (a new session has none)
+  local receipts = {}
+  if not fresh then
+    local names = {}
+    for a = 24, #ARGV, 4 do names[#names + 1] = 'r:' .. ARGV[a] end
+    receipts = rcall('HMGET', s_key, unpack(names))
+  end
+  local wall_field = ''
+  if wall ~= now then wall_field = wall_s end
+  local replies = { first }
+  local stored, trimmed, recreated = false, false, false
+  local k = 0
+  for a = 24, #ARGV, 4 do
+    k = k + 1
+    -- a sweep due: this turn goes first in the caller's next call, which sweeps
+    if now >= next_sweep then break end
+    local turn_id, turn_bytes_s, flags = ARGV[a], ARGV[a + 2], ARGV[a + 3]
+    local turn_bytes = tonumber(turn_bytes_s)
+    local is_tool = string.byte(flags, 1) == 49
+    local cur = seq
+    local seq_s = sfmt('%d', cur + 1)
+    -- receipts leave with the ids the window trims: read again once it has trimmed
+    local receipt = receipts[k]
+    if trimmed then receipt = rcall('HGET', s_key, 'r:' .. turn_id) end
+    local dup
+    if receipt then
+      dup = receipt_reply(receipt, bytes, turns)
+    elseif rcall('ZADD', i_key, 'NX', seq_s, turn_id) == 0 then
+      local at = tonumber(rcall('ZSCORE', i_key, turn_id))
+      if at <= cur then
+        dup = record_reply(t_key, sid, at, cur, bytes, turns)
+        if not dup then
+          return redis.error_reply('memtier: append_turn: a turn id of the window has'
+            .. ' neither its record nor a receipt')
+        end
+      elseif at ~= cur + 1 then rcall('ZADD', i_key, seq_s, turn_id) end
+    end
+    if dup then
+      replies[#replies + 1] = dup
+    else
+      local refusal
+      if turn_bytes > max_session_bytes then
+        refusal = { -3, turn_bytes, max_session_bytes, 0 }
+      elseif turns + 1 > max_turns then
+        refusal = { -1, 'turns', turns, max_turns, 0 }
+      elseif bytes + turn_bytes > max_session_bytes then
+        refusal = { -1, 'bytes', bytes, max_session_bytes, 0 }
+      elseif is_tool and tools + 1 > max_tools then
+        refusal = { -1, 'tools', tools, max_tools, 0 }
+      end
+      -- a refusal ends the batch; partition pressure ends this call (the next one
+      -- sweeps and evicts first)
+      if refusal or aggregate + turn_bytes > max_aggregate then
+        rcall('ZREM', i_key, turn_id)
+        if refusal then replies[#replies + 1] = refusal end
+        break
+      end
+      seq, turns, bytes = cur + 1, turns + 1, bytes + turn_bytes
+      if is_tool then tools = tools + 1 end
+      aggregate = aggregate + turn_bytes
+      if rcall('RPUSH', t_key, seq_s .. '|' .. now_s .. '|' .. wall_field .. '|'
+          .. turn_bytes_s .. '|' .. flags .. '|' .. ARGV[a + 1]) == 1 then
+        recreated = true
+      end
+      stored = true
+      if seq > id_window then
+        local over = rcall('ZCARD', i_key) - id_window
+        if over > 0 then
+          local old = rcall('ZPOPMIN', i_key, over)
+          for j = 1, #old, 2 do rcall('HDEL', s_key, 'r:' .. old[j]) end
+          trimmed = true
+        end
+      end
+      if not cq and (turns * 100 >= max_turns * compact_percent
+          or bytes * 100 >= max_session_bytes * compact_percent
+          or tools * 100 >= max_tools * compact_percent) then
+        cq = rcall('XADD', KEYS[9], 'MAXLEN', '~', ARGV[10], '*', 'member', member, 'sid', sid)
+        rcall('HSET', s_key, 'cq', cq)
+      end
+      replies[#replies + 1] = { 0, sid, seq, now, wall, turn_bytes, 0, bytes, turns, 0, 0, 0 }
+    end
+  end
+  if stored then
+    -- what the last call of one-by-one appends would leave in the session and partition
+    local bytes_s = sfmt('%d', bytes)
+    local refresh = not xp or real - xp >= tonumber(ARGV[23]) or real < xp
+    if refresh then
+      rcall('HSET', s_key, 'seq', sfmt('%d', seq), 'turns', sfmt('%d', turns), 'bytes', bytes_s,
+        'tools', sfmt('%d', tools), 'last', now_s, 'last_wall', wall_s, 'xp', real_s)
+    else
+      rcall('HSET', s_key, 'seq', sfmt('%d', seq), 'turns', sfmt('%d', turns), 'bytes', bytes_s,
+        'tools', sfmt('%d', tools), 'last', now_s, 'last_wall', wall_s)
+    end
+    rcall('ZADD', KEYS[4], now_s, member)
+    rcall('HSET', KEYS[6], member, bytes_s)
+    rcall('HSET', KEYS[7], 'clock', now_s, 'bytes', sfmt('%d', aggregate))
+    if refresh then
+      local expire_s = sfmt('%d', ttl_ms + grace_ms)
+      rcall('PEXPIRE', s_key, expire_s)
+      rcall('PEXPIRE', t_key, expire_s)
+      rcall('PEXPIRE', i_key, expire_s)
+    elseif recreated then
+      rcall('PEXPIRE', t_key, ttl_ms + grace_ms)
+    end
+  end
+  return replies
+end
 
 -- 0. Clocks: `now` (non-decreasing per partition, TTL arithmetic), `wall` (for people) and
 -- `real` (server TIME, for Redis key TTLs, which run on the server's clock); `*_s` are the
@@ -183,12 +341,6 @@ local dropped_any = false
 -- 1. Expiry of this member's own session (a turn at or after the deadline rotates).
 local h = rcall('HMGET', s_key, 'id', 'last', 'seq', 'turns', 'bytes', 'tools', 'cq', 'xp',
   'r:' .. turn_id)
--- A batch's order guard (see Order of a batch above): `after` must be a turn this session
--- stored (a claim no stored turn followed has a seq above the session's).
-if after then
-  local at = rcall('ZSCORE', i_key, after)
-  if not (at and h[3] and tonumber(at) <= tonumber(h[3])) then return { -4 } end
-end
 local rotated = 0
 local last = h[2]
 if (last and now >= tonumber(last) + ttl_ms)
@@ -213,35 +365,28 @@ if exists then
   local cur = tonumber(h[3] or '0')
   seq = cur + 1
   seq_s = sfmt('%d', seq)
+  local dup
   if h[9] then
-    local f = {}
-    for part in string.gmatch(h[9], '[^|]+') do f[#f + 1] = part end
-    if now > hwm then rcall('HSET', meta_key, 'clock', now_s) end
-    return { 1, f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
-      tonumber(f[6]), bytes, turns, 0, 0, 0 }
-  end
-  if rcall('ZADD', i_key, 'NX', seq_s, turn_id) == 0 then
+    dup = receipt_reply(h[9], bytes, turns)
+  elseif rcall('ZADD', i_key, 'NX', seq_s, turn_id) == 0 then
     local first = tonumber(rcall('ZSCORE', i_key, turn_id))
     if first <= cur then
-      -- the records from `first` on are at most the newest cur - first + 1 of the list
-      local k = math.min(turns, cur - first + 1)
-      local recs = {}
-      if k > 0 then recs = rcall('LRANGE', t_key, -k, -1) end
-      for j = #recs, 1, -1 do
-        local rs, rc, rw, rb, rr = string.match(recs[j], '^(%d+)|(%d+)|(%d*)|(%d+)|[01](r?)')
-        if rs and tonumber(rs) == first then
-          if rw == '' then rw = rc end
-          if now > hwm then rcall('HSET', meta_key, 'clock', now_s) end
-          return { 1, h[1], first, tonumber(rc), tonumber(rw), tonumber(rb),
-            rr == 'r' and 1 or 0, bytes, turns, 0, 0, 0 }
-        end
+      dup = record_reply(t_key, h[1], first, cur, bytes, turns)
+      if not dup then
+        return redis.error_reply('memtier: append_turn: a turn id of the window has neither'
+          .. ' its record nor a receipt')
       end
-      return redis.error_reply('memtier: append_turn: a turn id of the window has neither'
-        .. ' its record nor a receipt')
-    end
     -- a claim no stored turn followed (a call that failed after section 2): this call
     -- takes it over, so the id is never stuck
-    if first ~= seq then rcall('ZADD', i_key, seq_s, turn_id) end
+    elseif first ~= seq then rcall('ZADD', i_key, seq_s, turn_id) end
+  end
+  if dup then
+    if now > hwm then rcall('HSET', meta_key, 'clock', now_s) end
+    if n_turns > 1 then
+      return more_turns(dup, h[1], cur, turns, bytes, tools, h[7], tonumber(h[8] or ''),
+        aggregate, next_sweep, now, now_s, wall, wall_s, real, real_s, false)
+    end
+    return dup
   end
   claimed = true
 end
@@ -444,14 +589,20 @@ elseif len == 1 then
 end
 
 -- 7. Ask a worker to compact once a bound passes compact_percent (one job per session).
-if not h[7] and (turns * 100 >= max_turns * compact_percent
+local cq = h[7]
+if not cq and (turns * 100 >= max_turns * compact_percent
     or bytes * 100 >= max_session_bytes * compact_percent
     or tools * 100 >= max_tools * compact_percent) then
   -- cq = the job's stream id: a compaction that runs first (inline) deletes the stale job.
-  local job_id = rcall('XADD', compact_key, 'MAXLEN', '~', max_sessions, '*',
-    'member', member, 'sid', sid)
-  rcall('HSET', s_key, 'cq', job_id)
+  cq = rcall('XADD', compact_key, 'MAXLEN', '~', max_sessions, '*', 'member', member, 'sid', sid)
+  rcall('HSET', s_key, 'cq', cq)
 end
 
-return { 0, sid, seq, now, wall, turn_bytes, rotated, bytes, turns, n_victims,
+local reply = { 0, sid, seq, now, wall, turn_bytes, rotated, bytes, turns, n_victims,
   evicted_for_sessions, swept }
+if n_turns > 1 then
+  if refresh then xp = real end
+  return more_turns(reply, sid, seq, turns, bytes, tools, cq, xp, aggregate, next_sweep, now,
+    now_s, wall, wall_s, real, real_s, not exists)
+end
+return reply

@@ -67,7 +67,6 @@ from memtier.scriptspec import BoundSpec
 from memtier.wire import ms_to_datetime
 
 __all__ = [
-    "AfterMissing",
     "AppendStatus",
     "MemoryCore",
     "ScriptCall",
@@ -98,13 +97,6 @@ class AppendStatus:
     SESSION_FULL = -1
     AGGREGATE_FULL = -2
     TURN_TOO_LARGE = -3
-    AFTER_MISSING = -4
-
-
-class AfterMissing(Exception):
-    """An ``append_many`` call whose predecessor in its batch is not stored (refused, or
-    its session dropped between the batch's calls): nothing was stored; the plan sends
-    the batch again from this turn.  Never raised to callers of the store."""
 
 
 class PreparedTurn(NamedTuple):
@@ -291,10 +283,14 @@ class MemoryCore:
         return Durable(settings.wait_replicas, settings.wait_timeout_ms, part.meta)
 
     def append_call(
-        self, prepared: PreparedTurn, session_id: str | None = None, after: str | None = None
+        self,
+        prepared: PreparedTurn,
+        session_id: str | None = None,
+        more: Sequence[PreparedTurn] = (),
     ) -> ScriptCall:
-        """The ``append_turn`` call of ``prepared``; ``after``: the turn id of the batch's
-        previous turn (``append_many``), which must be stored for this one to be."""
+        """The ``append_turn`` call of ``prepared``, and of ``more`` turns of the same
+        session after it (``append_many``: the script then replies with one reply per turn
+        it handled, :meth:`decode_append` each)."""
         key = prepared.key
         member = key.member
         part, sk = self._route(member)
@@ -317,9 +313,13 @@ class MemoryCore:
             ),
             fixed.durable,
         )
-        if after is None:
+        if not more:
             return call
-        return ScriptCall(call.script, call.keys, (*call.args, after), durable=call.durable)
+        extra: list[str | int | bytes] = []
+        for p in more:
+            tool = p.turn.kind == "tool"
+            extra += (p.turn_id, p.payload, p.turn_bytes, record_flags(tool))
+        return ScriptCall(call.script, call.keys, (*call.args, *extra), durable=call.durable)
 
     def _append_bounds(self, part: PartitionKeys, channel: Channel) -> _AppendFixed:
         """What every append to ``channel`` on ``part`` sends alike: its partition keys,
@@ -407,8 +407,6 @@ class MemoryCore:
                 limit_bytes=int(reply[2]),
                 swept=int(reply[3]),
             )
-        if status == AppendStatus.AFTER_MISSING:
-            raise AfterMissing
         raise ScriptError(f"append_turn returned unknown status {status}")
 
     # --- context -------------------------------------------------------------------------------

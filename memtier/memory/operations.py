@@ -22,16 +22,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from memtier import limits, metrics
-from memtier.engine import Command, Handoff, Plan, ScriptBatch, ScriptCall
+from memtier.engine import Command, Handoff, Plan, ScriptCall
 from memtier.errors import (
     MemtierError,
-    ScriptError,
     SessionFullError,
     SnapshotError,
     ValidationError,
 )
 from memtier.memory.compaction import CompactionOutcome, compaction_plan
-from memtier.memory.core import AfterMissing, MemoryCore, PreparedTurn
+from memtier.memory.core import MemoryCore, PreparedTurn
 from memtier.memory.models import (
     AppendReceipt,
     Context,
@@ -148,15 +147,16 @@ def append_many(host: MemoryHost, key: KeyLike, turns: Sequence[Turn]) -> Plan[l
     """Append ``turns`` to one session, in order (see :meth:`ConversationStore.append_many`).
 
     Every turn is validated, redacted and bounded before anything is sent.  Then the
-    turns go as pipelines of ``append_turn`` calls, one round trip each (at most
-    ``APPEND_BATCH_TURNS`` turns and ``APPEND_BATCH_BYTES`` of payload); each call after
-    a pipeline's first names its predecessor, and the script stores it only if that one
-    is stored (:class:`~memtier.memory.core.AfterMissing` otherwise).  So what is stored
-    is always what the same appends one by one would store: a prefix of ``turns`` in
-    order, up to the first refusal, which is raised (a full session is compacted inline
-    and its turn sent again first, as :func:`append` does).  The error's ``stored``
-    detail is how many of ``turns`` were stored (with ``outcome_unknown``, later ones
-    may have been too: the same turn ids sent again store nothing twice).
+    turns go as ``append_turn`` calls of several turns each, one round trip each (at most
+    ``APPEND_BATCH_TURNS`` turns and ``APPEND_BATCH_BYTES`` of payload).  The script
+    handles a call's turns as the same calls one by one would, and stops at the first
+    refusal, or before a turn that needs a sweep or partition pressure, which the next
+    call sends first.  So what is stored is always what the same appends one by one
+    would store: a prefix of ``turns`` in order, up to the first refusal, which is raised
+    (a full session is compacted inline and its turn sent again first, as :func:`append`
+    does).  The error's ``stored`` detail is how many of ``turns`` were stored (with
+    ``outcome_unknown``, later ones may have been too: the same turn ids sent again store
+    nothing twice).
     """
     core = host.core
     ckey = core.coerce_key(key)
@@ -170,39 +170,33 @@ def append_many(host: MemoryHost, key: KeyLike, turns: Sequence[Turn]) -> Plan[l
     if host.loss_watch is not None:
         yield from check_data_loss(host)
     receipts: list[AppendReceipt] = []
-    # Each round stores at least its pipeline's first turn (which names no predecessor)
-    # or raises, so there are at most len(turns) rounds.
+    # The script handles each call's first turn (stored, a retry's answer, or refused:
+    # raised), so there are at most len(turns) rounds.
     for _ in range(len(prepared)):
         start = len(receipts)
         if start == len(prepared):
             break
         batch = _next_batch(prepared, start)
-        calls = [
-            core.append_call(p, after=batch[i - 1].turn_id if i else None)
-            for i, p in enumerate(batch)
-        ]
         try:
-            replies = (yield ScriptBatch(tuple(calls))) if len(calls) > 1 else [(yield calls[0])]
+            reply = yield core.append_call(batch[0], more=batch[1:])
         except Exception as exc:
             _count_append_error(batch[0], exc, 0)
             _note_stored(exc, start)
             raise
-        for p, reply in zip(batch, replies, strict=True):
+        # one reply per turn the script handled; a single turn's call, and a refusal of a
+        # call's first turn, reply alone
+        replies = reply if isinstance(reply[0], list) else (reply,)
+        for p, turn_reply in zip(batch, replies, strict=False):
             try:
+                receipt = core.decode_append(p, turn_reply)
+            except SessionFullError as full:
                 try:
-                    receipt = core.decode_append(p, reply)
-                except SessionFullError as full:
                     receipt = yield from _after_full(host, p, full, None)
-                except AfterMissing:
-                    raise
                 except Exception as exc:
-                    _count_append_error(p, exc, 0)
+                    _note_stored(exc, len(receipts))
                     raise
-            except AfterMissing:
-                if len(receipts) == start:  # the first call names no predecessor
-                    raise ScriptError("append_turn refused a batch's first call") from None
-                break  # sent again in the next round, from this turn
             except Exception as exc:
+                _count_append_error(p, exc, 0)
                 _note_stored(exc, len(receipts))
                 raise
             receipts.append(_count_append(p, receipt))
@@ -224,9 +218,9 @@ def _after_full(
     host: MemoryHost, prepared: PreparedTurn, full: SessionFullError, call: ScriptCall | None
 ) -> Plan[AppendReceipt]:
     """The receipt of ``prepared`` after its session was full: compacted inline and the
-    turn sent once more -- ``call`` again (the same turn id), or for a batch's call
-    (None) the turn alone, naming no predecessor (the one before it was stored).  With
-    ``inline_compaction`` off, ``full`` is raised.  Failures are counted here."""
+    turn sent once more -- ``call`` again (the same turn id), or for a batch's turn
+    (None) in a call of its own.  With ``inline_compaction`` off, ``full`` is raised.
+    Failures are counted here."""
     core = host.core
     swept_first = int(full.details.get("swept", 0))  # what the refused attempt swept
     try:

@@ -111,13 +111,14 @@ async def test_the_asyncio_store_waits_for_the_replica_too(
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])
-async def test_a_replicated_append_many_waits_for_the_replica_turn_by_turn(
+async def test_a_replicated_append_many_waits_for_the_replica_per_call(
     primary_and_replica: tuple[FaultRedis, FaultRedis], api: str
 ) -> None:
-    """``append_many`` with ``durability="replicated"`` sends its turns one by one, each
-    confirmed by the replica: with the replica stopped the first is an unknown outcome
-    (on the primary, not confirmed), nothing after it is sent, and the same call sent
-    again once the replica is back confirms it and stores the rest, each once."""
+    """``append_many`` with ``durability="replicated"`` waits for the replica after each
+    ``append_turn`` call (one call takes the batch's turns): with the replica stopped the
+    call is an unknown outcome (its turns on the primary, none confirmed: ``stored`` 0),
+    and the same call sent again once the replica is back confirms each as a retry,
+    storing nothing twice; a next batch is stored and confirmed."""
     from memtier import AsyncConversationStore
 
     primary, replica = primary_and_replica
@@ -138,12 +139,15 @@ async def test_a_replicated_append_many_waits_for_the_replica_turn_by_turn(
             with pytest.raises(OutcomeUnknownError) as unknown:
                 await append_many()
             assert unknown.value.details["stored"] == 0
-            assert [t.turn_id for t in sync.context(key).turns] == ["t0"]
+            assert [t.turn_id for t in sync.context(key).turns] == ["t0", "t1", "t2"]
         finally:
             replica.sigcont()
         receipts = await append_many()
-        assert [(r.seq, r.duplicate) for r in receipts] == [(1, True), (2, False), (3, False)]
-        assert [t.turn_id for t in sync.context(key).turns] == ["t0", "t1", "t2"]
+        assert [(r.seq, r.duplicate) for r in receipts] == [(1, True), (2, True), (3, True)]
+        turns[1:] = [AvatarMessage(text=f"n{i}", turn_id=f"n{i}") for i in range(2)]
+        receipts = await append_many()
+        assert [(r.seq, r.duplicate) for r in receipts] == [(1, True), (4, False), (5, False)]
+        assert [t.turn_id for t in sync.context(key).turns] == ["t0", "t1", "t2", "n0", "n1"]
     finally:
         sync.close()
         await astore.close()

@@ -12,7 +12,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
 from lchelpers import RecordingChatModel, kinds
-from roundtrips import PIPELINED_BACKENDS, Writes
+from roundtrips import ROUND_TRIP_BACKENDS, Writes
 
 from memtier import ConversationKey
 from memtier.errors import ConfigurationError, ValidationError
@@ -100,7 +100,7 @@ def test_bad_messages_are_validation_errors_and_nothing_is_written(backend: Any)
     assert history.messages == []
 
 
-@pytest.mark.parametrize("backend", PIPELINED_BACKENDS, indirect=True)
+@pytest.mark.parametrize("backend", ROUND_TRIP_BACKENDS, indirect=True)
 async def test_add_messages_is_one_round_trip_sync_and_async(
     backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

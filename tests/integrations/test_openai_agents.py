@@ -15,7 +15,7 @@ import pytest
 from adapterstores import Clock, async_store, sync_store
 from agents import Agent, Runner, function_tool
 from agentshelpers import ScriptedModel, assert_pairs_intact, call, say, shape
-from roundtrips import PIPELINED_BACKENDS, Writes
+from roundtrips import ROUND_TRIP_BACKENDS, Writes
 
 from memtier import AsyncConversationStore, ConversationKey, ConversationStore, MemtierConfig
 from memtier.errors import SessionFullError, ValidationError
@@ -185,7 +185,7 @@ async def test_bad_items_raise_memtier_validation_errors(backend: Any) -> None:
     assert await session.get_items() == []  # nothing half-written
 
 
-@pytest.mark.parametrize("backend", PIPELINED_BACKENDS, indirect=True)
+@pytest.mark.parametrize("backend", ROUND_TRIP_BACKENDS, indirect=True)
 async def test_add_items_is_one_round_trip_and_refused_items_leave_a_prefix(
     backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,19 +2,23 @@
 exactly what the same appends one by one would store.
 
 The promise: whatever the turns are (kinds, sizes, retried turn ids, turns a session
-bound refuses, a session that expires between calls) and whatever other clients do
-between the pipelined calls, ``append_many`` stores a prefix of its turns in order --
-the turns that ``append`` of each in turn, stopping at the first error, would store --
-with the same receipts, and raises that same first error with ``stored`` naming the
-prefix.  The adversaries: a generated model comparison (one key appended one by one, a
-twin key by ``append_many``, on every backend and both APIs), other clients acting
-between the calls of one pipeline (a drop of the session, another writer, a script
-flush), and the order guard of ``append_turn`` driven directly (a missing predecessor
-writes nothing).
+bound refuses, a session that expires between calls, partition pressure that evicts or
+sweeps other sessions) and whatever other clients do between the calls, ``append_many``
+stores a prefix of its turns in order -- the turns that ``append`` of each in turn,
+stopping at the first error, would store -- with the same receipts, and raises that same
+first error with ``stored`` naming the prefix.  One ``append_turn`` call takes up to 16
+turns: the first takes the script's whole path, the others its common path, and a turn
+that needs more (a sweep due, partition pressure) ends the call before it.  The
+adversaries: two generated model comparisons (one key appended one by one, a twin key by
+``append_many``, on every backend and both APIs; the second with other sessions filling,
+expiring and being evicted from both twins' partitions alike), other clients acting
+between the calls of one ``append_many``, and the script driven directly (its early ends,
+malformed batches that write nothing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,12 +28,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from memhelpers import Clock, key, sync_store
-from roundtrips import PIPELINED_BACKENDS, Writes
+from roundtrips import ROUND_TRIP_BACKENDS, Writes
 
-import memtier.executor
+import memtier.engine
 from memtier import AgentResponse, AvatarMessage, ConversationKey, ConversationStore, ToolSummary
 from memtier import limits as memtier_limits
-from memtier.errors import MemtierError, SessionFullError, ValidationError
+from memtier.errors import MemtierError, ScriptError, SessionFullError, ValidationError
 from memtier.memory.models import AppendReceipt
 
 make_store = memfixtures.make_store
@@ -82,9 +86,12 @@ def _error(exc: BaseException) -> tuple[Any, ...]:
     return (type(exc), exc.code, tuple(sorted(details.items())))
 
 
-def _stored(store: Any, k: ConversationKey) -> tuple[Any, ...]:
+def _stored(store: Any, k: ConversationKey, raw: Any) -> tuple[Any, ...]:
+    """The session's turns and summary, and whether a compaction job is queued for it."""
     ctx = store.context(k)
-    return (ctx.summary, tuple((t.seq, t.kind, t.turn_id, dict(t.fields)) for t in ctx.turns))
+    queued = raw.hexists(store.core.partition_for(k).session(k.member).session, "cq")
+    turns = tuple((t.seq, t.kind, t.turn_id, dict(t.fields)) for t in ctx.turns)
+    return (ctx.summary, turns, queued)
 
 
 def _one_by_one(store: Any, k: ConversationKey, turns: Sequence[Any]) -> Any:
@@ -118,30 +125,96 @@ def _twin_keys(store: Any) -> tuple[ConversationKey, ConversationKey]:
     raise AssertionError("no key in another partition")
 
 
-def _compare(store: Any, clock: Clock, ops: list[Any]) -> None:
+def _fillers(store: Any, twins: Sequence[ConversationKey], n: int) -> list[list[ConversationKey]]:
+    """``n`` fresh keys in each twin's partition, every third on the im channel (by
+    position, so that both partitions get the same channels)."""
+    found: list[list[ConversationKey]] = []
+    for twin in twins:
+        home = store.core.partition_for(twin).partition
+        keys: list[ConversationKey] = []
+        for j in range(n):
+            channel = "im" if j % 3 == 2 else "public"
+            for _ in range(1_000):
+                k = key(next(_avatars), channel)
+                if store.core.partition_for(k).partition == home:
+                    keys.append(k)
+                    break
+            else:
+                raise AssertionError("no key in the twin's partition")
+        found.append(keys)
+    return found
+
+
+def _compare(store: Any, clock: Clock, ops: list[Any], raw: Any) -> None:
+    """Each op on both twins alike: a batch (one by one against ``append_many``), a fill
+    of their partitions, or the TTL passing; after each, the same state on both sides."""
     one, many = _twin_keys(store)
     seen_one: dict[str, int] = {}
     seen_many: dict[str, int] = {}
+    fill_one: list[ConversationKey] = []
+    fill_many: list[ConversationKey] = []
     count = 0
     for op in ops:
         if op == ("expire",):
             clock.advance(TTL_MS)
-            continue
-        turns = [_turn(kind, size, pid, count + i) for i, (kind, size, pid) in enumerate(op)]
-        count += len(turns)
-        want, want_error = _one_by_one(store, one, turns)
-        got, got_error = _at_once(store, many, turns)
-        if want_error is None:
-            assert got_error is None, got_error
-            assert [_receipt(r, seen_many) for r in got] == [_receipt(r, seen_one) for r in want]
+        elif op[0] == "fill":
+            _, n, size = op
+            a, b = _fillers(store, (one, many), n)
+            for ka, kb in zip(a, b, strict=True):
+                clock.advance(1)  # distinct LRU scores: the same victims on both sides
+                for k in (ka, kb):
+                    with contextlib.suppress(MemtierError):
+                        store.append(k, AvatarMessage(text="f" * size))
+            fill_one += a
+            fill_many += b
         else:
-            assert got_error is not None, "append_many stored past the first refusal"
-            assert _error(got_error) == _error(want_error)
-            assert got_error.details["stored"] == len(want)
-            # the refused batch's receipts are not returned: start both session maps anew
-            seen_one.clear()
-            seen_many.clear()
-        assert _stored(store, many) == _stored(store, one)
+            turns = [_turn(kind, size, pid, count + i) for i, (kind, size, pid) in enumerate(op)]
+            count += len(turns)
+            want, want_error = _one_by_one(store, one, turns)
+            got, got_error = _at_once(store, many, turns)
+            if want_error is None:
+                assert got_error is None, got_error
+                assert [_receipt(r, seen_many) for r in got] == [
+                    _receipt(r, seen_one) for r in want
+                ]
+            else:
+                assert got_error is not None, "append_many stored past the first refusal"
+                assert _error(got_error) == _error(want_error)
+                assert got_error.details["stored"] == len(want)
+                seen_one.clear()
+                seen_many.clear()
+            clock.advance(1)
+        assert _stored(store, many, raw) == _stored(store, one, raw)
+        # the other sessions of both partitions: the same ones live, with the same turns
+        assert [len(store.context(k).turns) for k in fill_many] == [
+            len(store.context(k).turns) for k in fill_one
+        ]
+
+
+def _fresh_store(
+    backend: Any, make_store: Any, clock: Clock, inline: bool, partitions: int, **conv: Any
+) -> Any:
+    """A store on a clean namespace (expired sessions of earlier examples would be swept,
+    and counted in ``swept``, by whichever twin appends first), with small session bounds
+    so that batches are refused mid-way."""
+    if backend.is_fake:
+        backend.sync_client().flushall()
+    else:
+        backend.delete_namespace()
+    return make_store(
+        backend,
+        clock,
+        inline_compaction=inline,
+        partitions=partitions,
+        conversation={
+            "max_turns_per_session": 5,
+            "max_session_bytes": 1024,
+            "max_turn_bytes": 600,
+            "max_tool_results": 2,
+            "public_ttl_seconds": TTL_MS // 1000,
+            **conv,
+        },
+    )
 
 
 def test_append_many_stores_what_appends_one_by_one_store(backend: Any, make_store: Any) -> None:
@@ -159,35 +232,68 @@ def test_append_many_stores_what_appends_one_by_one_store(backend: Any, make_sto
         ops=[[(2, 3, None), (2, 3, 1), (0, 3, 1), (2, 3, None)], ("expire",), [(1, 9, 1)]],
         inline=False,
     )
+    # compacted inline (the folded turns' ids keep receipts), then a batch's second turn
+    # retries a folded turn: answered from its receipt
+    @example(
+        ops=[[(0, 5, i) for i in range(5)] + [(0, 5, None)], [(1, 5, None), (0, 5, 0)]], inline=True
+    )
     # a turn larger than the session's byte bound, mid-batch
     @example(ops=[[(0, 5, None), (1, 500, None), (1, 500, None), (0, 5, None)]], inline=False)
     def check(ops: list[Any], inline: bool) -> None:
-        # a clean namespace: expired sessions of earlier examples would be swept (and
-        # counted in `swept`) by whichever twin appends first
-        if backend.is_fake:
-            backend.sync_client().flushall()
-        else:
-            backend.delete_namespace()
         clock = Clock()
-        store = make_store(
-            backend,
-            clock,
-            inline_compaction=inline,
-            partitions=8,
-            conversation={
-                "max_turns_per_session": 5,
-                "max_session_bytes": 1024,
-                "max_turn_bytes": 600,
-                "max_tool_results": 2,
-                "public_ttl_seconds": TTL_MS // 1000,
-            },
-        )
-        _compare(store, clock, ops)
+        store = _fresh_store(backend, make_store, clock, inline, partitions=8)
+        _compare(store, clock, ops, backend.sync_client())
 
     check()
 
 
-# --- the order guard, driven directly --------------------------------------------------------
+# --- the model comparison under partition pressure ------------------------------------------
+# a batch of turns; ("fill", n, size): n new sessions in each twin's partition alike;
+# ("expire",): every session's TTL passes
+PRESSURE_OPS = st.lists(
+    st.one_of(
+        st.lists(TURN, min_size=1, max_size=7),
+        st.tuples(st.just("fill"), st.integers(1, 10), st.integers(1, 400)),
+        st.just(("expire",)),
+    ),
+    min_size=1,
+    max_size=7,
+)
+
+
+def test_append_many_under_partition_pressure(backend: Any, make_store: Any) -> None:
+    """The model comparison with other sessions in both twins' partitions: batches that
+    evict them (for bytes and for the session count), sweep them when they expired (a
+    full sweep batch ends a call early), and are refused when nothing can be evicted."""
+
+    @settings(max_examples=12, deadline=None)
+    @given(ops=PRESSURE_OPS, inline=st.booleans())
+    # byte pressure at a batch's second turn: the call ends, the next evicts first
+    @example(ops=[("fill", 4, 400), [(0, 300, None)] * 4], inline=False)
+    # the session count at its ceiling, then a new session's batch evicts one
+    @example(ops=[("fill", 8, 5), [(1, 5, None)] * 3], inline=True)
+    # more expired sessions than one sweep takes: the first turn's sweep ends the call
+    @example(ops=[("fill", 9, 5), ("expire",), [(0, 5, None)] * 5], inline=False)
+    # nothing evictable: the batch's own session holds the partition's bytes
+    @example(ops=[[(1, 500, None), (1, 500, None), (0, 5, None)], [(0, 500, None)]], inline=True)
+    def check(ops: list[Any], inline: bool) -> None:
+        clock = Clock()
+        store = _fresh_store(
+            backend,
+            make_store,
+            clock,
+            inline,
+            partitions=2,
+            max_active_sessions=2 * 9,
+            max_aggregate_bytes=2 * 2_400,
+            im_ttl_seconds=TTL_MS // 1000,
+        )
+        _compare(store, clock, ops, backend.sync_client())
+
+    check()
+
+
+# --- the script driven directly -------------------------------------------------------------
 def _state(store: ConversationStore, k: ConversationKey) -> tuple[Any, ...]:
     """Everything append_turn may write for ``k``: its session's keys and the partition's."""
     client, part = store.client, store.core.partition_for(k)
@@ -203,34 +309,117 @@ def _state(store: ConversationStore, k: ConversationKey) -> tuple[Any, ...]:
     )
 
 
-def test_a_call_whose_predecessor_is_not_stored_writes_nothing(backend: Any) -> None:
-    clock = Clock()
-    store = sync_store(backend, clock)
+def _call(store: ConversationStore, k: ConversationKey, turns: Sequence[Any]) -> Any:
+    """One append_turn call of ``turns`` (a batch's first and its others), its raw reply."""
+    core = store.core
+    prepared = [core.prepare_turn(k, t) for t in turns]
+    return store.executor.execute(core.append_call(prepared[0], more=prepared[1:]))
+
+
+def test_a_malformed_batch_call_writes_nothing(backend: Any) -> None:
+    store = sync_store(backend, Clock())
     k = key(next(_avatars) + 10_000)
-    new = key(next(_avatars) + 10_000)
     store.append(k, AvatarMessage(text="first", turn_id="a"))
     core = store.core
-    for target, after in ((k, "never-stored"), (new, "a"), (k, "b")):
-        prepared = core.prepare_turn(target, AvatarMessage(text="next", turn_id="b"))
-        before = _state(store, target)
-        reply = store.executor.execute(core.append_call(prepared, after=after))
-        assert [int(x) for x in reply] == [-4]
-        assert _state(store, target) == before
-    # a stored predecessor lets it through; a retry of a stored turn too
-    prepared = core.prepare_turn(k, AvatarMessage(text="next", turn_id="b"))
-    assert (
-        core.decode_append(
-            prepared, store.executor.execute(core.append_call(prepared, after="a"))
-        ).seq
-        == 2
+    good = core.append_call(
+        core.prepare_turn(k, AvatarMessage(text="b", turn_id="b")),
+        more=[core.prepare_turn(k, AvatarMessage(text="c", turn_id="c"))],
     )
-    again = core.decode_append(
-        prepared, store.executor.execute(core.append_call(prepared, after="a"))
+    base, extra = good.args[:23], good.args[23:]
+    bad_extras = {
+        "a value short": extra[:3],
+        "an empty turn id": ("", *extra[1:]),
+        "turn bytes not canonical": (*extra[:2], "07", extra[3]),
+        "bad flags": (*extra[:3], "2v1"),
+        "17 turns": extra * 16,
+    }
+    for name, args in bad_extras.items():
+        before = _state(store, k)
+        call = memtier.engine.ScriptCall(good.script, good.keys, (*base, *args))
+        with pytest.raises(ScriptError, match="malformed ARGV"):
+            store.executor.execute(call)
+        assert _state(store, k) == before, name
+    sixteen = core.append_call(
+        core.prepare_turn(k, AvatarMessage(text="b", turn_id="b")),
+        more=[core.prepare_turn(k, AvatarMessage(text=f"x{i}")) for i in range(15)],
     )
-    assert again.duplicate and again.seq == 2
+    assert len(store.executor.execute(sixteen)) == 16  # the ceiling itself is taken
 
 
-# --- other clients between the calls of one pipeline -----------------------------------------
+def test_a_call_ends_before_a_turn_that_needs_a_sweep(backend: Any) -> None:
+    """The first turn's sweep finds a full batch (so another is due at once): the call
+    ends after it, and append_many sends the rest in a new call that sweeps first."""
+    clock = Clock()
+    store = sync_store(backend, clock, partitions=1, conversation={"public_ttl_seconds": 60})
+    base = next(_avatars) + 60_000
+    for i in range(memtier_limits.SWEEP_PER_WRITE + 3):
+        store.append(key(base + i), AvatarMessage(text="old"))
+    k = key(base + 100)
+    clock.advance(60_000)
+    reply = _call(store, k, [AvatarMessage(text=f"t{i}", turn_id=f"t{i}") for i in range(3)])
+    assert len(reply) == 1 and int(reply[0][0]) == 0  # only the first turn was handled
+    assert int(reply[0][11]) == memtier_limits.SWEEP_PER_WRITE  # it swept a full batch
+    assert store.client.zscore(store.core.partition_for(k).session(k.member).turn_ids, "t1") is None
+    got = store.append_many(k, [AvatarMessage(text=f"t{i}", turn_id=f"t{i}") for i in range(3)])
+    assert [(r.seq, r.duplicate) for r in got] == [(1, True), (2, False), (3, False)]
+    assert got[1].swept == 3  # the rest of the expired sessions, in the new call
+
+
+def test_a_call_ends_before_a_turn_that_needs_eviction(backend: Any) -> None:
+    """Partition pressure at a batch's second turn: the call ends before it and gives its
+    turn id back; the next call evicts first, as the same append alone would."""
+    clock = Clock()
+    store = sync_store(
+        backend,
+        clock,
+        partitions=1,
+        conversation={"max_aggregate_bytes": 2_048, "max_session_bytes": 1_024},
+    )
+    base = next(_avatars) + 70_000
+    old, mid = key(base), key(base + 1)
+    store.append(old, AvatarMessage(text="o" * 1_000))
+    clock.advance(5)
+    store.append(mid, AvatarMessage(text="m" * 500))
+    clock.advance(5)
+    k = key(base + 2)
+    # 1,500 bytes stored, 1,800 with the first turn: the second passes 2,048
+    turns = [AvatarMessage(text="n" * 300, turn_id=f"n{i}") for i in range(2)]
+    reply = _call(store, k, turns)
+    assert len(reply) == 1 and int(reply[0][0]) == 0
+    assert store.client.zscore(store.core.partition_for(k).session(k.member).turn_ids, "n1") is None
+    got = store.append_many(k, turns)
+    assert [(r.seq, r.duplicate, r.evicted) for r in got] == [(1, True, 0), (2, False, 1)]
+    assert store.context(old).turns == ()  # the least recently active
+    assert len(store.context(mid).turns) == 1
+
+
+def test_the_id_window_trims_inside_a_batch(backend: Any) -> None:
+    """A session past the id window (1,024 turn ids): each turn a batch stores drops the
+    oldest id, so a later turn of the same batch that retries it is stored again, as it
+    is one by one."""
+    store = sync_store(
+        backend,
+        Clock(),
+        partitions=2,
+        conversation={"max_turns_per_session": 1_100, "max_session_bytes": 65_536},
+    )
+    one, many = _twin_keys(store)
+    window = memtier_limits.IDEMPOTENCY_WINDOW
+    first = [AvatarMessage(text="x", turn_id=f"w{i}") for i in range(window)]
+    then = [AvatarMessage(text="y", turn_id="new"), *first[:3]]
+    for turns in (first, then):
+        want, want_error = _one_by_one(store, one, turns)
+        got, got_error = _at_once(store, many, turns)
+        assert want_error is None and got_error is None
+        seen_one: dict[str, int] = {}
+        seen_many: dict[str, int] = {}
+        assert [_receipt(r, seen_many) for r in got] == [_receipt(r, seen_one) for r in want]
+    assert [(r.seq, r.duplicate) for r in got] == [(window + i, False) for i in range(1, 5)]
+    raw = backend.sync_client()
+    assert _stored(store, many, raw) == _stored(store, one, raw)
+
+
+# --- other clients between the calls of one append_many -------------------------------------
 Adversary = Callable[[ConversationStore, Sequence[ConversationKey], Clock], None]
 
 
@@ -251,8 +440,7 @@ def _script_flush(other: ConversationStore, keys: Sequence[ConversationKey], clo
 
 
 def _expire(other: ConversationStore, keys: Sequence[ConversationKey], clock: Clock) -> None:
-    # the sessions' last activity a TTL ago: the next append rotates them (the batch's
-    # calls carry the clock they were built with, so moving the clock would not do it)
+    # the sessions' last activity a TTL ago: the next append rotates them
     for k in keys:
         other.client.hset(
             other.core.partition_for(k).session(k.member).session, "last", clock.now - TTL_MS
@@ -263,13 +451,14 @@ def _expire(other: ConversationStore, keys: Sequence[ConversationKey], clock: Cl
     "adversary", [_drop, _another_writer, _script_flush, _expire], ids=lambda f: f.__name__
 )
 @pytest.mark.parametrize("after", [1, 3])
-@pytest.mark.parametrize("backend", PIPELINED_BACKENDS, indirect=True)
-def test_other_clients_between_the_pipelined_calls(
+@pytest.mark.parametrize("backend", ROUND_TRIP_BACKENDS, indirect=True)
+def test_other_clients_between_the_calls(
     backend: Any, monkeypatch: pytest.MonkeyPatch, adversary: Adversary, after: int
 ) -> None:
-    """One pipeline of ``append_many`` is split after ``after`` calls and another client
-    acts there, on the batch's session and on a twin session that gets the same turns
-    one by one (the first ``after`` before, the rest after): both must hold the same."""
+    """``append_many`` of six turns goes in calls of ``after`` turns, and another client
+    acts after the first call, on the batch's session and on a twin session that gets the
+    same turns one by one (the first ``after`` before, the rest after): both must hold
+    the same."""
     clock = Clock()
     conv = {"public_ttl_seconds": TTL_MS // 1000}
     store = sync_store(backend, clock, conversation=conv)
@@ -282,20 +471,19 @@ def test_other_clients_between_the_pipelined_calls(
     for turn in turns[:after]:
         store.append(one, turn)
 
-    real = memtier.executor.run_script_batch
-    split = {"done": False}
+    monkeypatch.setattr(memtier_limits, "APPEND_BATCH_TURNS", after)
+    real = store.core.append_call
+    calls = {"n": 0}
 
-    def split_batch(lean: Any, client: Any, items: Any) -> list[Any]:
-        if split["done"]:
-            return real(lean, client, items)
-        split["done"] = True
-        head = real(lean, client, items[:after])
-        adversary(other, (one, many), clock)
-        return head + real(lean, client, items[after:])
+    def between_calls(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first call's replies are in: the second is not sent
+            adversary(other, (one, many), clock)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(memtier.executor, "run_script_batch", split_batch)
+    monkeypatch.setattr(store.core, "append_call", between_calls)
     got = store.append_many(many, turns)
-    assert split["done"]
+    assert calls["n"] >= 2
     for turn in turns[after:]:
         store.append(one, turn)
     want = store.context(one).turns
@@ -309,15 +497,14 @@ def test_other_clients_between_the_pipelined_calls(
 
 
 # --- round trips, bounds, bad input ----------------------------------------------------------
-@pytest.mark.parametrize("backend", PIPELINED_BACKENDS, indirect=True)
+@pytest.mark.parametrize("backend", ROUND_TRIP_BACKENDS, indirect=True)
 def test_a_batch_is_one_round_trip(
     backend: Any, monkeypatch: pytest.MonkeyPatch, make_store: Any
 ) -> None:
-    """On standalone clients (a cluster client sends a batch's calls one by one)."""
+    """One ``append_turn`` call of up to 16 turns, standalone and Cluster."""
     store = make_store(backend, Clock())
     k = key(next(_avatars) + 30_000)
-    # connect first (a batch's connection comes from the pool: a new one writes its
-    # handshake)
+    # connect first (a new connection writes its handshake)
     store.append_many(k, [AvatarMessage(text="connect"), AvatarMessage(text="first")])
     writes = Writes(monkeypatch)
     receipts = store.append_many(k, [AvatarMessage(text=f"t{i}") for i in range(8)])
