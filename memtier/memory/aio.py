@@ -223,7 +223,7 @@ class AsyncConversationStore:
 
     async def append_many(self, key: KeyLike, turns: Sequence[Turn]) -> list[AppendReceipt]:
         """Append ``turns`` to one session, in order, in as few round trips as it can
-        (the calls of one round trip share the loop tick's auto-pipelined write).
+        (one script call per 16 turns, each riding the loop tick's auto-pipelined write).
 
         Stores, returns and raises exactly as
         :meth:`~memtier.memory.store.ConversationStore.append_many`.

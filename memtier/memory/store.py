@@ -199,9 +199,9 @@ class ConversationStore:
         the first error: a prefix of ``turns``, in order, each with its own receipt (a
         full session is compacted inline as ``append`` does).  Every turn is validated
         and redacted before anything is sent, so bad input stores nothing.  The turns
-        go as pipelines of script calls (up to 16 turns or 512 KiB a round trip), each
-        stored only if the one before it was, so no turn is stored after one that was
-        refused, whatever other clients do between the calls.
+        go in script calls of up to 16 turns or 512 KiB, one round trip each; the script
+        stores a call's turns in order and stops at the first refused, so no turn is
+        stored after one that was refused.
 
         Raises what ``append`` raises; an error after some turns were stored names
         how many in ``error.details["stored"]`` (the first that many of ``turns``;
