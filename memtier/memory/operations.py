@@ -188,19 +188,24 @@ def append_many(host: MemoryHost, key: KeyLike, turns: Sequence[Turn]) -> Plan[l
         replies = reply if isinstance(reply[0], list) else (reply,)
         for p, turn_reply in zip(batch, replies, strict=False):
             try:
-                receipt = core.decode_append(p, turn_reply)
-            except SessionFullError as full:
-                try:
-                    receipt = yield from _after_full(host, p, full, None)
-                except Exception as exc:
-                    _note_stored(exc, len(receipts))
-                    raise
+                receipt = yield from _batch_receipt(host, p, turn_reply)
             except Exception as exc:
-                _count_append_error(p, exc, 0)
                 _note_stored(exc, len(receipts))
                 raise
             receipts.append(_count_append(p, receipt))
     return receipts
+
+
+def _batch_receipt(host: MemoryHost, prepared: PreparedTurn, reply: Any) -> Plan[AppendReceipt]:
+    """The receipt of one of a batch's turns from its reply; a full session is compacted
+    inline and the turn sent in a call of its own.  Failures are counted here."""
+    try:
+        return host.core.decode_append(prepared, reply)
+    except SessionFullError as full:
+        return (yield from _after_full(host, prepared, full, None))
+    except Exception as exc:
+        _count_append_error(prepared, exc, 0)
+        raise
 
 
 def _next_batch(prepared: Sequence[PreparedTurn], start: int) -> Sequence[PreparedTurn]:
