@@ -87,11 +87,14 @@ def _error(exc: BaseException) -> tuple[Any, ...]:
 
 
 def _stored(store: Any, k: ConversationKey, raw: Any) -> tuple[Any, ...]:
-    """The session's turns and summary, and whether a compaction job is queued for it."""
+    """The session's turns and summary, whether a compaction job is queued for it, and
+    its turn-id claims (id -> seq)."""
     ctx = store.context(k)
-    queued = raw.hexists(store.core.partition_for(k).session(k.member).session, "cq")
+    sk = store.core.partition_for(k).session(k.member)
+    queued = raw.hexists(sk.session, "cq")
+    claims = raw.zrange(sk.turn_ids, 0, -1, withscores=True)
     turns = tuple((t.seq, t.kind, t.turn_id, dict(t.fields)) for t in ctx.turns)
-    return (ctx.summary, turns, queued)
+    return (ctx.summary, turns, queued, claims)
 
 
 def _one_by_one(store: Any, k: ConversationKey, turns: Sequence[Any]) -> Any:
@@ -236,6 +239,14 @@ def test_append_many_stores_what_appends_one_by_one_store(backend: Any, make_sto
     # retries a folded turn: answered from its receipt
     @example(
         ops=[[(0, 5, i) for i in range(5)] + [(0, 5, None)], [(1, 5, None), (0, 5, 0)]], inline=True
+    )
+    # a batch whose first turn is answered from a receipt, the rest stored after it
+    @example(
+        ops=[[(0, 5, i) for i in range(5)] + [(0, 5, None)], [(0, 5, 0), (1, 5, None)]], inline=True
+    )
+    # the first turn rotates the expired session; the others go into the new one
+    @example(
+        ops=[[(0, 5, None)], ("expire",), [(0, 5, None), (2, 5, None), (1, 5, None)]], inline=False
     )
     # a turn larger than the session's byte bound, mid-batch
     @example(ops=[[(0, 5, None), (1, 500, None), (1, 500, None), (0, 5, None)]], inline=False)
@@ -416,6 +427,25 @@ def test_the_id_window_trims_inside_a_batch(backend: Any) -> None:
         assert [_receipt(r, seen_many) for r in got] == [_receipt(r, seen_one) for r in want]
     assert [(r.seq, r.duplicate) for r in got] == [(window + i, False) for i in range(1, 5)]
     raw = backend.sync_client()
+    assert _stored(store, many, raw) == _stored(store, one, raw)
+
+
+def test_a_stale_id_claim_is_taken_over_inside_a_batch(backend: Any) -> None:
+    """A turn id claimed at a seq no stored turn reached (a call that failed after its
+    claim) is taken over by the batch's turn that carries it, as one by one."""
+    store = sync_store(backend, Clock(), partitions=2)
+    one, many = _twin_keys(store)
+    raw = backend.sync_client()
+    turns = [AvatarMessage(text=f"t{i}", turn_id=f"t{i}") for i in range(3)]
+    for k in (one, many):
+        store.append(k, AvatarMessage(text="first", turn_id="first"))
+        raw.zadd(store.core.partition_for(k).session(k.member).turn_ids, {"t1": 99})
+    want, _ = _one_by_one(store, one, turns)
+    got, _ = _at_once(store, many, turns)
+    seen_one: dict[str, int] = {}
+    seen_many: dict[str, int] = {}
+    assert [_receipt(r, seen_many) for r in got] == [_receipt(r, seen_one) for r in want]
+    assert [(r.seq, r.duplicate) for r in got] == [(2, False), (3, False), (4, False)]
     assert _stored(store, many, raw) == _stored(store, one, raw)
 
 
