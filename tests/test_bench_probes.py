@@ -448,3 +448,23 @@ def test_git_commit_marks_a_tree_with_uncommitted_changes(tmp_path: Path) -> Non
     assert git_commit(tmp_path) == sha
     (tmp_path / "a.txt").write_text("two\n")
     assert git_commit(tmp_path) == sha + "+dirty"
+
+
+def test_itemsprofile_quick(tmp_path: Path) -> None:
+    data = _run("bench.itemsprofile", tmp_path)
+    for name in ("wall_us_per_op", "client_cpu_us_per_op", "redis_us_per_op"):
+        assert data["rounds"][name] and all(v > 0 for v in data["rounds"][name]), name
+    # the client's work and the server's are each a part of the wall time of a call
+    assert data["rounds"]["redis_us_per_op"][0] < data["rounds"]["wall_us_per_op"][0]
+    stages = data["stages_us_per_op"]
+    assert set(stages) == {
+        "items_to_turns",
+        "prepare_turn",
+        "of_which_redaction",
+        "append_call",
+        "decode_append",
+    }
+    assert all(us > 0 for us in stages.values())
+    top = data["profile_top"]
+    assert top and all(row["own_us_per_op"] >= 0 and row["calls_per_op"] > 0 for row in top)
+    assert any("prepare_turn" in row["function"] for row in top)
