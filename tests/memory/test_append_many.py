@@ -342,7 +342,8 @@ def test_a_malformed_batch_call_writes_nothing(backend: Any) -> None:
         "an empty turn id": ("", *extra[1:]),
         "turn bytes not canonical": (*extra[:2], "07", extra[3]),
         "bad flags": (*extra[:3], "2v1"),
-        "17 turns": extra * 16,
+        # one turn past the client's bound, which is the script's own ceiling too
+        "too many turns": extra * memtier_limits.APPEND_BATCH_TURNS,
     }
     for name, args in bad_extras.items():
         before = _state(store, k)
@@ -350,11 +351,12 @@ def test_a_malformed_batch_call_writes_nothing(backend: Any) -> None:
         with pytest.raises(ScriptError, match="malformed ARGV"):
             store.executor.execute(call)
         assert _state(store, k) == before, name
-    sixteen = core.append_call(
+    most = memtier_limits.APPEND_BATCH_TURNS
+    full = core.append_call(
         core.prepare_turn(k, AvatarMessage(text="b", turn_id="b")),
-        more=[core.prepare_turn(k, AvatarMessage(text=f"x{i}")) for i in range(15)],
+        more=[core.prepare_turn(k, AvatarMessage(text=f"x{i}")) for i in range(most - 1)],
     )
-    assert len(store.executor.execute(sixteen)) == 16  # the ceiling itself is taken
+    assert len(store.executor.execute(full)) == most  # the ceiling itself is taken
 
 
 def test_a_call_ends_before_a_turn_that_needs_a_sweep(backend: Any) -> None:
