@@ -49,6 +49,7 @@ from memtier import (
     MemtierConfig,
     MemtierError,
     OutcomeUnknownError,
+    metrics,
 )
 from memtier.autopipeline import AutoPipeline, PipelineBounds
 from memtier.connection import AsyncClientGuard, connect_async, lean_async_pool
@@ -472,6 +473,17 @@ _CALLS = st.one_of(
 )
 
 
+def _retries_by_type() -> dict[str, float]:
+    """``memtier_retries_total`` of this process, by error type (all operations)."""
+    totals: dict[str, float] = {}
+    for family in metrics.RETRIES.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                kind = sample.labels["error_type"]
+                totals[kind] = totals.get(kind, 0.0) + sample.value
+    return totals
+
+
 async def _batch_run(url: str, root: Path, calls: list[tuple[str, ...]], flush: bool) -> None:
     scripts = _registry(root)
     config = _config(url)
@@ -484,8 +496,15 @@ async def _batch_run(url: str, root: Path, calls: list[tuple[str, ...]], flush: 
         piped = _executor(client, scripts, config)
         if flush:  # every call of the batch gets NOSCRIPT first: each reloads and re-sends
             await client.script_flush()
+        retried = _retries_by_type()
         together = await asyncio.gather(*(_outcome(piped, _call(*c)) for c in calls))
-        assert list(together) == alone
+        # A call retried more often than alone names why (one CI run of the pinned flush
+        # example saw every non-transient call take 2 attempts; not reproduced since).
+        now = _retries_by_type()
+        why = {
+            kind: n - retried.get(kind, 0.0) for kind, n in now.items() if n != retried.get(kind)
+        }
+        assert list(together) == alone, f"retries during the batch, by error type: {why}"
         pipeline = piped.pipeline_for(client)
         assert pipeline is not None and pipeline.calls >= len(calls)
         assert _in_use(client) == 0
@@ -725,14 +744,7 @@ class _Ledger:
 
 def _retries() -> float:
     """Attempts retried so far in this process (every operation, every error type)."""
-    from memtier import metrics
-
-    return sum(
-        sample.value
-        for family in metrics.RETRIES.collect()
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    )
+    return sum(_retries_by_type().values())
 
 
 async def _healthy(store: AsyncConversationStore) -> None:
