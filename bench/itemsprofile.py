@@ -29,7 +29,6 @@ import asyncio
 import cProfile
 import pstats
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import redis.asyncio
 
 from bench.framework import command_stats
 from bench.probe import exit_on_sigterm, machine_meta, parse_round_args, spread, write_json
+from bench.profiling import per_op_us
 from bench.server import HOST, BenchRedis
 from bench.turnitems import turn_items
 from bench.workloads import bench_config, chat_text
@@ -49,13 +49,6 @@ __all__ = ["main"]
 
 SESSIONS = 1000
 PROFILE_TOP = 12
-
-
-def _loop_us(fn: Callable[[], Any], n: int) -> float:
-    started = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - started) / n * 1e6
 
 
 def _redis_usec(client: Any) -> float:
@@ -74,11 +67,11 @@ def _stages(store: ConversationStore, text: str, n: int) -> dict[str, float]:
     replies = store.executor.execute(call)
     texts = [v for t in turns for v in t.content_fields().values()]
     return {
-        "items_to_turns": _loop_us(lambda: [item_to_turn(i, tally, {}) for i in items], n),
-        "prepare_turn": _loop_us(lambda: [core.prepare_turn(key, t) for t in turns], n),
-        "of_which_redaction": _loop_us(lambda: [sanitize(v, 10_000) for v in texts], n),
-        "append_call": _loop_us(lambda: core.append_call(prepared[0], more=prepared[1:]), n),
-        "decode_append": _loop_us(
+        "items_to_turns": per_op_us(lambda: [item_to_turn(i, tally, {}) for i in items], n),
+        "prepare_turn": per_op_us(lambda: [core.prepare_turn(key, t) for t in turns], n),
+        "of_which_redaction": per_op_us(lambda: [sanitize(v, 10_000) for v in texts], n),
+        "append_call": per_op_us(lambda: core.append_call(prepared[0], more=prepared[1:]), n),
+        "decode_append": per_op_us(
             lambda: [core.decode_append(p, r) for p, r in zip(prepared, replies, strict=True)], n
         ),
     }

@@ -24,10 +24,11 @@ from bench.server import BenchRedis
 from bench.workloads import MINIMAL_SCRIPT, KeyPool, bench_config, chat_text, populate
 from memtier import AvatarMessage, ConversationStore
 
-__all__ = ["run_breakdown", "run_profiles"]
+__all__ = ["per_op_us", "run_breakdown", "run_profiles"]
 
 
-def _per_op_us(fn: Callable[[], Any], n: int) -> float:
+def per_op_us(fn: Callable[[], Any], n: int) -> float:
+    """Wall time per call of ``fn`` over ``n`` calls in a loop, us."""
     started = time.perf_counter()
     for _ in range(n):
         fn()
@@ -112,28 +113,28 @@ def _stages(
         (
             "model",
             "AvatarMessage(text=...) (pydantic)",
-            _per_op_us(lambda: AvatarMessage(text=text), n),
+            per_op_us(lambda: AvatarMessage(text=text), n),
         ),
         (
             "prepare",
             "core.prepare_turn: validate + redact + bound + JSON",
-            _per_op_us(lambda: core.prepare_turn(key, turn), n),
+            per_op_us(lambda: core.prepare_turn(key, turn), n),
         ),
-        ("redact", "  of which redaction.redact() once", _per_op_us(lambda: redact(text), n)),
+        ("redact", "  of which redaction.redact() once", per_op_us(lambda: redact(text), n)),
         (
             "append_call",
             "core.append_call: keys + 21 ARGV",
-            _per_op_us(lambda: core.append_call(prepared), n),
+            per_op_us(lambda: core.append_call(prepared), n),
         ),
         (
             "decode",
             "core.decode_append: receipt model",
-            _per_op_us(lambda: core.decode_append(prepared, reply), n),
+            per_op_us(lambda: core.decode_append(prepared, reply), n),
         ),
         (
             "total",
             "store.append: the whole call (one round trip)",
-            _per_op_us(lambda: store.append(pool.next(), AvatarMessage(text=text)), n),
+            per_op_us(lambda: store.append(pool.next(), AvatarMessage(text=text)), n),
         ),
         (
             "server",
@@ -160,7 +161,7 @@ def _stages(
         (
             "rtt_min",
             "raw EVALSHA minimal script, redis-py: the whole call",
-            _per_op_us(
+            per_op_us(
                 lambda: client.evalsha(
                     sha, 4, "{bq}:q:1", "{bq}:t:1", "{bq}:meta", "{bq}:lru", text, "m1"
                 ),
