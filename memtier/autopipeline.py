@@ -62,6 +62,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from memtier import limits
 from memtier.connection import idle_to_keep
 from memtier.errors import TransientBackendError
+from memtier.readdeadline import read_within
 
 try:  # the parser redis-py's asyncio connections use when hiredis is installed
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -210,7 +211,9 @@ def _reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
     redis-py's ``read_response`` puts every reply under its own ``asyncio.timeout`` (a
     timer, ~4 us) and three layers of calls; a batch's replies mostly arrive in one
     socket read, so here only a socket read waits, under the connection's socket timeout
-    read at that moment (so a timeout relaxed by a maintenance notification applies).
+    read at that moment (so a timeout relaxed by a maintenance notification applies),
+    enforced by its loop's one read timer (:mod:`memtier.readdeadline`), not a timer of
+    its own.
     The timeout is per read that makes no progress, where redis-py's is per reply.
     Otherwise as ``_AsyncHiredisParser.read_response`` and ``Connection.read_response``:
     a RESP3 push notification goes to the parser's push handler and the next reply is
@@ -246,8 +249,7 @@ def _reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
                     if timeout is None:
                         data = await stream.read(size)
                     else:
-                        async with asyncio.timeout(timeout):
-                            data = await stream.read(size)
+                        data = await read_within(stream.read(size), timeout)
                 except TimeoutError:  # asyncio's (3.11): redis-py's type
                     raise RedisTimeoutError(f"Timeout reading from {conn._host_error()}") from None
                 except OSError as exc:
