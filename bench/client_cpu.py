@@ -1,6 +1,6 @@
 """This process's CPU time per ``store.append`` and per ``store.context(limit=20)``.
 
-``python -m bench.client_cpu [--ops N] [--rounds K]``
+``python -m bench.client_cpu [--ops N] [--rounds K] [--out FILE|DIR] [--quick]``
 
 On a private ``redis-server`` (free loopback port, temp dir, stopped by pid): 1,000
 sessions of 20 turns of 300 B, then ``K`` rounds of ``N`` appends and ``N`` context reads
@@ -27,6 +27,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from bench.probe import loadavg, machine_meta, parse_round_args, write_json
 from bench.server import HOST, BenchRedis
 from bench.workloads import KeyPool, bench_config, chat_text
 from memtier import AsyncConversationStore, AvatarMessage, ConversationStore
@@ -77,20 +78,34 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.client_cpu", description=__doc__)
     p.add_argument("--ops", type=int, default=3000)
     p.add_argument("--rounds", type=int, default=5)
-    args = p.parse_args(argv)
+    args = parse_round_args(p, argv, "client-cpu")
+    load_before = loadavg()
     with BenchRedis() as server:
         client = redis.Redis(host=HOST, port=server.port)
+        meta = machine_meta(client) | {"server_pid": server.pid()}
         store = ConversationStore(client, bench_config("clientcpu"))
         keys, text = KeyPool(1, 1000), chat_text(300)
-        for _ in range(20_000):
+        for _ in range(200 if args.quick else 20_000):
             store.append(keys.next(), AvatarMessage(text=text))
         rounds = [_round(store, keys, text, args.ops) for _ in range(args.rounds)]
         client.close()
         aio = asyncio.run(_async_rounds(server.port, keys, text, args.ops, args.rounds))
         rounds = [r | a for r, a in zip(rounds, aio, strict=True)]
+    summary: dict[str, dict[str, float]] = {}
     for name in sorted(rounds[0]):
         values = [r[name] for r in rounds]
+        summary[name] = {"min": min(values), "median": statistics.median(values)}
         print(f"{name:16} min {min(values):7.1f}  median {statistics.median(values):7.1f} us/op")
+    data = {
+        "probe": "client_cpu",
+        "ops": args.ops,
+        "load_before": load_before,
+        "load_after": loadavg(),
+        "meta": meta,
+        "rounds": rounds,
+        "us_per_op": summary,
+    }
+    print(f"wrote {write_json(args.out, data)}")
     return 0
 
 

@@ -468,3 +468,20 @@ def test_itemsprofile_quick(tmp_path: Path) -> None:
     top = data["profile_top"]
     assert top and all(row["own_us_per_op"] >= 0 and row["calls_per_op"] > 0 for row in top)
     assert any("prepare_turn" in row["function"] for row in top)
+
+
+def test_client_cpu_quick(tmp_path: Path) -> None:
+    data = _run("bench.client_cpu", tmp_path)
+    names = {
+        f"{p}{op}.{m}"
+        for p in ("", "aio.")
+        for op in ("append", "context")
+        for m in ("cpu", "wall")
+    }
+    assert set(data["us_per_op"]) == names
+    for name in names:
+        assert data["rounds"][0][name] > 0, name
+        # CPU time of this process is a part of the wall time the same loop took
+        if name.endswith(".cpu"):
+            wall = name[: -len(".cpu")] + ".wall"
+            assert data["rounds"][0][name] <= data["rounds"][0][wall] * 1.05, name
