@@ -75,6 +75,7 @@ command -v redis-server >/dev/null 2>&1 || required+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || required+=(redis-tools)
 command -v strace >/dev/null 2>&1 || required+=(strace)  # syscall fault rows (tests/faults)
 command -v unshare >/dev/null 2>&1 || required+=(util-linux)  # private tmpfs mounts (tests/faults)
+command -v valgrind >/dev/null 2>&1 || required+=(valgrind)  # bench.icount (its smoke test)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || required+=(python3-venv)
 if [ ${#required[@]} -gt 0 ]; then
     say "apt-get install ${required[*]} (log: $APT_LOG)"

@@ -485,3 +485,14 @@ def test_client_cpu_quick(tmp_path: Path) -> None:
         if name.endswith(".cpu"):
             wall = name[: -len(".cpu")] + ".wall"
             assert data["rounds"][0][name] <= data["rounds"][0][wall] * 1.05, name
+
+
+def test_icount_quick(tmp_path: Path) -> None:
+    """callgrind's count of the client's instructions per asyncio append (valgrind is on
+    this machine kind; tests/run.sh installs it where it is not)."""
+    data = _run("bench.icount", tmp_path)
+    (count,) = data["instructions_per_op"]["aio.append"]
+    # An asyncio append runs the redaction, the plan, the packing and the event loop:
+    # far more than a few thousand instructions, far less than tens of millions.
+    assert 50_000 < count < 5_000_000
+    assert data["meta"]["valgrind"].startswith("valgrind-")

@@ -1,0 +1,208 @@
+"""The client's instructions per operation, counted by callgrind: a figure the load of this
+shared machine cannot move.
+
+``python -m bench.icount [--rows a,b] [--ops N] [--rounds K] [--out FILE|DIR] [--quick]``
+
+Client CPU time per operation varies by 10-20 % between runs here (other engineers'
+suites share the 2 cores; docs/performance.md, "Client CPU is not additive"), so a change
+worth 5 % needs many alternating runs to show.  ``valgrind --tool=callgrind`` counts the
+instructions a process executes instead: the same code and inputs give the same count
+(within 0.2 % here) whatever else the machine does.  It counts user-space instructions
+only -- not the kernel's work in the syscalls, not time spent waiting, not cache misses
+-- so it measures the client's own work, the part memtier's code decides.
+
+For each row, a child Python process runs under callgrind against a private
+``redis-server`` (free loopback port, temp dir, stopped by pid): it sets up the row's
+sessions, then performs ``n`` operations, in a namespace of its own.  It runs twice, with
+``n = ops / 5`` and ``n = ops``; the difference of the two totals over the difference of
+``n`` is the instructions per operation -- start-up, imports and set-up cancel out.
+Rows:
+
+* ``append`` / ``context``: ``ConversationStore.append`` (300 B) / ``context(limit=20)``
+  on a plain ``redis.Redis`` client;
+* ``aio.append`` / ``aio.context``: the same on ``AsyncConversationStore`` over
+  ``redis.asyncio.Redis``, one call at a time;
+* ``items4``: the OpenAI Agents adapter's ``MemtierSession.add_items`` of one agent
+  turn's four items (``bench.turnitems``), asyncio.
+
+A/B of two trees: run it in each tree's own directory (``python -m`` imports the memtier
+of the current directory); the counts of one tree repeat, so one run each is enough.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from bench.probe import exit_on_sigterm, loadavg, machine_meta, parse_round_args, write_json
+from bench.server import HOST, BenchRedis
+from bench.turnitems import turn_items
+from bench.workloads import KeyPool, bench_config, chat_text
+from memtier import AsyncConversationStore, AvatarMessage, ConversationStore
+
+__all__ = ["ROWS", "main"]
+
+ROWS = ("append", "context", "aio.append", "aio.context", "items4")
+SESSIONS = 100  # each holds TURNS turns before the measured operations begin
+TURNS = 25  # (context reads 20 of them)
+
+
+def _sync_child(row: str, port: int, n: int, namespace: str, sessions: int) -> None:
+    client = redis.Redis(host=HOST, port=port)
+    store = ConversationStore(client, bench_config(namespace))
+    keys, text = KeyPool(11, sessions), chat_text(300)
+    for _ in range(sessions * TURNS):
+        store.append(keys.next(), AvatarMessage(text=text))
+    for _ in range(n):
+        if row == "append":
+            store.append(keys.next(), AvatarMessage(text=text))
+        else:
+            store.context(keys.next(), limit=20)
+    client.close()
+
+
+async def _async_child(row: str, port: int, n: int, namespace: str, count: int) -> None:
+    client = redis.asyncio.Redis(host=HOST, port=port)
+    store = AsyncConversationStore(client, bench_config(namespace))
+    keys, text = KeyPool(11, count), chat_text(300)
+    for _ in range(count * TURNS):
+        await store.append(keys.next(), AvatarMessage(text=text))
+    if row == "items4":
+        from memtier.integrations.openai_agents import MemtierSession
+
+        sessions = [MemtierSession(f"ic-{i}", store) for i in range(count)]
+        for i in range(n):
+            items = turn_items(text, f"c-{i}")
+            await sessions[i % len(sessions)].add_items(items)
+    else:
+        for _ in range(n):
+            if row == "aio.append":
+                await store.append(keys.next(), AvatarMessage(text=text))
+            else:
+                await store.context(keys.next(), limit=20)
+    await client.aclose()
+
+
+def _child(row: str, port: int, n: int, namespace: str, sessions: int) -> int:
+    if row in ("append", "context"):
+        _sync_child(row, port, n, namespace, sessions)
+    else:
+        asyncio.run(_async_child(row, port, n, namespace, sessions))
+    return 0
+
+
+_TOTAL = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
+
+
+def _count(row: str, port: int, n: int, namespace: str, sessions: int, workdir: Path) -> int:
+    """Instructions callgrind counted in one child run."""
+    out = workdir / f"callgrind.{namespace}"
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        "-m",
+        "bench.icount",
+        "--child",
+        row,
+        "--port",
+        str(port),
+        "--n",
+        str(n),
+        "--namespace",
+        namespace,
+        "--sessions",
+        str(sessions),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, timeout=3600, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{row}: the callgrind run failed: {proc.stderr[-2000:]!r}")
+    match = _TOTAL.search(out.read_bytes())
+    out.unlink()
+    if match is None:
+        raise RuntimeError(f"{row}: no instruction total in callgrind's output")
+    return int(match.group(1))
+
+
+def _valgrind_version() -> str:
+    proc = subprocess.run(["valgrind", "--version"], capture_output=True, text=True, check=True)
+    return proc.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.icount", description=__doc__)
+    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated, of: " + ", ".join(ROWS))
+    p.add_argument("--ops", type=int, default=1000, help="operations of the longer run")
+    p.add_argument("--rounds", type=int, default=1, help="repeats of each row (counts repeat)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--namespace", help=argparse.SUPPRESS)
+    p.add_argument("--sessions", type=int, default=SESSIONS, help=argparse.SUPPRESS)
+    if "--child" in (argv if argv is not None else sys.argv[1:]):
+        args = p.parse_args(argv)
+        return _child(args.child, args.port, args.n, args.namespace, args.sessions)
+    args = parse_round_args(p, argv, "icount")
+    if args.quick:  # what the smoke test runs: one row, few sessions
+        args.rows, args.ops, args.sessions = "aio.append", 50, 4
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown:
+        p.error(f"unknown rows: {', '.join(unknown)}")
+    if shutil.which("valgrind") is None:
+        p.error("valgrind is not installed (Debian: apt-get install valgrind)")
+    exit_on_sigterm()
+    short = max(1, args.ops // 5)
+    load_before = loadavg()
+    started = time.time()
+    per_op: dict[str, list[float]] = {row: [] for row in rows}
+    with BenchRedis() as server, tempfile.TemporaryDirectory(prefix="icount-") as tmp:
+        meta = machine_meta(redis.Redis(host=HOST, port=server.port)) | {
+            "server_pid": server.pid(),
+            "valgrind": _valgrind_version(),
+        }
+        for k in range(args.rounds):
+            for row in rows:
+                tag = row.replace(".", "")
+                a = _count(row, server.port, short, f"ic{tag}{k}s", args.sessions, Path(tmp))
+                b = _count(row, server.port, args.ops, f"ic{tag}{k}l", args.sessions, Path(tmp))
+                per_op[row].append((b - a) / (args.ops - short))
+                print(
+                    f"  {row:12} round {k + 1}: {per_op[row][-1]:,.0f} instructions/op", flush=True
+                )
+    summary = {row: statistics.median(v) for row, v in per_op.items()}
+    print("\n| row | instructions per op (median) | rounds |\n|---|---:|---|")
+    for row in rows:
+        each = ", ".join(f"{v:,.0f}" for v in per_op[row])
+        print(f"| {row} | {summary[row]:,.0f} | {each} |")
+    data: dict[str, Any] = {
+        "probe": "icount",
+        "ops": [short, args.ops],
+        "seconds": round(time.time() - started, 1),
+        "load_before": load_before,
+        "load_after": loadavg(),
+        "meta": meta,
+        "instructions_per_op": per_op,
+        "median": summary,
+        "cwd": os.getcwd(),
+    }
+    print(f"wrote {write_json(args.out, data)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
