@@ -13,7 +13,8 @@ only -- not the kernel's work in the syscalls, not time spent waiting, not cache
 
 For each row, a child Python process runs under callgrind against a private
 ``redis-server`` (free loopback port, temp dir, stopped by pid): it sets up the row's
-sessions, then performs ``n`` operations, in a namespace of its own.  It runs twice, with
+sessions, then performs ``n`` operations, in a namespace no run used before (so every
+run starts from the same state, whatever ran on the server earlier).  It runs twice, with
 ``n = ops / 5`` and ``n = ops``; the difference of the two totals over the difference of
 ``n`` is the instructions per operation -- start-up, imports and set-up cancel out.
 Rows:
@@ -35,6 +36,7 @@ import argparse
 import asyncio
 import os
 import re
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -170,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = loadavg()
     started = time.time()
     per_op: dict[str, list[float]] = {row: [] for row in rows}
+    run_id = secrets.token_hex(4)
     with BenchRedis() as server, tempfile.TemporaryDirectory(prefix="icount-") as tmp:
         meta = machine_meta(redis.Redis(host=HOST, port=server.port)) | {
             "server_pid": server.pid(),
@@ -177,9 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         for k in range(args.rounds):
             for row in rows:
-                tag = row.replace(".", "")
-                a = _count(row, server.port, short, f"ic{tag}{k}s", args.sessions, Path(tmp))
-                b = _count(row, server.port, args.ops, f"ic{tag}{k}l", args.sessions, Path(tmp))
+                # A namespace no run used before (same length every time: key lengths
+                # enter the count), so each run starts on empty sessions.
+                tag = f"ic{ROWS.index(row)}{run_id}{k:02d}"
+                a = _count(row, server.port, short, tag + "s", args.sessions, Path(tmp))
+                b = _count(row, server.port, args.ops, tag + "l", args.sessions, Path(tmp))
                 per_op[row].append((b - a) / (args.ops - short))
                 print(
                     f"  {row:12} round {k + 1}: {per_op[row][-1]:,.0f} instructions/op", flush=True
