@@ -13,12 +13,12 @@ import dataclasses
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_redaction import FILLER, NEGATIVE, SECRETS, fake
 
 from memtier import redaction
-from memtier.redaction import core, detectors, patterns
+from memtier.redaction import core, detectors, patterns, prefilter
 
 DETECTORS = detectors.DETECTORS
 
@@ -136,3 +136,116 @@ def test_discord_gate_is_the_token_middle() -> None:
     assert isinstance(gate, re.Pattern)
     assert gate.search("MTIzNDU2Nzg5MDEyMzQ1Njc4.GaBcDe.xyz")
     assert gate.search("nothing. here.") is None
+
+
+# --- run_filtered against the plain loop it replaces (a model) ---------------------------------
+# Synthetic detector lists over a small alphabet, so filters pass and fail often, and
+# replacements that can put a later detector's needle into the text (the path after a
+# replacement).  The model is the loop run_filtered once was: every detector, in order,
+# its filters checked on the text as it is then.
+
+ALPHABET = "abAB-_:xyXY "
+LITERALS = st.text(st.sampled_from(ALPHABET), min_size=1, max_size=3)
+
+
+def _model(dets: tuple[detectors.Detector, ...], text: str, run: prefilter.Run) -> str:
+    counts: dict[redaction.SecretKind, int] = {}
+    for detector in dets:
+        if prefilter._passes(detector, text):
+            changed = run(detector, text, counts)
+            if changed is not None:
+                text = changed
+    return text
+
+
+@st.composite
+def synthetic_detectors(draw: st.DrawFn) -> tuple[detectors.Detector, ...]:
+    out = []
+    for _ in range(draw(st.integers(0, 8))):
+        literal = draw(LITERALS)
+        out.append(
+            detectors.Detector(
+                pattern=re.compile(re.escape(literal)),
+                replace=lambda m: None,  # unused: the run callback below replaces
+                chars=draw(st.text(st.sampled_from(ALPHABET), max_size=2)),
+                needles=tuple(draw(st.lists(LITERALS, max_size=3))),
+                hints=tuple(h.lower() for h in draw(st.lists(LITERALS, max_size=2))),
+                gate=draw(st.none() | st.just(re.compile("[xy]"))),
+            )
+        )
+    return tuple(out)
+
+
+def _replacing(replacements: dict[int, str]) -> prefilter.Run:
+    """A run callback: detector i replaces its pattern's matches by replacements[i]
+    (which may hold another detector's needle), and records the order it ran in."""
+
+    def run(
+        d: detectors.Detector, text: str, counts: dict[redaction.SecretKind, int]
+    ) -> str | None:
+        new = d.pattern.sub(replacements.get(id(d), "#"), text)
+        counts[redaction.SecretKind.JWT] = counts.get(redaction.SecretKind.JWT, 0) + 1
+        return new if new != text else None
+
+    return run
+
+
+@settings(max_examples=400, deadline=None)
+@given(synthetic_detectors(), st.text(st.sampled_from(ALPHABET), max_size=30), st.data())
+@example(
+    dets=(
+        detectors.Detector(re.compile("a"), lambda m: None, needles=("a",)),
+        detectors.Detector(re.compile("b"), lambda m: None, chars="-", needles=("X",)),
+    ),
+    text="a",
+    data=None,
+)
+def test_run_filtered_runs_what_the_plain_loop_runs(
+    dets: tuple[detectors.Detector, ...], text: str, data: st.DataObject | None
+) -> None:
+    """Same text out, and the same detectors run in the same order, including after a
+    replacement puts a needle the first look did not see (the pinned example: detector
+    0 writes "X-", which detector 1's filters need)."""
+    if data is None:
+        replacements = {id(dets[0]): "X-"}
+    else:
+        replacements = {
+            id(d): data.draw(st.text(st.sampled_from(ALPHABET), max_size=3)) for d in dets
+        }
+    ran_model: list[int] = []
+    ran_new: list[int] = []
+    run = _replacing(replacements)
+
+    def logged(into: list[int]) -> prefilter.Run:
+        def call(d: detectors.Detector, t: str, c: dict[redaction.SecretKind, int]) -> str | None:
+            into.append(dets.index(d))
+            return run(d, t, c)
+
+        return call
+
+    expected = _model(dets, text, logged(ran_model))
+    got = prefilter.run_filtered(dets, text, logged(ran_new), {})
+    assert got == expected
+    assert ran_new == ran_model
+    if data is None:  # the pinned case reaches the path after a replacement
+        assert ran_model == [0, 1]
+
+
+def test_the_memos_stay_within_their_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stages past _MAX_STAGES are worked out and not kept; more detector lists than
+    _MAX_PLANS start the memo again.  Either way the result is the plain loop's."""
+    monkeypatch.setattr(prefilter, "_MAX_STAGES", 2)
+    monkeypatch.setattr(prefilter, "_PLANS", {})
+    dets = tuple(
+        detectors.Detector(re.compile(c), lambda m: None, chars=c, needles=(c,)) for c in "abcd"
+    )
+    run = _replacing({})
+    for text in ("a", "b", "ab", "cd", "abcd", "x"):
+        assert prefilter.run_filtered(dets, text, run, {}) == _model(dets, text, run)
+    assert len(prefilter._plan(dets).stages) == 2
+    lists = [tuple(dets[:k]) for k in range(1, 5)] * 3  # 4 lists, more than the bound below
+    monkeypatch.setattr(prefilter, "_MAX_PLANS", 3)
+    for lst in lists:
+        for text in ("a", "abcd"):
+            assert prefilter.run_filtered(lst, text, run, {}) == _model(lst, text, run)
+        assert len(prefilter._PLANS) <= 3
