@@ -130,7 +130,7 @@ class BoundSpec:
     path fills in the rest by position -- no mapping built, no names compared per call;
     the names were checked when it was bound."""
 
-    __slots__ = ("_arg_slots", "_argv", "_key_slots", "_keys", "names", "spec")
+    __slots__ = ("_argv", "_keys", "_pick_argv", "_pick_keys", "names", "spec")
 
     def __init__(
         self, spec: ScriptSpec, keys: Mapping[str, str], argv: Mapping[str, str | int | bytes]
@@ -139,15 +139,17 @@ class BoundSpec:
         if unknown:
             raise TypeError(f"{spec.script}: unknown inputs {sorted(unknown)}")
         self.spec = spec
-        self._keys = [keys.get(role, "") for role in spec.keys]
-        self._argv: list[str | int | bytes] = [argv.get(name, "") for name in spec.argv]
-        self._key_slots = tuple(i for i, role in enumerate(spec.keys) if role not in keys)
-        self._arg_slots = tuple(i for i, name in enumerate(spec.argv) if name not in argv)
+        # The fixed values, then (per call) the free ones: each call's KEYS and ARGV are
+        # picked from ``fixed + free`` by position, in one C call (operator.itemgetter).
+        self._keys = tuple(keys[role] for role in spec.keys if role in keys)
+        self._argv = tuple(argv[name] for name in spec.argv if name in argv)
         # What each call gives, in this order: the free KEYS roles, then the free ARGV.
         self.names: tuple[tuple[str, ...], tuple[str, ...]] = (
-            tuple(spec.keys[i] for i in self._key_slots),
-            tuple(spec.argv[i] for i in self._arg_slots),
+            tuple(role for role in spec.keys if role not in keys),
+            tuple(name for name in spec.argv if name not in argv),
         )
+        self._pick_keys = _picker(spec.keys, keys.keys(), self.names[0])
+        self._pick_argv = _picker(spec.argv, argv.keys(), self.names[1])
 
     def call(
         self,
@@ -157,16 +159,32 @@ class BoundSpec:
     ) -> ScriptCall:
         """The call with the free KEYS ``keys`` and the free ARGV ``argv``, in
         :attr:`names` order."""
-        key_slots, arg_slots = self._key_slots, self._arg_slots
-        if len(keys) != len(key_slots) or len(argv) != len(arg_slots):
-            raise TypeError(f"{self.spec.script}: a bound call takes {self.names}")
-        all_keys = self._keys.copy()
-        for i, value in zip(key_slots, keys):  # noqa: B905 - lengths checked above
-            all_keys[i] = value
-        all_args = self._argv.copy()
-        for i, arg in zip(arg_slots, argv):  # noqa: B905
-            all_args[i] = arg
-        return ScriptCall(self.spec.script, tuple(all_keys), tuple(all_args), durable=durable)
+        names = self.names
+        if len(keys) != len(names[0]) or len(argv) != len(names[1]):
+            raise TypeError(f"{self.spec.script}: a bound call takes {names}")
+        return ScriptCall(
+            self.spec.script,
+            self._pick_keys(self._keys + keys),
+            self._pick_argv(self._argv + argv),
+            durable=durable,
+        )
+
+
+def _picker(
+    order: tuple[str, ...], fixed: Iterable[str], free: tuple[str, ...]
+) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """``values -> tuple`` in ``order``, where ``values`` holds the ``fixed`` names' values
+    (in ``order``'s order) followed by the ``free`` names' values."""
+    fixed_set = set(fixed)
+    fixed_names = [name for name in order if name in fixed_set]
+    position = {name: i for i, name in enumerate([*fixed_names, *free])}
+    picks = [position[name] for name in order]
+    if len(picks) >= 2:
+        return operator.itemgetter(*picks)  # a tuple for two positions or more
+    if len(picks) == 1:
+        only = picks[0]
+        return lambda values: (values[only],)
+    return lambda values: ()
 
 
 def _tuple_getter(names: tuple[str, ...]) -> _TupleGetter:
