@@ -79,7 +79,8 @@ try:  # hiredis packs a command in C; redis-py's asyncio connection packs in Pyt
 except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
     _hiredis_pack = None
 
-# What _reply_reader uses of redis-py's asyncio hiredis parser (private: checked each time).
+# What _reply_reader uses of redis-py's asyncio hiredis parser (private: checked once per
+# connection and connect).
 _PARSER_PARTS = ("_reader", "_stream", "_read_size", "_connected", "_hiredis_PushNotificationType")
 
 # Argument types hiredis packs exactly as redis-py's encoder does (str as UTF-8, int by
@@ -220,17 +221,20 @@ def _reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
     read; an error reply is raised as its ``ResponseError``; a lost connection, a timeout
     or a protocol error is raised as redis-py raises it (the caller disconnects).
     """
-    parser = getattr(conn, "_parser", None)
+    parser: Any = getattr(conn, "_parser", None)
+    # The checks below once per connection and connect: the parser, its hiredis reader
+    # and its stream as they were when checked (a reconnect makes a new reader and stream).
+    checked = getattr(conn, "_memtier_direct_reads", None)
     if (
-        _AsyncHiredisParser is None
-        or type(parser) is not _AsyncHiredisParser
+        checked is None
+        or checked[0] is not parser
+        or checked[1] is not parser._reader
+        or checked[2] is not parser._stream
         or getattr(conn, "health_check_interval", None)
-        or not all(hasattr(parser, a) for a in _PARSER_PARTS)
-        # redis-py >= 8.2 sets these to None until on_connect (earlier left them unset).
-        or parser._reader is None
-        or parser._stream is None
     ):
-        return cast("Callable[[], Awaitable[Any]]", conn.read_response)
+        if not _reads_direct(conn, parser):
+            return cast("Callable[[], Awaitable[Any]]", conn.read_response)
+        conn._memtier_direct_reads = (parser, parser._reader, parser._stream)
     reader: Any = parser._reader
     stream: Any = parser._stream
     size: int = parser._read_size
@@ -270,6 +274,20 @@ def _reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
             return reply
 
     return read
+
+
+def _reads_direct(conn: Any, parser: Any) -> bool:
+    """``conn``'s replies may be read straight from its hiredis reader (see
+    :func:`_reply_reader`)."""
+    return not (
+        _AsyncHiredisParser is None
+        or type(parser) is not _AsyncHiredisParser
+        or getattr(conn, "health_check_interval", None)
+        or not all(hasattr(parser, a) for a in _PARSER_PARTS)
+        # redis-py >= 8.2 sets these to None until on_connect (earlier left them unset).
+        or parser._reader is None
+        or parser._stream is None
+    )
 
 
 def _lost(written: bool, exc: BaseException) -> Exception:
@@ -384,8 +402,9 @@ class KeptConnections:
 
     def put(self, conn: Any, loop: asyncio.AbstractEventLoop) -> bool:
         """Keep ``conn`` (in step, its call answered) if there is room; False: the caller
-        gives it back to the pool."""
-        if len(self.idle) < self.keep and _idle_and_clean(conn):
+        gives it back to the pool.  It is checked when taken (:meth:`take`), not here: one
+        found unclean then goes back to the pool from there."""
+        if len(self.idle) < self.keep:
             self.idle.append((conn, loop))
             return True
         return False

@@ -51,7 +51,7 @@ from memtier import (
     OutcomeUnknownError,
     metrics,
 )
-from memtier.autopipeline import AutoPipeline, PipelineBounds
+from memtier.autopipeline import AutoPipeline, KeptConnections, PipelineBounds, _reply_reader
 from memtier.connection import AsyncClientGuard, connect_async, lean_async_pool
 from memtier.engine import ScriptCall
 from memtier.executor import AsyncExecutor
@@ -1282,3 +1282,54 @@ def test_the_batch_reader_falls_back_to_redis_py_where_it_must() -> None:
     assert _reply_reader(python_parser) == python_parser.read_response
     unconnected = redis.asyncio.Connection()  # its parser has no hiredis reader yet
     assert _reply_reader(unconnected) == unconnected.read_response
+
+
+@pytest.mark.real
+async def test_a_connection_kept_unclean_is_dropped_when_taken(redis_server: Any) -> None:
+    """Connections are checked when taken, not when kept: one kept with a reply unread
+    is disconnected and goes back to the pool, and the call gets another."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        pool = client.connection_pool
+        loop = asyncio.get_running_loop()
+        kept = KeptConnections.of(pool)
+        conn = await pool.get_connection()
+        await conn.send_command("PING")  # its +PONG is never read
+        await asyncio.sleep(0.2)
+        assert kept.put(conn, loop)
+        assert await kept.take(loop) is None
+        assert not conn.is_connected
+        assert _in_use(client) == 0
+        clean = await pool.get_connection()  # the pool reconnects it, in step again
+        assert kept.put(clean, loop)
+        assert await kept.take(loop) is clean
+        await clean.send_command("ECHO", "mine")
+        assert await clean.read_response() == b"mine"
+        await pool.release(clean)
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.real
+async def test_the_direct_reader_is_checked_again_after_a_reconnect(redis_server: Any) -> None:
+    """The reader checks run once per connect: a reconnect (a new hiredis reader and
+    stream) checks again, and a health-check interval set later takes redis-py's path."""
+    conn = redis.asyncio.Connection(host="127.0.0.1", port=redis_server.port)
+    try:
+        await conn.connect()
+        for _ in range(2):
+            read = _reply_reader(conn)
+            assert read != conn.read_response
+            parser = conn._parser
+            assert conn._memtier_direct_reads == (parser, parser._reader, parser._stream)
+            await conn.send_command("ECHO", "x")
+            assert await read() == b"x"
+            before = parser._reader
+            await conn.disconnect()
+            await conn.connect()
+            assert conn._parser._reader is not before
+        assert _reply_reader(conn) != conn.read_response  # checked, and kept as checked
+        conn.health_check_interval = 5
+        assert _reply_reader(conn) == conn.read_response
+    finally:
+        await conn.disconnect()
