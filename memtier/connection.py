@@ -28,6 +28,7 @@ map stale (a failover, a topology change).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import queue
@@ -47,6 +48,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memtier.config import MemtierConfig, RedisConfig, parse_redis_url
+from memtier.directread import read_direct, read_reply, reads_direct
 from memtier.errors import BackendBusyError, BackendError, ConfigurationError, TransientBackendError
 
 _HIREDIS_PACK: Callable[[tuple[Any, ...]], bytes] | None
@@ -392,8 +394,9 @@ class LeanPool:
 
     What redis-py's ``Redis._execute_command`` does for a command without a response
     callback, minus its generic machinery (argument handling, retry object, per-call
-    observability): take a connection, send, read the reply (hiredis when installed),
-    disconnect it on any failure that is not a whole error reply (a timeout or a lost
+    observability): take a connection, send, read the reply (straight from its hiredis
+    reader where redis-py reads with hiredis: :mod:`memtier.directread`), disconnect it
+    on any failure that is not a whole error reply (a timeout or a lost
     connection leaves an unread reply or a dead socket: the connection must not go back
     to the pool usable), and always give it back.
 
@@ -494,7 +497,7 @@ class LeanPool:
                 packed.extend(self._pack(conn, args))
             try:
                 conn.send_packed_command(packed)
-                return conn.read_response()
+                return read_reply(conn)
             except ResponseError:
                 raise  # a whole error reply was read: the connection is in step
             except BaseException:
@@ -520,14 +523,19 @@ class LeanPool:
                 packed[:] = self._pack_all(conn, commands)
             try:
                 conn.send_packed_command(packed)
+                read: Callable[[], Any] = (
+                    functools.partial(read_direct, conn)
+                    if reads_direct(conn)
+                    else conn.read_response
+                )
                 refused: ResponseError | None = None
                 for _ in range(count - 1):  # +OK of MULTI, +QUEUED of each command
                     try:
-                        conn.read_response()
+                        read()
                     except ResponseError as exc:
                         refused = refused or exc
                 try:
-                    replies = conn.read_response()
+                    replies = read()
                 except ResponseError:
                     if refused is not None:
                         raise refused from None
@@ -555,7 +563,7 @@ class LeanPool:
                 replies: list[Any] = []
                 for _ in commands:
                     try:
-                        replies.append(conn.read_response())
+                        replies.append(read_reply(conn))
                     except ResponseError as exc:
                         replies.append(exc)
                 return replies

@@ -266,7 +266,7 @@ FLOOR_TESTS=(
     tests/threads/test_threads_races.py
     tests/test_connection.py tests/test_lean_call.py tests/test_lean_connections.py
     tests/test_lean_cluster.py tests/test_lean_cluster_async.py
-    tests/test_autopipeline.py tests/test_retry.py tests/test_engine.py
+    tests/test_autopipeline.py tests/test_directread.py tests/test_retry.py tests/test_engine.py
     tests/faults/test_cluster_faults.py tests/faults/test_redis_faults.py
     tests/workers/test_worker_process.py tests/workers/test_worker_snapshots.py
 )

@@ -1,0 +1,123 @@
+"""Replies read straight from a sync connection's hiredis reader: the lean call path's read.
+
+redis-py's ``Connection.read_response`` formats the connection's address into a string
+before every read (for an error message it seldom needs) and goes through two more
+layers (``_HiredisParser.read_response``, ``read_from_socket``) per reply: about 150
+bytecodes a reply, a quarter of what a context read runs (``python -m bench.icount``,
+docs/performance.md).  :func:`read_reply` reads the same bytes with the same hiredis
+reader (so the same reply objects) on a connection redis-py reads with hiredis and no
+health checks -- what the lean pool gets from a plain client -- and gives every other
+connection redis-py's own ``read_response``.  Its checks run once per connection and
+connect (kept on the connection with the parser, reader and socket they checked).
+
+Otherwise as ``Connection.read_response``: a RESP3 push notification goes to the parser's
+push handler and the next reply is read; an error reply is raised as its
+``ResponseError``; a socket timeout is redis-py's ``TimeoutError``, a lost connection or a
+timeout the kernel reports (``ETIMEDOUT``: the peer is gone) its ``ConnectionError``.  The
+caller disconnects on anything but an error reply, as the lean pool always has.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+try:  # the parser redis-py's sync connections use when hiredis is installed
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+    from redis._parsers.hiredis import _HiredisParser
+except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
+    _HiredisParser = None  # type: ignore[assignment,misc]
+    _NOT_ENOUGH_DATA = object()
+
+__all__ = ["read_direct", "read_reply", "reads_direct"]
+
+_CLOSED = "Connection closed by server."
+# What the direct read uses of redis-py's sync hiredis parser (private: checked once per
+# connection and connect).
+_PARSER_PARTS = ("_reader", "_sock", "_buffer", "_hiredis_PushNotificationType")
+
+
+def _reads_direct(conn: Any, parser: Any) -> bool:
+    return not (
+        _HiredisParser is None
+        or type(parser) is not _HiredisParser
+        or getattr(conn, "health_check_interval", None)
+        or not all(hasattr(parser, a) for a in _PARSER_PARTS)
+        or parser._reader is None
+        or parser._sock is None
+        # redis-py < 7 keeps a reply its can_read() parsed ahead; its own read gives it.
+        # (The lean pool reconnects a connection whose can_read() found one.)
+        or getattr(parser, "_next_response", _NOT_ENOUGH_DATA) is not _NOT_ENOUGH_DATA
+    )
+
+
+def reads_direct(conn: Any) -> bool:
+    """``conn``'s replies may be read with :func:`read_direct` (checked once per connect)."""
+    parser: Any = getattr(conn, "_parser", None)
+    checked = getattr(conn, "_memtier_direct_reads", None)
+    if (
+        checked is not None
+        and checked[0] is parser
+        and checked[1] is parser._reader
+        and checked[2] is parser._sock
+        and not getattr(conn, "health_check_interval", None)
+    ):
+        return True
+    if not _reads_direct(conn, parser):
+        return False
+    conn._memtier_direct_reads = (parser, parser._reader, parser._sock)
+    return True
+
+
+def read_direct(conn: Any) -> Any:
+    """``conn``'s next reply, read from its hiredis reader (:func:`reads_direct` said so)."""
+    parser = conn._parser
+    reader = parser._reader
+    while True:
+        reply = reader.gets()
+        while reply is _NOT_ENOUGH_DATA:
+            try:
+                size = parser._sock.recv_into(parser._buffer)
+            except TimeoutError as exc:  # socket.timeout (3.10+), or the kernel's ETIMEDOUT
+                if exc.errno == errno.ETIMEDOUT:
+                    raise RedisConnectionError(
+                        f"Error while reading from {conn._host_error()} : {exc.args}"
+                    ) from exc
+                raise RedisTimeoutError(f"Timeout reading from {conn._host_error()}") from None
+            except OSError as exc:
+                raise RedisConnectionError(
+                    f"Error while reading from {conn._host_error()} : {exc.args}"
+                ) from exc
+            except AttributeError:  # disconnected meanwhile (by another thread): no socket
+                raise RedisConnectionError(_CLOSED) from None
+            if not size:
+                raise RedisConnectionError(_CLOSED)
+            reader.feed(parser._buffer, 0, size)
+            reply = reader.gets()
+        kind = type(reply)
+        if kind is bytes or kind is int:  # the common replies first
+            return reply
+        if kind is list:
+            if reply and isinstance(reply[0], RedisConnectionError):
+                raise reply[0]
+            return reply
+        push_type = parser._hiredis_PushNotificationType
+        if push_type is not None and isinstance(reply, push_type):
+            parser.handle_push_response(reply)
+            continue  # not our reply: the next one is
+        if isinstance(reply, (ResponseError, RedisConnectionError)):
+            raise reply
+        if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
+            raise reply[0]
+        return reply
+
+
+def read_reply(conn: Any) -> Any:
+    """``conn``'s next reply: :func:`read_direct` where it may, else redis-py's own read."""
+    if reads_direct(conn):
+        return read_direct(conn)
+    return conn.read_response()

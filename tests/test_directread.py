@@ -1,0 +1,233 @@
+"""The lean sync path's reply read (memtier.directread): redis-py's results, read direct.
+
+The same byte streams the asyncio reader is held to (tests/test_autopipeline.py: RESP2
+replies, errors, nested arrays, RESP3 types, cut anywhere, then closed or stalled past the
+socket timeout) are read by :func:`read_reply` on one connection and by redis-py's own
+``read_response`` on another: the same replies, the same error replies, the same end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from test_autopipeline import _REPLY, _outcomes, _replier
+
+from memtier.directread import read_direct, read_reply, reads_direct
+
+
+def _quiet() -> dict[str, Any]:
+    """No CLIENT SETINFO and no maintenance notifications on connect, as each redis-py
+    release says it (the floor run reads these tests on the oldest one too)."""
+    quiet: dict[str, Any] = {"lib_name": None, "lib_version": None}
+    if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters:
+        quiet = {"driver_info": None}
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:  # redis-py < 7.0 has none
+        pass
+    else:
+        quiet["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return quiet
+
+
+class _Served:
+    """``_replier`` on an event loop of its own thread, for sync connections."""
+
+    def __init__(self, stream: bytes, cuts: list[int], end: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        future = asyncio.run_coroutine_threadsafe(_replier(stream, cuts, end), self.loop)
+        self.server, self.port = future.result(timeout=30)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+            for task in asyncio.all_tasks():  # the stalled handlers
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.loop.close()
+
+
+def _read_all(read: Callable[[], Any], count: int) -> list[Any]:
+    out: list[Any] = []
+    for _ in range(count):
+        try:
+            out.append(read())
+        except redis.ResponseError as exc:  # an error reply: the connection is in step
+            out.append(exc)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # the end of it
+            out.append(exc)
+            break
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    replies=st.lists(_REPLY, min_size=1, max_size=12),
+    cuts=st.lists(st.integers(0, 10_000), max_size=6),
+    extra=st.integers(0, 2),
+    end=st.sampled_from(["close", "stall"]),
+    protocol=st.sampled_from([2, 3]),
+)
+@example(replies=[b"+OK\r\n"], cuts=[], extra=0, end="close", protocol=3)
+@example(
+    replies=[b"$3\r\nabc\r\n", b"-NOSCRIPT x\r\n"],
+    cuts=[1, 2, 3, 9],
+    extra=1,
+    end="close",
+    protocol=2,
+)
+@example(replies=[b"*2\r\n:1\r\n-ERR in an array\r\n"], cuts=[5], extra=1, end="stall", protocol=3)
+@example(
+    replies=[b"*2\r\n-LOADING x\r\n:1\r\n", b"-LOADING Redis is loading\r\n", b"+OK\r\n"],
+    cuts=[],
+    extra=0,
+    end="close",
+    protocol=2,
+)
+@example(  # a push frame (client tracking) before a reply: handled, then the reply read
+    replies=[b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n", b":7\r\n"],
+    cuts=[3],
+    extra=0,
+    end="close",
+    protocol=3,
+)
+def test_the_direct_read_gives_what_redis_pys_read_response_gives(
+    replies: list[bytes], cuts: list[int], extra: int, end: str, protocol: int
+) -> None:
+    hello = b"%2\r\n$6\r\nserver\r\n$5\r\nredis\r\n$5\r\nproto\r\n:3\r\n" if protocol == 3 else b""
+    resp3 = [b"_\r\n", b"#t\r\n", b",3.5\r\n", b"%1\r\n+a\r\n:1\r\n"] if protocol == 3 else []
+    replies = [*replies, *resp3]
+    served = _Served(hello + b"".join(replies), cuts, end)
+    try:
+        results = []
+        for direct in (True, False):
+            conn = redis.Connection(
+                host="127.0.0.1",
+                port=served.port,
+                socket_timeout=0.2,
+                socket_connect_timeout=30,  # (a loaded CI machine: see the asyncio test)
+                protocol=protocol,
+                **_quiet(),
+            )
+            conn.connect()
+            try:
+                if direct:
+                    assert reads_direct(conn)
+                    results.append(_read_all(lambda c=conn: read_reply(c), len(replies) + extra))
+                else:
+                    results.append(_read_all(conn.read_response, len(replies) + extra))
+            finally:
+                conn.disconnect()
+    finally:
+        served.close()
+    fast, slow = results
+    assert [type(r) for r in fast] == [type(r) for r in slow]
+    ends = (redis.ConnectionError, redis.TimeoutError)
+    assert [o for o, r in zip(_outcomes(fast), fast, strict=True) if not isinstance(r, ends)] == [
+        o for o, r in zip(_outcomes(slow), slow, strict=True) if not isinstance(r, ends)
+    ]
+    if extra and end == "stall":
+        assert isinstance(fast[-1], redis.TimeoutError)
+    elif extra:
+        assert isinstance(fast[-1], redis.ConnectionError)
+
+
+@pytest.fixture
+def conn(redis_server: Any) -> Iterator[redis.Connection]:
+    c = redis.Connection(host="127.0.0.1", port=redis_server.port, **_quiet())
+    c.connect()
+    try:
+        yield c
+    finally:
+        c.disconnect()
+
+
+@pytest.mark.real
+def test_the_checks_run_again_after_a_reconnect_and_on_a_health_check(
+    conn: redis.Connection,
+) -> None:
+    for _ in range(2):
+        assert reads_direct(conn)
+        parser: Any = conn._parser
+        assert conn._memtier_direct_reads == (parser, parser._reader, parser._sock)  # type: ignore[attr-defined]
+        conn.send_command("ECHO", "x")
+        assert read_reply(conn) == b"x"
+        before = parser._reader
+        conn.disconnect()
+        conn.connect()
+        assert conn._parser._reader is not before  # type: ignore[attr-defined]
+    assert reads_direct(conn)
+    conn.health_check_interval = 5
+    assert not reads_direct(conn)
+    conn.send_command("ECHO", "y")
+    assert read_reply(conn) == b"y"  # redis-py's own read, with its health-check clock
+
+
+@pytest.mark.real
+def test_other_parsers_and_unconnected_connections_keep_redis_pys_read(redis_server: Any) -> None:
+    from redis._parsers import _RESP2Parser
+
+    python_parser = redis.Connection(
+        host="127.0.0.1", port=redis_server.port, parser_class=_RESP2Parser, **_quiet()
+    )
+    python_parser.connect()
+    try:
+        assert not reads_direct(python_parser)
+        python_parser.send_command("ECHO", "z")
+        assert read_reply(python_parser) == b"z"
+    finally:
+        python_parser.disconnect()
+    assert not reads_direct(redis.Connection(host="127.0.0.1", port=redis_server.port))
+
+
+class _FailingSocket:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def recv_into(self, buffer: bytearray) -> int:
+        raise self.exc
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [
+        (TimeoutError("timed out"), redis.TimeoutError),
+        (TimeoutError(errno.ETIMEDOUT, "Connection timed out"), redis.ConnectionError),
+        (ConnectionResetError(errno.ECONNRESET, "reset"), redis.ConnectionError),
+        (OSError(errno.EBADF, "Bad file descriptor"), redis.ConnectionError),
+    ],
+)
+def test_socket_failures_are_redis_pys_errors(
+    conn: redis.Connection, raised: BaseException, expected: type[Exception]
+) -> None:
+    """A socket timeout is a timeout; the kernel's ETIMEDOUT (the peer is gone), a reset
+    or any other socket error a lost connection -- as redis-py's read_response says."""
+    assert reads_direct(conn)
+    conn._parser._sock = _FailingSocket(raised)  # type: ignore[attr-defined]
+    with pytest.raises(expected) as caught:
+        read_direct(conn)
+    assert not isinstance(caught.value, redis.TimeoutError) or expected is redis.TimeoutError
+
+
+@pytest.mark.real
+def test_a_socket_dropped_meanwhile_is_a_lost_connection(conn: redis.Connection) -> None:
+    assert reads_direct(conn)
+    conn._parser._sock = None  # type: ignore[attr-defined]  # (what on_disconnect leaves)
+    with pytest.raises(redis.ConnectionError):
+        read_direct(conn)
