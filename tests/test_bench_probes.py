@@ -496,3 +496,19 @@ def test_icount_quick(tmp_path: Path) -> None:
     # far more than a few thousand instructions, far less than tens of millions.
     assert 50_000 < count < 5_000_000
     assert data["meta"]["valgrind"].startswith("valgrind-")
+
+
+def test_opcount_quick(tmp_path: Path) -> None:
+    data = _run("bench.opcount", tmp_path)
+    for row in ("append", "aio.append"):
+        counted = data["rows"][row]
+        # memtier's own append runs in both; the asyncio row also counts the event loop
+        assert 300 < counted["per_op"] < 100_000, row
+        assert any(f.startswith("memtier/memory/core.py:prepare_turn") for f in _functions(counted))
+        assert sum(counted["by_file"].values()) <= counted["per_op"] + 1e-6
+    assert any("asyncio/" in f for f in _functions(data["rows"]["aio.append"]))
+    assert not any("asyncio/" in f for f in _functions(data["rows"]["append"]))
+
+
+def _functions(counted: dict[str, Any]) -> list[str]:
+    return [entry["function"] for entry in counted["top"]]
