@@ -61,6 +61,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memtier import limits
 from memtier.connection import idle_to_keep
+from memtier.directread import checked_once, settled
 from memtier.errors import TransientBackendError
 from memtier.readdeadline import read_within
 
@@ -221,20 +222,9 @@ def _reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
     read; an error reply is raised as its ``ResponseError``; a lost connection, a timeout
     or a protocol error is raised as redis-py raises it (the caller disconnects).
     """
-    parser: Any = getattr(conn, "_parser", None)
-    # The checks below once per connection and connect: the parser, its hiredis reader
-    # and its stream as they were when checked (a reconnect makes a new reader and stream).
-    checked = getattr(conn, "_memtier_direct_reads", None)
-    if (
-        checked is None
-        or checked[0] is not parser
-        or checked[1] is not parser._reader
-        or checked[2] is not parser._stream
-        or getattr(conn, "health_check_interval", None)
-    ):
-        if not _reads_direct(conn, parser):
-            return cast("Callable[[], Awaitable[Any]]", conn.read_response)
-        conn._memtier_direct_reads = (parser, parser._reader, parser._stream)
+    if not checked_once(conn, _AsyncHiredisParser, _PARSER_PARTS, "_stream"):
+        return cast("Callable[[], Awaitable[Any]]", conn.read_response)
+    parser: Any = conn._parser
     reader: Any = parser._reader
     stream: Any = parser._stream
     size: int = parser._read_size
@@ -267,27 +257,9 @@ def _reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
             if push_type is not None and isinstance(reply, push_type):
                 await handle_push(reply)
                 continue  # not our reply: the next one is
-            if isinstance(reply, (ResponseError, RedisConnectionError)):
-                raise reply
-            if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
-                raise reply[0]
-            return reply
+            return settled(reply)
 
     return read
-
-
-def _reads_direct(conn: Any, parser: Any) -> bool:
-    """``conn``'s replies may be read straight from its hiredis reader (see
-    :func:`_reply_reader`)."""
-    return not (
-        _AsyncHiredisParser is None
-        or type(parser) is not _AsyncHiredisParser
-        or getattr(conn, "health_check_interval", None)
-        or not all(hasattr(parser, a) for a in _PARSER_PARTS)
-        # redis-py >= 8.2 sets these to None until on_connect (earlier left them unset).
-        or parser._reader is None
-        or parser._stream is None
-    )
 
 
 def _lost(written: bool, exc: BaseException) -> Exception:

@@ -33,44 +33,62 @@ except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis
     _HiredisParser = None  # type: ignore[assignment,misc]
     _NOT_ENOUGH_DATA = object()
 
-__all__ = ["read_direct", "read_reply", "reads_direct"]
+__all__ = ["checked_once", "read_direct", "read_reply", "reads_direct", "settled"]
 
 _CLOSED = "Connection closed by server."
-# What the direct read uses of redis-py's sync hiredis parser (private: checked once per
-# connection and connect).
+# What the sync direct read uses of redis-py's sync hiredis parser (private: checked once
+# per connection and connect).
 _PARSER_PARTS = ("_reader", "_sock", "_buffer", "_hiredis_PushNotificationType")
 
 
-def _reads_direct(conn: Any, parser: Any) -> bool:
-    return not (
-        _HiredisParser is None
-        or type(parser) is not _HiredisParser
-        or getattr(conn, "health_check_interval", None)
-        or not all(hasattr(parser, a) for a in _PARSER_PARTS)
-        or parser._reader is None
-        or parser._sock is None
-        # redis-py < 7 keeps a reply its can_read() parsed ahead; its own read gives it.
-        # (The lean pool reconnects a connection whose can_read() found one.)
-        or getattr(parser, "_next_response", _NOT_ENOUGH_DATA) is not _NOT_ENOUGH_DATA
-    )
-
-
-def reads_direct(conn: Any) -> bool:
-    """``conn``'s replies may be read with :func:`read_direct` (checked once per connect)."""
+def checked_once(conn: Any, parser_class: Any, parts: tuple[str, ...], io: str) -> bool:
+    """``conn``'s replies may be read straight from its parser's hiredis reader: the parser
+    is ``parser_class`` (redis-py's hiredis parser, sync or asyncio), with ``parts``, a
+    reader and its ``io`` (the socket or stream), and no health checks.  Checked once per
+    connection and connect: what was checked (parser, reader, ``io``) is kept on the
+    connection, and a reconnect (a new reader and ``io``) checks again.  Shared by this
+    module and :mod:`memtier.autopipeline`."""
     parser: Any = getattr(conn, "_parser", None)
     checked = getattr(conn, "_memtier_direct_reads", None)
     if (
         checked is not None
         and checked[0] is parser
         and checked[1] is parser._reader
-        and checked[2] is parser._sock
+        and checked[2] is getattr(parser, io)
         and not getattr(conn, "health_check_interval", None)
     ):
         return True
-    if not _reads_direct(conn, parser):
+    if (
+        parser_class is None
+        or type(parser) is not parser_class
+        or getattr(conn, "health_check_interval", None)
+        or not all(hasattr(parser, a) for a in parts)
+        # redis-py >= 8.2 sets these to None until on_connect (earlier left them unset).
+        or parser._reader is None
+        or getattr(parser, io) is None
+        # redis-py < 7 keeps a reply its can_read() parsed ahead; its own read gives it.
+        # (The lean pool reconnects a connection whose can_read() found one.)
+        or getattr(parser, "_next_response", _NOT_ENOUGH_DATA) is not _NOT_ENOUGH_DATA
+    ):
         return False
-    conn._memtier_direct_reads = (parser, parser._reader, parser._sock)
+    conn._memtier_direct_reads = (parser, parser._reader, getattr(parser, io))
     return True
+
+
+def reads_direct(conn: Any) -> bool:
+    """``conn``'s replies may be read with :func:`read_direct`."""
+    return checked_once(conn, _HiredisParser, _PARSER_PARTS, "_sock")
+
+
+def settled(reply: Any) -> Any:
+    """A parsed reply as redis-py's ``read_response`` gives it: an error reply raised as
+    its exception (a lost connection too, also as an array's first element), anything
+    else returned."""
+    if isinstance(reply, (ResponseError, RedisConnectionError)):
+        raise reply
+    if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
+        raise reply[0]
+    return reply
 
 
 def read_direct(conn: Any) -> Any:
@@ -109,11 +127,7 @@ def read_direct(conn: Any) -> Any:
         if push_type is not None and isinstance(reply, push_type):
             parser.handle_push_response(reply)
             continue  # not our reply: the next one is
-        if isinstance(reply, (ResponseError, RedisConnectionError)):
-            raise reply
-        if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
-            raise reply[0]
-        return reply
+        return settled(reply)
 
 
 def read_reply(conn: Any) -> Any:

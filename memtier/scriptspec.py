@@ -178,23 +178,18 @@ def _picker(
     fixed_set = set(fixed)
     fixed_names = [name for name in order if name in fixed_set]
     position = {name: i for i, name in enumerate([*fixed_names, *free])}
-    picks = [position[name] for name in order]
-    if len(picks) >= 2:
-        return operator.itemgetter(*picks)  # a tuple for two positions or more
-    if len(picks) == 1:
-        only = picks[0]
-        return lambda values: (values[only],)
-    return lambda values: ()
+    return _tuple_getter(tuple(position[name] for name in order))
 
 
-def _tuple_getter(names: tuple[str, ...]) -> _TupleGetter:
-    """``mapping -> tuple(mapping[n] for n in names)``, as one C call where it can be."""
-    if len(names) >= 2:
-        return operator.itemgetter(*names)  # a tuple for two names or more
-    if len(names) == 1:
-        only = names[0]
-        return lambda mapping: (mapping[only],)
-    return lambda mapping: ()
+def _tuple_getter(keys: tuple[Any, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """``container -> tuple(container[k] for k in keys)`` (names of a mapping, or
+    positions of a tuple), as one C call where it can be."""
+    if len(keys) >= 2:
+        return operator.itemgetter(*keys)  # a tuple for two keys or more
+    if len(keys) == 1:
+        only = keys[0]
+        return lambda container: (container[only],)
+    return lambda container: ()
 
 
 def header_inputs(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

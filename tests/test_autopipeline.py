@@ -1179,35 +1179,11 @@ async def _read_all(read: Any, count: int) -> list[Any]:
     return out
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    replies=st.lists(_REPLY, min_size=1, max_size=12),
-    cuts=st.lists(st.integers(0, 10_000), max_size=6),
-    extra=st.integers(0, 2),
-    end=st.sampled_from(["close", "stall"]),
-    protocol=st.sampled_from([2, 3]),
-)
-@example(replies=[b"+OK\r\n"], cuts=[], extra=0, end="close", protocol=3)
-@example(
-    replies=[b"$3\r\nabc\r\n", b"-NOSCRIPT x\r\n"],
-    cuts=[1, 2, 3, 9],
-    extra=1,
-    end="close",
-    protocol=2,
-)
-@example(replies=[b"*2\r\n:1\r\n-ERR in an array\r\n"], cuts=[5], extra=1, end="stall", protocol=3)
-def test_the_batch_reader_gives_what_redis_pys_read_response_gives(
-    replies: list[bytes], cuts: list[int], extra: int, end: str, protocol: int
-) -> None:
-    """The pipeline's reply reader and redis-py's ``read_response`` on two real
-    connections to the same byte stream (cut anywhere, then closed or stalled past the
-    socket timeout), reading as many replies as there are plus ``extra``: the same
-    replies, the same error replies raised, the same end (ConnectionError / TimeoutError)."""
-    from memtier.autopipeline import _reply_reader
-
-    # No CLIENT SETINFO on connect (the server only replies), and no request for
-    # maintenance notifications (redis-py >= 7.0), said as each redis-py release says it:
-    # the floor run (tests/run.sh) runs this on the oldest supported one too.
+def quiet_connection_kwargs() -> dict[str, Any]:
+    """No CLIENT SETINFO on connect (the stream's server only replies), and no request for
+    maintenance notifications (redis-py >= 7.0), said as each redis-py release says it:
+    the floor run (tests/run.sh) runs these tests on the oldest supported one too.  The
+    sync and asyncio connections take the same arguments."""
     quiet: dict[str, Any] = {"lib_name": None, "lib_version": None}
     if (
         "driver_info"
@@ -1220,6 +1196,71 @@ def test_the_batch_reader_gives_what_redis_pys_read_response_gives(
         pass
     else:
         quiet["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return quiet
+
+
+# The pinned streams every reader of replies is held to (with the generated ones below).
+_STREAM_EXAMPLES: list[dict[str, Any]] = [
+    {"replies": [b"+OK\r\n"], "cuts": [], "extra": 0, "end": "close", "protocol": 3},
+    {
+        "replies": [b"$3\r\nabc\r\n", b"-NOSCRIPT x\r\n"],
+        "cuts": [1, 2, 3, 9],
+        "extra": 1,
+        "end": "close",
+        "protocol": 2,
+    },
+    {
+        "replies": [b"*2\r\n:1\r\n-ERR in an array\r\n"],
+        "cuts": [5],
+        "extra": 1,
+        "end": "stall",
+        "protocol": 3,
+    },
+    {  # a lost connection as an array's first element, then as a reply of its own
+        "replies": [b"*2\r\n-LOADING x\r\n:1\r\n", b"-LOADING Redis is loading\r\n", b"+OK\r\n"],
+        "cuts": [],
+        "extra": 0,
+        "end": "close",
+        "protocol": 2,
+    },
+    {  # a push frame (client tracking) before a reply: handled, then the reply read
+        "replies": [b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n", b":7\r\n"],
+        "cuts": [3],
+        "extra": 0,
+        "end": "close",
+        "protocol": 3,
+    },
+]
+
+
+def stream_cases(test: Any) -> Any:
+    """Generated reply streams (RESP2 replies, errors, nested arrays; RESP3 types) cut
+    anywhere, then closed or stalled, read for as many replies as there are plus
+    ``extra``; and the pinned ones above."""
+    for pinned in reversed(_STREAM_EXAMPLES):
+        test = example(**pinned)(test)
+    return settings(max_examples=60, deadline=None)(
+        given(
+            replies=st.lists(_REPLY, min_size=1, max_size=12),
+            cuts=st.lists(st.integers(0, 10_000), max_size=6),
+            extra=st.integers(0, 2),
+            end=st.sampled_from(["close", "stall"]),
+            protocol=st.sampled_from([2, 3]),
+        )(test)
+    )
+
+
+@stream_cases
+def test_the_batch_reader_gives_what_redis_pys_read_response_gives(
+    replies: list[bytes], cuts: list[int], extra: int, end: str, protocol: int
+) -> None:
+    """The pipeline's reply reader and redis-py's ``read_response`` on two real
+    connections to the same byte stream (cut anywhere, then closed or stalled past the
+    socket timeout), reading as many replies as there are plus ``extra``: the same
+    replies, the same error replies raised, the same end (ConnectionError / TimeoutError)."""
+    from memtier.autopipeline import _reply_reader
+
+    quiet = quiet_connection_kwargs()
 
     # RESP3: the HELLO on connect reads its reply first (then RESP3's own types); it
     # names the protocol, as Redis's does (redis-py >= 8.2 checks it).
@@ -1255,9 +1296,14 @@ def test_the_batch_reader_gives_what_redis_pys_read_response_gives(
 
     fast, slow, took_fast = asyncio.run(run())
     assert took_fast  # a plain connection reads through hiredis directly
+    assert_same_reads(fast, slow, extra, end)
+
+
+def assert_same_reads(fast: list[Any], slow: list[Any], extra: int, end: str) -> None:
+    """What a direct reader read (``fast``) is what redis-py's ``read_response`` read:
+    the same replies and error replies (type and text), and the same end, whose message
+    may be worded otherwise: a timeout on a stall, a lost connection on a close."""
     assert [type(r) for r in fast] == [type(r) for r in slow]
-    # Replies and error replies (type and text) are the same; the end differs only in
-    # the wording of its message.
     ends = (redis.ConnectionError, redis.TimeoutError)
     assert [o for o, r in zip(_outcomes(fast), fast, strict=True) if not isinstance(r, ends)] == [
         o for o, r in zip(_outcomes(slow), slow, strict=True) if not isinstance(r, ends)

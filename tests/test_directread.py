@@ -10,33 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import inspect
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
-from test_autopipeline import _REPLY, _outcomes, _replier
+from test_autopipeline import _replier, assert_same_reads, quiet_connection_kwargs, stream_cases
 
 from memtier.directread import read_direct, read_reply, reads_direct
-
-
-def _quiet() -> dict[str, Any]:
-    """No CLIENT SETINFO and no maintenance notifications on connect, as each redis-py
-    release says it (the floor run reads these tests on the oldest one too)."""
-    quiet: dict[str, Any] = {"lib_name": None, "lib_version": None}
-    if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters:
-        quiet = {"driver_info": None}
-    try:
-        from redis.maint_notifications import MaintNotificationsConfig
-    except ImportError:  # redis-py < 7.0 has none
-        pass
-    else:
-        quiet["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
-    return quiet
 
 
 class _Served:
@@ -75,37 +57,7 @@ def _read_all(read: Callable[[], Any], count: int) -> list[Any]:
     return out
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    replies=st.lists(_REPLY, min_size=1, max_size=12),
-    cuts=st.lists(st.integers(0, 10_000), max_size=6),
-    extra=st.integers(0, 2),
-    end=st.sampled_from(["close", "stall"]),
-    protocol=st.sampled_from([2, 3]),
-)
-@example(replies=[b"+OK\r\n"], cuts=[], extra=0, end="close", protocol=3)
-@example(
-    replies=[b"$3\r\nabc\r\n", b"-NOSCRIPT x\r\n"],
-    cuts=[1, 2, 3, 9],
-    extra=1,
-    end="close",
-    protocol=2,
-)
-@example(replies=[b"*2\r\n:1\r\n-ERR in an array\r\n"], cuts=[5], extra=1, end="stall", protocol=3)
-@example(
-    replies=[b"*2\r\n-LOADING x\r\n:1\r\n", b"-LOADING Redis is loading\r\n", b"+OK\r\n"],
-    cuts=[],
-    extra=0,
-    end="close",
-    protocol=2,
-)
-@example(  # a push frame (client tracking) before a reply: handled, then the reply read
-    replies=[b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n", b":7\r\n"],
-    cuts=[3],
-    extra=0,
-    end="close",
-    protocol=3,
-)
+@stream_cases
 def test_the_direct_read_gives_what_redis_pys_read_response_gives(
     replies: list[bytes], cuts: list[int], extra: int, end: str, protocol: int
 ) -> None:
@@ -122,7 +74,7 @@ def test_the_direct_read_gives_what_redis_pys_read_response_gives(
                 socket_timeout=0.2,
                 socket_connect_timeout=30,  # (a loaded CI machine: see the asyncio test)
                 protocol=protocol,
-                **_quiet(),
+                **quiet_connection_kwargs(),
             )
             conn.connect()
             try:
@@ -135,21 +87,12 @@ def test_the_direct_read_gives_what_redis_pys_read_response_gives(
                 conn.disconnect()
     finally:
         served.close()
-    fast, slow = results
-    assert [type(r) for r in fast] == [type(r) for r in slow]
-    ends = (redis.ConnectionError, redis.TimeoutError)
-    assert [o for o, r in zip(_outcomes(fast), fast, strict=True) if not isinstance(r, ends)] == [
-        o for o, r in zip(_outcomes(slow), slow, strict=True) if not isinstance(r, ends)
-    ]
-    if extra and end == "stall":
-        assert isinstance(fast[-1], redis.TimeoutError)
-    elif extra:
-        assert isinstance(fast[-1], redis.ConnectionError)
+    assert_same_reads(*results, extra, end)
 
 
 @pytest.fixture
 def conn(redis_server: Any) -> Iterator[redis.Connection]:
-    c = redis.Connection(host="127.0.0.1", port=redis_server.port, **_quiet())
+    c = redis.Connection(host="127.0.0.1", port=redis_server.port, **quiet_connection_kwargs())
     c.connect()
     try:
         yield c
@@ -183,7 +126,10 @@ def test_other_parsers_and_unconnected_connections_keep_redis_pys_read(redis_ser
     from redis._parsers import _RESP2Parser
 
     python_parser = redis.Connection(
-        host="127.0.0.1", port=redis_server.port, parser_class=_RESP2Parser, **_quiet()
+        host="127.0.0.1",
+        port=redis_server.port,
+        parser_class=_RESP2Parser,
+        **quiet_connection_kwargs(),
     )
     python_parser.connect()
     try:
