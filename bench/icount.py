@@ -7,7 +7,9 @@ Client CPU time per operation varies by 10-20 % between runs here (other enginee
 suites share the 2 cores; docs/performance.md, "Client CPU is not additive"), so a change
 worth 5 % needs many alternating runs to show.  ``valgrind --tool=callgrind`` counts the
 instructions a process executes instead: the same code and inputs give the same count
-(within 0.2 % here) whatever else the machine does.  It counts user-space instructions
+whatever else the machine does, up to a small spread (a few % for the asyncio rows at
+the default ``--ops``: the event loop's work per call depends on when replies arrive;
+docs/performance.md gives the measured spreads).  It counts user-space instructions
 only -- not the kernel's work in the syscalls, not time spent waiting, not cache misses
 -- so it measures the client's own work, the part memtier's code decides.
 
@@ -27,7 +29,8 @@ Rows:
   turn's four items (``bench.turnitems``), asyncio.
 
 A/B of two trees: run it in each tree's own directory (``python -m`` imports the memtier
-of the current directory); the counts of one tree repeat, so one run each is enough.
+of the current directory); one run each separates changes well past the
+rows' spread; ``--rounds`` repeats each row for the asyncio ones.
 """
 
 from __future__ import annotations
