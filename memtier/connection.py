@@ -28,7 +28,6 @@ map stale (a failover, a topology change).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import queue
@@ -48,7 +47,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memtier.config import MemtierConfig, RedisConfig, parse_redis_url
-from memtier.directread import read_direct, read_reply, reads_direct
+from memtier.directread import read_reply, reply_reader
 from memtier.errors import BackendBusyError, BackendError, ConfigurationError, TransientBackendError
 
 _HIREDIS_PACK: Callable[[tuple[Any, ...]], bytes] | None
@@ -523,11 +522,7 @@ class LeanPool:
                 packed[:] = self._pack_all(conn, commands)
             try:
                 conn.send_packed_command(packed)
-                read: Callable[[], Any] = (
-                    functools.partial(read_direct, conn)
-                    if reads_direct(conn)
-                    else conn.read_response
-                )
+                read = reply_reader(conn)
                 refused: ResponseError | None = None
                 for _ in range(count - 1):  # +OK of MULTI, +QUEUED of each command
                     try:
@@ -560,10 +555,11 @@ class LeanPool:
             packed = self._pack_all(conn, commands)
             try:
                 conn.send_packed_command(packed)
+                read = reply_reader(conn)
                 replies: list[Any] = []
                 for _ in commands:
                     try:
-                        replies.append(read_reply(conn))
+                        replies.append(read())
                     except ResponseError as exc:
                         replies.append(exc)
                 return replies

@@ -20,6 +20,8 @@ caller disconnects on anything but an error reply, as the lean pool always has.
 from __future__ import annotations
 
 import errno
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -33,7 +35,7 @@ except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis
     _HiredisParser = None  # type: ignore[assignment,misc]
     _NOT_ENOUGH_DATA = object()
 
-__all__ = ["checked_once", "read_direct", "read_reply", "reads_direct", "settled"]
+__all__ = ["checked_once", "read_direct", "read_reply", "reads_direct", "reply_reader", "settled"]
 
 _CLOSED = "Connection closed by server."
 # What the sync direct read uses of redis-py's sync hiredis parser (private: checked once
@@ -128,6 +130,14 @@ def read_direct(conn: Any) -> Any:
             parser.handle_push_response(reply)
             continue  # not our reply: the next one is
         return settled(reply)
+
+
+def reply_reader(conn: Any) -> Callable[[], Any]:
+    """What reads ``conn``'s replies, checked once for several: :func:`read_direct` on it
+    where it may, else redis-py's own read."""
+    if reads_direct(conn):
+        return functools.partial(read_direct, conn)
+    return conn.read_response  # type: ignore[no-any-return]
 
 
 def read_reply(conn: Any) -> Any:
