@@ -26,7 +26,11 @@ Rows:
 * ``aio.append`` / ``aio.context``: the same on ``AsyncConversationStore`` over
   ``redis.asyncio.Redis``, one call at a time;
 * ``items4``: the OpenAI Agents adapter's ``MemtierSession.add_items`` of one agent
-  turn's four items (``bench.turnitems``), asyncio.
+  turn's four items (``bench.turnitems``), asyncio;
+* ``raw`` / ``raw.read``: the append and read targets' baselines on the same client, as
+  ``bench.workloads`` runs them -- redis-py's ``evalsha`` of the minimal script
+  (``bench/minimal_append-4.lua``), ``lrange`` of the last 20 + ``orjson.loads`` each --
+  so memtier's rows can be read as multiples of the client work the targets compare to.
 
 A/B of two trees: run it in each tree's own directory (``python -m`` imports the memtier
 of the current directory); one run each separates changes well past the
@@ -49,18 +53,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import redis
 import redis.asyncio
 
 from bench.probe import exit_on_sigterm, loadavg, machine_meta, parse_round_args, write_json
 from bench.server import HOST, BenchRedis
 from bench.turnitems import turn_items
-from bench.workloads import KeyPool, bench_config, chat_text
+from bench.workloads import MINIMAL_SCRIPT, KeyPool, bench_config, chat_text
 from memtier import AsyncConversationStore, AvatarMessage, ConversationStore
 
 __all__ = ["ROWS", "main"]
 
-ROWS = ("append", "context", "aio.append", "aio.context", "items4")
+ROWS = ("append", "context", "aio.append", "aio.context", "items4", "raw", "raw.read")
 SESSIONS = 100  # each holds TURNS turns before the measured operations begin
 TURNS = 25  # (context reads 20 of them)
 
@@ -101,8 +106,34 @@ async def _async_child(row: str, port: int, n: int, namespace: str, count: int) 
     await client.aclose()
 
 
+def _raw_child(row: str, port: int, n: int, namespace: str, sessions: int) -> None:
+    """The targets' baselines, as ``bench.workloads`` runs them: redis-py's ``evalsha`` of
+    the minimal script (``raw``), ``LRANGE`` of the last 20 + orjson (``raw.read``)."""
+    client = redis.Redis(host=HOST, port=port)
+    text = chat_text(300)
+    if row == "raw":
+        sha = client.script_load(MINIMAL_SCRIPT.read_text(encoding="utf-8"))
+        tag = "{" + namespace + "}"
+        for i in range(n):
+            sid = f"{i % sessions:012d}"
+            client.evalsha(sha, 4, f"{tag}:q:{sid}", f"{tag}:t:{sid}", f"{tag}:meta",
+                           f"{tag}:lru", text, f"m{i}")  # fmt: skip
+    else:
+        entry = orjson.dumps({"role": "user", "content": text})
+        keys = [f"{{{namespace}}}:r:{i:012d}" for i in range(sessions)]
+        for key in keys:
+            client.rpush(key, *([entry] * TURNS))
+        loads = orjson.loads
+        for i in range(n):
+            items = [loads(x) for x in client.lrange(keys[i % sessions], -20, -1)]
+            assert len(items) == 20
+    client.close()
+
+
 def _child(row: str, port: int, n: int, namespace: str, sessions: int) -> int:
-    if row in ("append", "context"):
+    if row in ("raw", "raw.read"):
+        _raw_child(row, port, n, namespace, sessions)
+    elif row in ("append", "context"):
         _sync_child(row, port, n, namespace, sessions)
     else:
         asyncio.run(_async_child(row, port, n, namespace, sessions))
