@@ -64,6 +64,7 @@ from memtier.connection import idle_to_keep
 from memtier.directread import checked_once, settled
 from memtier.errors import TransientBackendError
 from memtier.readdeadline import read_within
+from memtier.resppack import packs_alike
 
 try:  # the parser redis-py's asyncio connections use when hiredis is installed
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -96,14 +97,16 @@ class Packer:
     only its encoder is used).  The auto-pipeline and the asyncio cluster path pack each
     call once with it, before the attempts that re-send the same bytes."""
 
-    __slots__ = ("_connection_class", "_fast", "_kwargs", "_slow")
+    __slots__ = ("_connection_class", "_fast", "_kwargs", "_slow", "alike")
 
     def __init__(self, connection_class: Any, kwargs: dict[str, Any]) -> None:
         self._connection_class = connection_class
         self._kwargs = kwargs
-        utf8 = str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-") in ("utf-8", "utf8")
-        strict = kwargs.get("encoding_errors", "strict") == "strict"
-        self._fast: Any = _hiredis_pack if utf8 and strict else None
+        # (hiredis packs as the encoder does: a bound call's wire plan may be used too)
+        self.alike = packs_alike(
+            kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
+        )
+        self._fast: Any = _hiredis_pack if self.alike else None
         self._slow: Any = None
 
     def __call__(self, args: Sequence[Any]) -> list[bytes]:

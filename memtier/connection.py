@@ -49,6 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from memtier.config import MemtierConfig, RedisConfig, parse_redis_url
 from memtier.directread import read_reply, reply_reader
 from memtier.errors import BackendBusyError, BackendError, ConfigurationError, TransientBackendError
+from memtier.resppack import packs_alike
 
 _HIREDIS_PACK: Callable[[tuple[Any, ...]], bytes] | None
 try:  # redis[hiredis] is a dependency; without it the connection's own packer is used
@@ -413,7 +414,7 @@ class LeanPool:
     touching them.
     """
 
-    __slots__ = ("_exhausted", "_idle", "_keep", "_packer", "_pid", "pool")
+    __slots__ = ("_exhausted", "_idle", "_keep", "_packer", "_pid", "packs_alike", "pool")
 
     def __init__(self, pool: Any, *, keep_idle: int = 0) -> None:
         self.pool = pool
@@ -425,9 +426,10 @@ class LeanPool:
         # (strict) after a one-word command name (redis-py would split "CONFIG GET"; no
         # lean call sends one), at half the cost; another encoding keeps redis-py's.
         kwargs = getattr(pool, "connection_kwargs", {})
-        utf8 = kwargs.get("encoding", "utf-8") == "utf-8"
-        strict = kwargs.get("encoding_errors", "strict") == "strict"
-        self._packer = _HIREDIS_PACK if utf8 and strict else None
+        self.packs_alike = packs_alike(
+            kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
+        )
+        self._packer = _HIREDIS_PACK if self.packs_alike else None
 
     def _get(self) -> Any:
         idle = self._idle

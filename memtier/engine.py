@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
+    from memtier.resppack import WirePlan
     from memtier.scripts import Durable
 
 __all__ = [
@@ -64,6 +65,9 @@ class ScriptCall:
     args: tuple[str | int | bytes, ...]
     attempts: list[int] | None = field(default=None, compare=False)
     durable: Durable | None = None
+    # The packed bytes' plan, set only by BoundSpec.call (its fixed values in place):
+    # the lean paths pack with it where they would pack with hiredis (memtier.resppack).
+    wire: WirePlan | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

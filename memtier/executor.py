@@ -179,9 +179,11 @@ class SyncExecutor:
     ) -> Callable[[], Any]:
         """``attempt`` for a standalone client: the EVALSHA packed on the first attempt
         and re-sent as the same bytes by every retry (same guard, hooks and metrics)."""
-        client, keys, args = self.client, call.keys, call.args
+        client, keys, args, wire = self.client, call.keys, call.args, call.wire
         packed: list[Any] = []
-        return self._lean_attempt(call, lambda: script.call_lean(lean, client, keys, args, packed))
+        return self._lean_attempt(
+            call, lambda: script.call_lean(lean, client, keys, args, packed, wire)
+        )
 
     def _lean_cluster_script(
         self, call: ScriptCall, script: LuaScript, lean: ClusterLean
@@ -190,11 +192,11 @@ class SyncExecutor:
         a script's keys share one hash tag), the EVALSHA packed on the first attempt, and
         every attempt routed by the slot map as it is then (a retry after a failover goes
         to the new primary)."""
-        client, keys, args = self.client, call.keys, call.args
+        client, keys, args, wire = self.client, call.keys, call.args, call.wire
         slot = lean.slot(keys[0])
         packed: list[Any] = []
         return self._lean_attempt(
-            call, lambda: script.call_lean_cluster(lean, slot, client, keys, args, packed)
+            call, lambda: script.call_lean_cluster(lean, slot, client, keys, args, packed, wire)
         )
 
     def _lean_attempt(self, call: ScriptCall, send: Callable[[], Any]) -> Callable[[], Any]:
@@ -471,7 +473,7 @@ class AsyncExecutor:
         packed: list[bytes] = []
 
         def send() -> Awaitable[Any]:
-            return script.call_pipelined(pipeline, client, keys, args, packed)
+            return script.call_pipelined(pipeline, client, keys, args, packed, call.wire)
 
         async def attempt() -> Any:
             if call.attempts is not None:
@@ -498,7 +500,7 @@ class AsyncExecutor:
         packed: list[bytes] = []
 
         def send() -> Awaitable[Any]:
-            return script.call_lean_cluster_async(lean, slot, client, keys, args, packed)
+            return script.call_lean_cluster_async(lean, slot, client, keys, args, packed, call.wire)
 
         async def attempt() -> Any:
             if call.attempts is not None:

@@ -44,6 +44,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memtier.connection import LeanPool
+from memtier.resppack import packs_alike
 
 __all__ = ["SLOT_CACHE_CEILING", "ClusterLean", "SlotCache", "lean_cluster"]
 
@@ -86,11 +87,14 @@ class SlotCache:
 class ClusterLean(SlotCache):
     """Route one packed script call to its slot's primary and send it there."""
 
-    __slots__ = ("_paced", "redirects")
+    __slots__ = ("_paced", "packs_alike", "redirects")
 
     def __init__(self, client: Any) -> None:
         super().__init__(client)
         self.redirects = 0  # calls re-sent through redis-py after MOVED/ASK (tests, approximate)
+        # The nodes' connections encode as the client does (a bound call's wire plan).
+        encoder = client.get_encoder()
+        self.packs_alike = packs_alike(encoder.encoding, encoder.encoding_errors)
         manager = client.nodes_manager
         # redis-py >= 8.2: error-triggered refreshes are requested, merged and paced.
         self._paced = all(hasattr(manager, name) for name in _PACED_PARTS)

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from memtier.autopipeline import AutoPipeline
     from memtier.connection import LeanPool
     from memtier.engine import PlainHead, ReadCommand
+    from memtier.resppack import WirePlan
 
 __all__ = [
     "Durable",
@@ -203,6 +204,20 @@ class LuaScript:
             raise ScriptError(f"{self.name} takes {self.num_keys} keys, got {len(keys)}")
         return (sha, self.num_keys, *keys, *args)
 
+    def _pack_wire(
+        self,
+        packed: list[Any],
+        wire: WirePlan | None,
+        alike: bool,
+        keys: Sequence[str],
+        args: Sequence[Any],
+    ) -> None:
+        """Fill ``packed`` (empty: the first attempt) from a bound call's ``wire`` plan
+        where the path would pack with hiredis (``alike``: UTF-8, strict); the same bytes
+        as packing the whole call (memtier.resppack)."""
+        if wire is not None and alike and not packed and len(keys) == self.num_keys:
+            packed.append(wire.pack(self.sha, tuple(keys) + tuple(args)))
+
     # --- one shape for every call: the duration metric, memtier's error mapping, and
     # NOSCRIPT answered by loading the text and re-sending the same call once -----------
     def _call(self, send: Callable[[], Any], load: Callable[[], Any]) -> Any:
@@ -252,6 +267,7 @@ class LuaScript:
         keys: Sequence[str],
         args: Sequence[Any],
         packed: list[Any],
+        wire: WirePlan | None = None,
     ) -> Any:
         """:meth:`call_lean` on a Redis Cluster client: sent to ``slot``'s primary by
         ``lean`` (:func:`memtier.leancluster.lean_cluster`).  NOSCRIPT loads the script on
@@ -259,6 +275,7 @@ class LuaScript:
         node ran nothing: the call goes once through redis-py's generic cluster path,
         which follows the redirect (``ASKING`` on the importing node) and patches the
         slot map the next lean call reads."""
+        self._pack_wire(packed, wire, lean.packs_alike, keys, args)
         call = ("EVALSHA", *self._args(self.sha, keys, args)) if not packed else ("EVALSHA",)
 
         def send() -> Any:
@@ -277,12 +294,14 @@ class LuaScript:
         keys: Sequence[str],
         args: Sequence[Any],
         packed: list[Any],
+        wire: WirePlan | None = None,
     ) -> Any:
         """:meth:`__call__` on the lean path: the EVALSHA packed once into ``packed``
         (kept by the caller across its retries) and sent with ``lean``, a standalone
         client's pool (:func:`memtier.connection.lean_pool`; never fakeredis, so the
         text is :attr:`source`).  NOSCRIPT reloads through ``client`` and re-sends the same
         bytes; errors, the duration metric and ``memtier:`` rejections as :meth:`__call__`."""
+        self._pack_wire(packed, wire, lean.packs_alike, keys, args)
         call = ("EVALSHA", *self._args(self.sha, keys, args)) if not packed else ("EVALSHA",)
         return self._call(
             lambda: lean.execute(call, packed), lambda: client.script_load(self.source)
@@ -295,12 +314,14 @@ class LuaScript:
         keys: Sequence[str],
         args: Sequence[Any],
         packed: list[bytes],
+        wire: WirePlan | None = None,
     ) -> Any:
         """:meth:`call_async` auto-pipelined: the EVALSHA packed once into ``packed`` (kept
         by the caller across its retries) and queued on ``pipeline`` (a standalone asyncio
         client's pool, :func:`memtier.connection.lean_async_pool`; never fakeredis, so the
         text is :attr:`source`).  NOSCRIPT reloads through ``client`` and re-queues the same
         bytes; errors, the duration metric and ``memtier:`` rejections as :meth:`__call__`."""
+        self._pack_wire(packed, wire, pipeline.pack.alike, keys, args)
         if not packed:
             packed.extend(pipeline.pack(("EVALSHA", *self._args(self.sha, keys, args))))
         return await self._call_async(
@@ -315,6 +336,7 @@ class LuaScript:
         keys: Sequence[str],
         args: Sequence[Any],
         packed: list[bytes],
+        wire: WirePlan | None = None,
     ) -> Any:
         """:meth:`call_async` on an asyncio Redis Cluster client's lean path: the EVALSHA
         packed once into ``packed`` and written to ``slot``'s primary by ``lean``
@@ -322,6 +344,7 @@ class LuaScript:
         every primary and re-sends the same bytes.  A ``MOVED`` / ``ASK`` reply means that
         node ran nothing: the call goes once through redis-py's generic cluster path,
         which follows the redirect and patches the slot map the next lean call reads."""
+        self._pack_wire(packed, wire, lean.pack.alike, keys, args)
         if not packed:
             packed.extend(lean.pack(("EVALSHA", *self._args(self.sha, keys, args))))
 

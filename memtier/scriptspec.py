@@ -18,7 +18,6 @@ lines of the free text do not start with ``KEYS[`` / ``ARGV[``.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memtier.engine import ScriptCall
+from memtier.resppack import FREE, WirePlan
 
 if TYPE_CHECKING:
     from memtier.scripts import Durable
@@ -113,7 +113,8 @@ class ScriptSpec:
         args = list(call.args)
         for name, value in argv.items():
             args[self.index(name)] = value
-        return dataclasses.replace(call, args=tuple(args))
+        # (a new call, not dataclasses.replace: a bound call's wire plan holds the old values)
+        return ScriptCall(call.script, call.keys, tuple(args), call.attempts, call.durable)
 
     def index(self, name: str) -> int:
         """The 0-based ARGV position of ``name`` (for readers of a built call's args)."""
@@ -130,7 +131,7 @@ class BoundSpec:
     path fills in the rest by position -- no mapping built, no names compared per call;
     the names were checked when it was bound."""
 
-    __slots__ = ("_argv", "_keys", "_pick_argv", "_pick_keys", "names", "spec")
+    __slots__ = ("_argv", "_keys", "_pick_argv", "_pick_keys", "_wire", "names", "spec")
 
     def __init__(
         self, spec: ScriptSpec, keys: Mapping[str, str], argv: Mapping[str, str | int | bytes]
@@ -150,6 +151,10 @@ class BoundSpec:
         )
         self._pick_keys = _picker(spec.keys, keys.keys(), self.names[0])
         self._pick_argv = _picker(spec.argv, argv.keys(), self.names[1])
+        # The packed form's plan: the fixed runs packed once (memtier.resppack).
+        layout = [keys.get(r, FREE) for r in spec.keys] + [argv.get(n, FREE) for n in spec.argv]
+        wire = WirePlan(len(spec.keys), layout)
+        self._wire = wire if wire.usable else None
 
     def call(
         self,
@@ -167,6 +172,7 @@ class BoundSpec:
             self._pick_keys(self._keys + keys),
             self._pick_argv(self._argv + argv),
             durable=durable,
+            wire=self._wire,
         )
 
 

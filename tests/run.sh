@@ -267,6 +267,7 @@ FLOOR_TESTS=(
     tests/test_connection.py tests/test_lean_call.py tests/test_lean_connections.py
     tests/test_lean_cluster.py tests/test_lean_cluster_async.py
     tests/test_autopipeline.py tests/test_directread.py tests/test_retry.py tests/test_engine.py
+    tests/test_resppack.py
     tests/faults/test_cluster_faults.py tests/faults/test_redis_faults.py
     tests/workers/test_worker_process.py tests/workers/test_worker_snapshots.py
 )

@@ -319,7 +319,10 @@ class MemoryCore:
         for p in more:
             tool = p.turn.kind == "tool"
             extra += (p.turn_id, p.payload, p.turn_bytes, record_flags(tool))
-        return ScriptCall(call.script, call.keys, (*call.args, *extra), durable=call.durable)
+        # (the wire plan packs the extra turns as a counted tail)
+        return ScriptCall(
+            call.script, call.keys, (*call.args, *extra), durable=call.durable, wire=call.wire
+        )
 
     def _append_bounds(self, part: PartitionKeys, channel: Channel) -> _AppendFixed:
         """What every append to ``channel`` on ``part`` sends alike: its partition keys,
