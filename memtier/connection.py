@@ -47,7 +47,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memtier.config import MemtierConfig, RedisConfig, parse_redis_url
-from memtier.directread import read_reply, reply_reader
+from memtier.directread import quiet, read_reply, reply_reader
 from memtier.errors import BackendBusyError, BackendError, ConfigurationError, TransientBackendError
 from memtier.resppack import packs_alike
 
@@ -366,12 +366,15 @@ def idle_to_keep(pool: Any) -> int:
 def _checked(conn: Any) -> Any:
     """What ``ConnectionPool.get_connection`` checks of a connection before it hands it
     out: connected (again, after a failure or ``pool.disconnect()``), nothing unread (a
-    reply left behind, or the server closed the socket: reconnect)."""
+    reply left behind, or the server closed the socket: reconnect).  Nothing unread is
+    asked of :func:`~memtier.directread.quiet` first (one poll), then of redis-py."""
     try:
         if getattr(conn, "_sock", None) is None:
             # (connect() returns at once on a connected socket, but only after its retry
             # wrapper: a few us a call, on every call, for nothing.)
             conn.connect()
+        if quiet(conn):
+            return conn
         if conn.can_read():
             raise RedisConnectionError("Connection has data")
     except (RedisConnectionError, RedisTimeoutError, OSError):

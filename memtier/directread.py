@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import select
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,15 @@ except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis
     _HiredisParser = None  # type: ignore[assignment,misc]
     _NOT_ENOUGH_DATA = object()
 
-__all__ = ["checked_once", "read_direct", "read_reply", "reads_direct", "reply_reader", "settled"]
+__all__ = [
+    "checked_once",
+    "quiet",
+    "read_direct",
+    "read_reply",
+    "reads_direct",
+    "reply_reader",
+    "settled",
+]
 
 _CLOSED = "Connection closed by server."
 # What the sync direct read uses of redis-py's sync hiredis parser (private: checked once
@@ -80,6 +89,38 @@ def checked_once(conn: Any, parser_class: Any, parts: tuple[str, ...], io: str) 
 def reads_direct(conn: Any) -> bool:
     """``conn``'s replies may be read with :func:`read_direct`."""
     return checked_once(conn, _HiredisParser, _PARSER_PARTS, "_sock")
+
+
+def quiet(conn: Any) -> bool:
+    """``conn`` is open with nothing unread, by one ``poll(0)`` of its socket: its reader
+    holds no bytes and the socket reports nothing (no reply left behind, no push, not
+    closed by the server: a closed socket polls readable).  What redis-py's
+    ``can_read`` answers for a kept connection, without its per-call poller, address
+    string and three layers (the lean pool asks it before each use of a kept
+    connection).  Only on a plain socket of a connection whose replies are read direct
+    (:func:`reads_direct`: hiredis, no health checks), checked when the poller is made:
+    once per connect, kept on the connection with the socket and reader it watches.
+    False means "ask redis-py's ``can_read``", which also decides every other case."""
+    kept = getattr(conn, "_memtier_quiet", None)
+    sock = getattr(conn, "_sock", None)
+    if kept is None or kept[0] is not sock:
+        # (an SSL socket may hold decrypted bytes above the socket: pending())
+        if sock is None or hasattr(sock, "pending") or not reads_direct(conn):
+            return False
+        has_data = getattr(conn._parser._reader, "has_data", None)
+        if has_data is None or not hasattr(select, "poll"):
+            return False
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)  # POLLHUP / POLLERR come whatever the mask
+        kept = conn._memtier_quiet = (sock, conn._parser._reader, has_data, poller.poll)
+    parser = conn._parser
+    return (
+        kept[1] is parser._reader
+        # redis-py < 7: a reply its can_read() parsed ahead (then it is not quiet)
+        and getattr(parser, "_next_response", _NOT_ENOUGH_DATA) is _NOT_ENOUGH_DATA
+        and not kept[2]()
+        and not kept[3](0)
+    )
 
 
 def settled(reply: Any) -> Any:

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import select
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from test_autopipeline import _replier, assert_same_reads, quiet_connection_kwargs, stream_cases
 
-from memtier.directread import read_direct, read_reply, reads_direct
+from memtier.directread import quiet, read_direct, read_reply, reads_direct
 
 
 class _Served:
@@ -177,3 +181,122 @@ def test_a_socket_dropped_meanwhile_is_a_lost_connection(conn: redis.Connection)
     conn._parser._sock = None  # type: ignore[attr-defined]  # (what on_disconnect leaves)
     with pytest.raises(redis.ConnectionError):
         read_direct(conn)
+
+
+# --- quiet(): a kept connection's "nothing unread" in one poll, against redis-py's can_read
+
+
+def _wait_readable(conn: redis.Connection) -> None:
+    sock: Any = conn._sock  # type: ignore[attr-defined]
+    select.select([sock], [], [], 5)
+
+
+def _dirty(conn: redis.Connection) -> bool:
+    """redis-py's answer: something unread, or the socket closed by the server."""
+    try:
+        return bool(conn.can_read())
+    except (redis.ConnectionError, OSError):
+        return True
+
+
+_STEPS = st.lists(
+    st.sampled_from(["roundtrip", "leave", "kill", "feed", "reconnect"]), min_size=1, max_size=8
+)
+
+
+@pytest.mark.real
+@settings(max_examples=25, deadline=None)
+@given(steps=_STEPS)
+@example(steps=["roundtrip", "leave", "roundtrip"])
+@example(steps=["kill", "reconnect", "roundtrip"])
+@example(steps=["feed"])
+@example(steps=["reconnect", "leave"])
+def test_quiet_agrees_with_redis_pys_can_read(redis_server: Any, steps: list[str]) -> None:
+    conn = redis.Connection(host="127.0.0.1", port=redis_server.port, **quiet_connection_kwargs())
+    other = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    conn.connect()
+    try:
+        for step in steps:
+            if step == "roundtrip":
+                conn.send_command("ECHO", "x")
+                assert read_reply(conn) == b"x"
+            elif step == "leave":  # a reply nobody reads
+                conn.send_command("PING")
+                _wait_readable(conn)
+            elif step == "kill":  # closed by the server
+                conn.send_command("CLIENT", "ID")
+                other.client_kill_filter(_id=read_reply(conn))
+                _wait_readable(conn)
+            elif step == "feed":  # bytes already in the reader
+                conn._parser._reader.feed(b"+OK\r\n")  # type: ignore[attr-defined]
+            else:
+                conn.disconnect()
+                conn.connect()
+            was_quiet = quiet(conn)
+            dirty = _dirty(conn)
+            # Quiet only when redis-py finds nothing; on a clean direct connection, quiet.
+            assert was_quiet == (not dirty), step
+            if dirty:  # as the lean pool does
+                conn.disconnect()
+                conn.connect()
+    finally:
+        conn.disconnect()
+        other.close()
+
+
+@pytest.mark.real
+def test_quiet_leaves_other_connections_to_redis_py(
+    conn: redis.Connection, redis_server: Any
+) -> None:
+    assert quiet(conn)
+    conn.disconnect()
+    assert not quiet(conn)  # no socket
+    checked = redis.Connection(host="127.0.0.1", port=redis_server.port, health_check_interval=5)
+    checked.connect()
+    try:
+        assert not quiet(checked)  # health checks: redis-py's own path
+    finally:
+        checked.disconnect()
+    from redis._parsers import _RESP2Parser
+
+    python_parser = redis.Connection(
+        host="127.0.0.1", port=redis_server.port, parser_class=_RESP2Parser
+    )
+    python_parser.connect()
+    try:
+        assert not quiet(python_parser)
+    finally:
+        python_parser.disconnect()
+
+
+@pytest.mark.real
+def test_the_lean_pool_asks_redis_py_only_when_quiet_cannot_tell(
+    redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memtier.connection import LeanPool
+
+    asked: list[int] = []
+    can_read = redis.Connection.can_read
+
+    def counted(self: redis.Connection, timeout: float = 0) -> bool:
+        asked.append(1)
+        return can_read(self, timeout)
+
+    monkeypatch.setattr(redis.Connection, "can_read", counted)
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    other = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    try:
+        lean = LeanPool(client.connection_pool, keep_idle=1)
+        assert lean.execute(("ECHO", "first"), []) == b"first"  # through the pool
+        from_pool = len(asked)  # (redis-py's pool checks what it hands out)
+        for i in range(5):
+            assert lean.execute(("ECHO", f"v{i}"), []) == f"v{i}".encode()
+        assert len(asked) == from_pool  # a kept, quiet connection: one poll, no can_read
+        kept_id = lean.execute(("CLIENT", "ID"), [])
+        other.client_kill_filter(_id=kept_id)
+        time.sleep(0.2)
+        assert lean.execute(("ECHO", "after"), []) == b"after"  # reconnected
+        assert len(asked) > from_pool  # the killed socket polled readable: redis-py decided
+    finally:
+        client.close()
+        other.close()
