@@ -140,15 +140,36 @@ def _child(row: str, port: int, n: int, namespace: str, sessions: int) -> int:
     return 0
 
 
-_TOTAL = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
+_TOTAL = re.compile(rb"^(?:summary|totals):\s+([\d ]+)$", re.M)
+_EVENTS = re.compile(rb"^events:\s+(.+)$", re.M)
 
 
-def _count(row: str, port: int, n: int, namespace: str, sessions: int, workdir: Path) -> int:
-    """Instructions callgrind counted in one child run."""
+def cycle_estimate(events: dict[str, int]) -> int:
+    """KCachegrind's cycle estimate from callgrind's simulated events: each instruction
+    one cycle, a mispredicted branch or a first-level miss 10 more, a last-level miss
+    100 more."""
+    branch_misses = events.get("Bcm", 0) + events.get("Bim", 0)
+    l1_misses = events.get("I1mr", 0) + events.get("D1mr", 0) + events.get("D1mw", 0)
+    ll_misses = events.get("ILmr", 0) + events.get("DLmr", 0) + events.get("DLmw", 0)
+    return events["Ir"] + 10 * (branch_misses + l1_misses) + 100 * ll_misses
+
+
+def _count(
+    row: str,
+    port: int,
+    n: int,
+    namespace: str,
+    sessions: int,
+    workdir: Path,
+    simulate: bool = False,
+) -> dict[str, int]:
+    """The event totals callgrind counted in one child run: ``Ir`` (instructions), and
+    with ``simulate`` its cache and branch simulation's misses too."""
     out = workdir / f"callgrind.{namespace}"
     cmd = [
         "valgrind",
         "--tool=callgrind",
+        *(["--cache-sim=yes", "--branch-sim=yes"] if simulate else []),
         f"--callgrind-out-file={out}",
         sys.executable,
         "-m",
@@ -167,11 +188,17 @@ def _count(row: str, port: int, n: int, namespace: str, sessions: int, workdir: 
     proc = subprocess.run(cmd, capture_output=True, timeout=3600, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{row}: the callgrind run failed: {proc.stderr[-2000:]!r}")
-    match = _TOTAL.search(out.read_bytes())
+    data = out.read_bytes()
     out.unlink()
-    if match is None:
+    names, totals = _EVENTS.search(data), _TOTAL.search(data)
+    if names is None or totals is None:
+        raise RuntimeError(f"{row}: no event totals in callgrind's output")
+    counts = dict(
+        zip(names.group(1).decode().split(), map(int, totals.group(1).split()), strict=False)
+    )
+    if "Ir" not in counts:
         raise RuntimeError(f"{row}: no instruction total in callgrind's output")
-    return int(match.group(1))
+    return counts
 
 
 def _valgrind_version() -> str:
@@ -184,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated, of: " + ", ".join(ROWS))
     p.add_argument("--ops", type=int, default=1000, help="operations of the longer run")
     p.add_argument("--rounds", type=int, default=1, help="repeats of each row (counts repeat)")
+    p.add_argument(
+        "--cycles",
+        action="store_true",
+        help="also simulate caches and branches (about 3x slower): cycles estimated per op",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -206,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = loadavg()
     started = time.time()
     per_op: dict[str, list[float]] = {row: [] for row in rows}
+    cycles: dict[str, list[float]] = {row: [] for row in rows}
     run_id = secrets.token_hex(4)
     with BenchRedis() as server, tempfile.TemporaryDirectory(prefix="icount-") as tmp:
         meta = machine_meta(redis.Redis(host=HOST, port=server.port)) | {
@@ -217,17 +250,26 @@ def main(argv: list[str] | None = None) -> int:
                 # A namespace no run used before (same length every time: key lengths
                 # enter the count), so each run starts on empty sessions.
                 tag = f"ic{ROWS.index(row)}{run_id}{k:02d}"
-                a = _count(row, server.port, short, tag + "s", args.sessions, Path(tmp))
-                b = _count(row, server.port, args.ops, tag + "l", args.sessions, Path(tmp))
-                per_op[row].append((b - a) / (args.ops - short))
-                print(
-                    f"  {row:12} round {k + 1}: {per_op[row][-1]:,.0f} instructions/op", flush=True
-                )
+                sim = args.cycles
+                a = _count(row, server.port, short, tag + "s", args.sessions, Path(tmp), sim)
+                b = _count(row, server.port, args.ops, tag + "l", args.sessions, Path(tmp), sim)
+                per_op[row].append((b["Ir"] - a["Ir"]) / (args.ops - short))
+                line = f"  {row:12} round {k + 1}: {per_op[row][-1]:,.0f} instructions/op"
+                if sim:
+                    estimate = cycle_estimate(b) - cycle_estimate(a)
+                    cycles[row].append(estimate / (args.ops - short))
+                    line += f", {cycles[row][-1]:,.0f} cycles/op (estimated)"
+                print(line, flush=True)
     summary = {row: statistics.median(v) for row, v in per_op.items()}
     print("\n| row | instructions per op (median) | rounds |\n|---|---:|---|")
     for row in rows:
         each = ", ".join(f"{v:,.0f}" for v in per_op[row])
         print(f"| {row} | {summary[row]:,.0f} | {each} |")
+    if args.cycles:
+        print("\n| row | estimated cycles per op (median) | rounds |\n|---|---:|---|")
+        for row in rows:
+            each = ", ".join(f"{v:,.0f}" for v in cycles[row])
+            print(f"| {row} | {statistics.median(cycles[row]):,.0f} | {each} |")
     data: dict[str, Any] = {
         "probe": "icount",
         "ops": [short, args.ops],
@@ -237,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         "meta": meta,
         "instructions_per_op": per_op,
         "median": summary,
+        # (--cycles) KCachegrind's estimate from the simulated misses: cycle_estimate()
+        "cycles_per_op": cycles if args.cycles else None,
         "cwd": os.getcwd(),
     }
     print(f"wrote {write_json(args.out, data)}")
