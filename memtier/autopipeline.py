@@ -64,7 +64,7 @@ from memtier.connection import idle_to_keep
 from memtier.directread import checked_once, settled
 from memtier.errors import TransientBackendError
 from memtier.readdeadline import read_within
-from memtier.resppack import packs_alike
+from memtier.resppack import HIREDIS_PACK, packs_alike
 
 try:  # the parser redis-py's asyncio connections use when hiredis is installed
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -75,11 +75,6 @@ except ImportError:  # pragma: no cover - another redis-py layout: its read_resp
 
 __all__ = ["AutoPipeline", "KeptConnections", "Packer", "PipelineBounds", "Slots", "call_on"]
 
-_hiredis_pack: Any
-try:  # hiredis packs a command in C; redis-py's asyncio connection packs in Python
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
-    _hiredis_pack = None
 
 # What _reply_reader uses of redis-py's asyncio hiredis parser (private: checked once per
 # connection and connect).
@@ -97,16 +92,17 @@ class Packer:
     only its encoder is used).  The auto-pipeline and the asyncio cluster path pack each
     call once with it, before the attempts that re-send the same bytes."""
 
-    __slots__ = ("_connection_class", "_fast", "_kwargs", "_slow", "alike")
+    __slots__ = ("_connection_class", "_fast", "_kwargs", "_slow", "packs_alike")
 
     def __init__(self, connection_class: Any, kwargs: dict[str, Any]) -> None:
         self._connection_class = connection_class
         self._kwargs = kwargs
         # (hiredis packs as the encoder does: a bound call's wire plan may be used too)
-        self.alike = packs_alike(
+        self.packs_alike = packs_alike(
             kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
         )
-        self._fast: Any = _hiredis_pack if self.alike else None
+        # (hiredis packs a command in C; redis-py's asyncio connection packs in Python)
+        self._fast: Any = HIREDIS_PACK if self.packs_alike else None
         self._slow: Any = None
 
     def __call__(self, args: Sequence[Any]) -> list[bytes]:

@@ -49,13 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from memtier.config import MemtierConfig, RedisConfig, parse_redis_url
 from memtier.directread import quiet, read_reply, reply_reader
 from memtier.errors import BackendBusyError, BackendError, ConfigurationError, TransientBackendError
-from memtier.resppack import packs_alike
-
-_HIREDIS_PACK: Callable[[tuple[Any, ...]], bytes] | None
-try:  # redis[hiredis] is a dependency; without it the connection's own packer is used
-    from hiredis import pack_command as _HIREDIS_PACK
-except ImportError:  # pragma: no cover - depends on the install
-    _HIREDIS_PACK = None
+from memtier.resppack import HIREDIS_PACK, packs_alike
 
 __all__ = [
     "EMBEDDED_NOTICE",
@@ -448,7 +442,7 @@ class LeanPool:
         self.packs_alike = packs_alike(
             kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
         )
-        self._packer = _HIREDIS_PACK if self.packs_alike else None
+        self._packer = HIREDIS_PACK if self.packs_alike else None
 
     def _get(self) -> Any:
         idle = self._idle

@@ -20,7 +20,8 @@ anything else packs the whole call as before.  Free values must be ``str``, ``in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any, Final
 
 _pack: Any
@@ -29,7 +30,11 @@ try:  # hiredis packs in C: the lean paths' packer
 except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
     _pack = None
 
-__all__ = ["FREE", "WirePlan", "packs_alike"]
+__all__ = ["FREE", "HIREDIS_PACK", "WirePlan", "packs_alike"]
+
+# hiredis's packer of a whole command (None without hiredis): every lean path packs with
+# it where packs_alike() holds, else with the connection's own encoder.
+HIREDIS_PACK: Final[Callable[[tuple[Any, ...]], bytes] | None] = _pack
 
 # Marks a free argument in a layout (any other value is that fixed argument).
 FREE: Final = object()
@@ -58,7 +63,7 @@ class WirePlan:
     counted tail: more turns of one session) are one more free run.
     """
 
-    __slots__ = ("_count", "_evalsha", "_keys", "_steps", "usable")
+    __slots__ = ("_count", "_evalsha", "_fixed", "_fixed_at", "_keys", "_steps", "usable")
 
     def __init__(self, num_keys: int, layout: Sequence[Any]) -> None:
         self._keys = num_keys
@@ -80,15 +85,24 @@ class WirePlan:
                 steps.append(_pack(tuple(layout[start:stop]))[header:])
             start = stop
         self._steps: tuple[bytes | tuple[int, int, int], ...] = tuple(steps)
+        # The fixed values and what picks a call's values at their positions (one C
+        # call): a call whose fixed values are not these (built another way, or derived
+        # with dataclasses.replace) is not packed by the plan.
+        at = [i for i, v in enumerate(layout) if v is not FREE]
+        self._fixed = tuple(layout[i] for i in at)
+        self._fixed_at: Callable[[tuple[Any, ...]], tuple[Any, ...]] = (
+            itemgetter(*at) if len(at) > 1 else lambda values: tuple(values[i] for i in at)
+        )
         self._evalsha: tuple[str, bytes] | None = None  # (sha, its packed run): one script
 
-    def pack(self, sha: str, values: tuple[Any, ...]) -> bytes:
+    def pack(self, sha: str, values: tuple[Any, ...]) -> bytes | None:
         """``hiredis.pack_command(("EVALSHA", sha, num_keys, *values))``, with the fixed
-        runs as packed when bound.  ``values`` is a call's KEYS + ARGV, at least as many
-        as the layout, its fixed values those of the layout."""
+        runs as packed when bound.  ``values`` is a call's KEYS + ARGV: None (pack the
+        whole call) unless there are at least as many as the layout and its fixed values
+        are the layout's (compared in C; the same objects, as a bound spec builds them)."""
         count = self._count
-        if len(values) < count:
-            raise ValueError(f"a bound call has at least {count} keys and args")
+        if len(values) < count or self._fixed_at(values) != self._fixed:
+            return None
         head = self._evalsha
         if head is None or head[0] != sha:
             run = ("EVALSHA", sha, self._keys)

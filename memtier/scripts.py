@@ -216,7 +216,9 @@ class LuaScript:
         where the path would pack with hiredis (``alike``: UTF-8, strict); the same bytes
         as packing the whole call (memtier.resppack)."""
         if wire is not None and alike and not packed and len(keys) == self.num_keys:
-            packed.append(wire.pack(self.sha, tuple(keys) + tuple(args)))
+            wired = wire.pack(self.sha, tuple(keys) + tuple(args))
+            if wired is not None:
+                packed.append(wired)
 
     # --- one shape for every call: the duration metric, memtier's error mapping, and
     # NOSCRIPT answered by loading the text and re-sending the same call once -----------
@@ -321,7 +323,7 @@ class LuaScript:
         client's pool, :func:`memtier.connection.lean_async_pool`; never fakeredis, so the
         text is :attr:`source`).  NOSCRIPT reloads through ``client`` and re-queues the same
         bytes; errors, the duration metric and ``memtier:`` rejections as :meth:`__call__`."""
-        self._pack_wire(packed, wire, pipeline.pack.alike, keys, args)
+        self._pack_wire(packed, wire, pipeline.pack.packs_alike, keys, args)
         if not packed:
             packed.extend(pipeline.pack(("EVALSHA", *self._args(self.sha, keys, args))))
         return await self._call_async(
@@ -344,7 +346,7 @@ class LuaScript:
         every primary and re-sends the same bytes.  A ``MOVED`` / ``ASK`` reply means that
         node ran nothing: the call goes once through redis-py's generic cluster path,
         which follows the redirect and patches the slot map the next lean call reads."""
-        self._pack_wire(packed, wire, lean.pack.alike, keys, args)
+        self._pack_wire(packed, wire, lean.pack.packs_alike, keys, args)
         if not packed:
             packed.extend(lean.pack(("EVALSHA", *self._args(self.sha, keys, args))))
 

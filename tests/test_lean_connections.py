@@ -37,7 +37,6 @@ from servers import held_connections, running_server
 
 from memtier import MemtierConfig
 from memtier.connection import (
-    _HIREDIS_PACK,
     KeptAsyncConnectionsPool,
     KeptConnectionsPool,
     LeanPool,
@@ -48,6 +47,7 @@ from memtier.connection import (
 )
 from memtier.engine import ScriptCall
 from memtier.executor import SyncExecutor
+from memtier.resppack import HIREDIS_PACK
 from memtier.retry import RetryPolicy
 from memtier.scripts import ScriptRegistry, load_registry
 
@@ -108,16 +108,16 @@ _NAME = st.sampled_from(["EVALSHA", "MULTI", "EXEC", "LRANGE", "HMGET", "SCRIPT"
 @example(name="EVALSHA", args=["é\u2028\U0001f600", b"\x00\r\n", 2**64, -0.0, 1e300])
 @example(name="EXEC", args=[""])
 def test_the_hiredis_packer_writes_what_redis_py_writes(name: str, args: list[Any]) -> None:
-    assert _HIREDIS_PACK is not None  # redis[hiredis] is a dependency
+    assert HIREDIS_PACK is not None  # redis[hiredis] is a dependency
     command = (name, *args)
-    assert _HIREDIS_PACK(command) == b"".join(redis.Connection().pack_command(*command))
+    assert HIREDIS_PACK(command) == b"".join(redis.Connection().pack_command(*command))
 
 
 def test_a_pool_with_another_encoding_keeps_redis_pys_packer() -> None:
     latin = redis.ConnectionPool(encoding="latin-1")
     lossy = redis.ConnectionPool(encoding_errors="replace")
     assert LeanPool(latin)._packer is None and LeanPool(lossy)._packer is None
-    assert LeanPool(redis.ConnectionPool())._packer is _HIREDIS_PACK
+    assert LeanPool(redis.ConnectionPool())._packer is HIREDIS_PACK
 
 
 def test_how_many_connections_each_kind_of_pool_may_keep_idle() -> None:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -89,12 +90,30 @@ def test_a_fixed_value_hiredis_would_pack_unlike_redis_py_leaves_the_plan_unused
     assert bound.call(keys, argv).wire is None
 
 
-def test_too_few_values_are_refused_and_a_free_bool_is_refused_by_hiredis() -> None:
+def test_too_few_values_or_other_fixed_values_are_left_to_the_whole_pack() -> None:
     plan = WirePlan(1, ["k", FREE, 3])
-    with pytest.raises(ValueError):
-        plan.pack(SHA, ("k", "x"))
-    with pytest.raises(TypeError):
+    assert plan.pack(SHA, ("k", "x", 3)) == _whole(1, ("k", "x", 3))
+    assert plan.pack(SHA, ("k", "x")) is None  # too few
+    assert plan.pack(SHA, ("k", "x", 4)) is None  # a fixed value changed
+    assert plan.pack(SHA, ("j", "x", 3)) is None
+    with pytest.raises(TypeError):  # hiredis refuses a bool, as for a whole call
         plan.pack(SHA, ("k", True, 3))
+    single = WirePlan(0, [FREE, "only"])  # one fixed value
+    assert single.pack(SHA, ("x", "only")) == _whole(0, ("x", "only"))
+    assert single.pack(SHA, ("x", "other")) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(layout=_LAYOUTS.filter(lambda lay: any(fixed for fixed, _ in lay)), data=st.data())
+def test_a_call_with_other_fixed_values_is_not_packed_by_the_plan(
+    layout: list[tuple[bool, Any]], data: Any
+) -> None:
+    plan = WirePlan(0, [v if fixed else FREE for fixed, v in layout])
+    values = [v for _, v in layout]
+    at = data.draw(st.sampled_from([i for i, (fixed, _) in enumerate(layout) if fixed]))
+    other = data.draw(_VALUES.filter(lambda v: v != values[at]))
+    values[at] = other
+    assert plan.pack(SHA, tuple(values)) is None
 
 
 def test_packs_alike_only_for_utf8_strict() -> None:
@@ -120,9 +139,15 @@ def test_append_turns_bound_calls_pack_the_same_bytes(text: str) -> None:
         assert call.wire is not None
         values = (*call.keys, *call.args)
         assert call.wire.pack(SHA, values) == _whole(len(call.keys), values)
-        # A replaced call (other fixed values) carries no plan: it packs whole.
+        # A replaced call (other fixed values) carries no plan: it packs whole; one
+        # derived with dataclasses.replace keeps it, and the plan refuses its values.
         replaced = APPEND_TURN.replace(call, ttl_ms=5)
         assert replaced.wire is None and APPEND_TURN.arg(replaced, "ttl_ms") == 5
+        args = list(call.args)
+        args[APPEND_TURN.index("ttl_ms")] = 5
+        derived = dataclasses.replace(call, args=tuple(args))
+        assert derived.wire is call.wire
+        assert call.wire.pack(SHA, (*derived.keys, *derived.args)) is None
 
 
 class _Spy:
@@ -132,7 +157,7 @@ class _Spy:
         self.calls = 0
         original = WirePlan.pack
 
-        def pack(plan: WirePlan, sha: str, values: tuple[Any, ...]) -> bytes:
+        def pack(plan: WirePlan, sha: str, values: tuple[Any, ...]) -> bytes | None:
             self.calls += 1
             packed = original(plan, sha, values)
             assert packed == _whole(APPEND_TURN_KEYS, values, sha)
