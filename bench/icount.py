@@ -1,7 +1,8 @@
 """The client's instructions per operation, counted by callgrind: a figure the load of this
 shared machine cannot move.
 
-``python -m bench.icount [--rows a,b] [--ops N] [--rounds K] [--out FILE|DIR] [--quick]``
+``python -m bench.icount [--rows a,b] [--ops N] [--rounds K] [--cycles] [--out FILE|DIR]
+[--quick]``
 
 Client CPU time per operation varies by 10-20 % between runs here (other engineers'
 suites share the 2 cores; docs/performance.md, "Client CPU is not additive"), so a change
@@ -12,6 +13,14 @@ the default ``--ops``: the event loop's work per call depends on when replies ar
 docs/performance.md gives the measured spreads).  It counts user-space instructions
 only -- not the kernel's work in the syscalls, not time spent waiting, not cache misses
 -- so it measures the client's own work, the part memtier's code decides.
+
+Instructions are not time: a tight C loop (hiredis formatting argument headers with
+``sprintf``) retires several a cycle, the interpreter's branchy, cache-missing work far
+fewer, so a change that trades C work for Python work must be timed as well (the
+twenty-fifth round's pack plan: -36,500 instructions per sync append, about 1 us).
+``--cycles`` adds callgrind's cache and branch simulation and reports KCachegrind's cycle
+estimate (:func:`cycle_estimate`), which weighs misses but not instruction-level
+parallelism either.
 
 For each row, a child Python process runs under callgrind against a private
 ``redis-server`` (free loopback port, temp dir, stopped by pid): it sets up the row's
