@@ -65,8 +65,9 @@ class ScriptCall:
     args: tuple[str | int | bytes, ...]
     attempts: list[int] | None = field(default=None, compare=False)
     durable: Durable | None = None
-    # The packed bytes' plan, set only by BoundSpec.call (its fixed values in place):
-    # the lean paths pack with it where they would pack with hiredis (memtier.resppack).
+    # The packed bytes' plan, set by BoundSpec.call: the lean paths pack with it where
+    # they would pack with hiredis; a call whose fixed values are not the plan's (derived
+    # with dataclasses.replace, say) is packed whole (memtier.resppack checks).
     wire: WirePlan | None = field(default=None, compare=False, repr=False)
 
 

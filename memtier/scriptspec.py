@@ -113,7 +113,7 @@ class ScriptSpec:
         args = list(call.args)
         for name, value in argv.items():
             args[self.index(name)] = value
-        # (a new call, not dataclasses.replace: a bound call's wire plan holds the old values)
+        # (a new call without a bound call's wire plan: its fixed values are changed)
         return ScriptCall(call.script, call.keys, tuple(args), call.attempts, call.durable)
 
     def index(self, name: str) -> int:
