@@ -30,7 +30,7 @@ try:  # hiredis packs in C: the lean paths' packer
 except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
     _pack = None
 
-__all__ = ["FREE", "HIREDIS_PACK", "WirePlan", "packs_alike"]
+__all__ = ["FREE", "HIREDIS_PACK", "WirePlan", "packs_alike", "tuple_getter"]
 
 # hiredis's packer of a whole command (None without hiredis): every lean path packs with
 # it where packs_alike() holds, else with the connection's own encoder.
@@ -48,6 +48,18 @@ def packs_alike(encoding: object, errors: object) -> bool:
     ``errors`` does: UTF-8, strict (and hiredis is installed)."""
     utf8 = str(encoding).lower().replace("_", "-") in ("utf-8", "utf8")
     return _pack is not None and utf8 and errors == "strict"
+
+
+def tuple_getter(keys: tuple[Any, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """``container -> tuple(container[k] for k in keys)`` (names of a mapping, or
+    positions of a tuple), as one C call where it can be.  (Also what
+    :mod:`memtier.scriptspec` picks a call's KEYS and ARGV with.)"""
+    if len(keys) >= 2:
+        return itemgetter(*keys)  # a tuple for two keys or more
+    if len(keys) == 1:
+        only = keys[0]
+        return lambda container: (container[only],)
+    return lambda container: ()
 
 
 def _header_size(count: int) -> int:
@@ -88,11 +100,9 @@ class WirePlan:
         # The fixed values and what picks a call's values at their positions (one C
         # call): a call whose fixed values are not these (built another way, or derived
         # with dataclasses.replace) is not packed by the plan.
-        at = [i for i, v in enumerate(layout) if v is not FREE]
+        at = tuple(i for i, v in enumerate(layout) if v is not FREE)
         self._fixed = tuple(layout[i] for i in at)
-        self._fixed_at: Callable[[tuple[Any, ...]], tuple[Any, ...]] = (
-            itemgetter(*at) if len(at) > 1 else lambda values: tuple(values[i] for i in at)
-        )
+        self._fixed_at = tuple_getter(at)
         self._evalsha: tuple[str, bytes] | None = None  # (sha, its packed run): one script
 
     def pack(self, sha: str, values: tuple[Any, ...]) -> bytes | None:

@@ -18,14 +18,13 @@ lines of the free text do not start with ``KEYS[`` / ``ARGV[``.
 
 from __future__ import annotations
 
-import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memtier.engine import ScriptCall
-from memtier.resppack import FREE, WirePlan
+from memtier.resppack import FREE, WirePlan, tuple_getter
 
 if TYPE_CHECKING:
     from memtier.scripts import Durable
@@ -61,8 +60,8 @@ class ScriptSpec:
         object.__setattr__(self, "_argv_index", {n: i for i, n in enumerate(self.argv)})
         object.__setattr__(self, "_key_set", frozenset(self.keys))
         object.__setattr__(self, "_argv_set", frozenset(self.argv))
-        object.__setattr__(self, "_key_getter", _tuple_getter(self.keys))
-        object.__setattr__(self, "_argv_getter", _tuple_getter(self.argv))
+        object.__setattr__(self, "_key_getter", tuple_getter(self.keys))
+        object.__setattr__(self, "_argv_getter", tuple_getter(self.argv))
 
     def call(
         self, keys: Mapping[str, str] | tuple[str, ...], /, **argv: str | int | bytes
@@ -184,18 +183,7 @@ def _picker(
     fixed_set = set(fixed)
     fixed_names = [name for name in order if name in fixed_set]
     position = {name: i for i, name in enumerate([*fixed_names, *free])}
-    return _tuple_getter(tuple(position[name] for name in order))
-
-
-def _tuple_getter(keys: tuple[Any, ...]) -> Callable[[Any], tuple[Any, ...]]:
-    """``container -> tuple(container[k] for k in keys)`` (names of a mapping, or
-    positions of a tuple), as one C call where it can be."""
-    if len(keys) >= 2:
-        return operator.itemgetter(*keys)  # a tuple for two keys or more
-    if len(keys) == 1:
-        only = keys[0]
-        return lambda container: (container[only],)
-    return lambda container: ()
+    return tuple_getter(tuple(position[name] for name in order))
 
 
 def header_inputs(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
