@@ -106,11 +106,13 @@ def _answering(canned: _Canned) -> Iterator[None]:
     lean = memtier_connection.LeanPool
     execute, transaction = lean.execute, lean.transaction
 
-    def pure_execute(self: Any, args: Any, packed: Any) -> Any:
+    def pure_execute(self: Any, args: Any, packed: Any, during: Any = None) -> Any:
         conn = self._get()
         try:
             if not packed:
                 packed.extend(self._pack(conn, args))
+            if during is not None:
+                during()
             return canned.next()
         finally:
             self._release(conn)

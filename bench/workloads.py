@@ -672,8 +672,8 @@ def lean_calls_recorded(sink: list[RecordedCall]) -> Iterator[None]:
 
     execute, transaction = LeanPool.execute, LeanPool.transaction
 
-    def recorded_execute(self: Any, args: Any, packed: list[Any]) -> Any:
-        reply = execute(self, args, packed)
+    def recorded_execute(self: Any, args: Any, packed: list[Any], during: Any = None) -> Any:
+        reply = execute(self, args, packed, during)
         sink.append(RecordedCall(b"".join(packed), reply, 1))
         return reply
 

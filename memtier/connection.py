@@ -503,14 +503,20 @@ class LeanPool:
             return [b"".join([packer(c) for c in commands])]
         return list(conn.pack_commands(commands))
 
-    def execute(self, args: tuple[Any, ...], packed: list[Any]) -> Any:
-        """Send ``args`` (packed into ``packed`` on first use, reused after) and read the reply."""
+    def execute(
+        self, args: tuple[Any, ...], packed: list[Any], during: Callable[[], None] | None = None
+    ) -> Any:
+        """Send ``args`` (packed into ``packed`` on first use, reused after) and read the
+        reply; ``during`` (if given) runs after the send, before the read: the caller's
+        own work while Redis runs the command (an ``Overlap``; it must not raise)."""
         conn = self._get()
         try:
             if not packed:
                 packed.extend(self._pack(conn, args))
             try:
                 conn.send_packed_command(packed)
+                if during is not None:
+                    during()
                 return read_reply(conn)
             except ResponseError:
                 raise  # a whole error reply was read: the connection is in step

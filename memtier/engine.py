@@ -171,10 +171,12 @@ class Overlap:
 
     ``work`` is the plan's own CPU and file work that does not need this reply and
     touches no Redis (the flush writes the previous page while the next one is read),
-    so the server's time and the client's overlap.  The executor runs the two
-    concurrently (the request in a helper thread or task) and returns only when both
-    are done: nothing is left in flight.  If ``work`` raises, its error is thrown into
-    the plan (after the request finished); otherwise the request's error, if any.
+    so the server's time and the client's overlap.  The executor runs ``work`` once and
+    returns only when both are done: nothing is left in flight.  The sync executor runs
+    it between the write of a lean script call and its read (else before the request),
+    the asyncio one in a worker thread while the request is a task on the loop.  If
+    ``work`` raises, its error is thrown into the plan (a request written has been read);
+    otherwise the request's error, if any.
     """
 
     request: ScriptCall | Command

@@ -13,9 +13,7 @@ each script reply is handed to the ``on_script`` hooks (metrics, progress).  A
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from memtier.aioleancluster import AsyncClusterLean, lean_cluster_async
@@ -53,20 +51,34 @@ T = TypeVar("T")
 # Called with (script name, ARGV, reply) after every script reply (each attempt).
 ScriptHook = Callable[[str, Sequence[Any], Any], None]
 
-# Threads that perform the request of an Overlap while the plan's work runs (shared by
-# every SyncExecutor of the process; idle threads cost nothing).  Bounded: more
-# concurrent overlapped requests than this wait for a thread, never fail.
-OVERLAP_THREADS = 4
-_overlap_pool: ThreadPoolExecutor | None = None
-_overlap_lock = threading.Lock()
 
+class _OverlapWork:
+    """An :class:`~memtier.engine.Overlap`'s work, run exactly once: on the lean path by
+    the first send that wrote its request (between the write and the read, so Redis runs
+    the script while the client works: no thread, no GIL handoffs), else before the
+    request or after it failed.  An ``Exception`` it raises is kept for
+    :meth:`raise_error` (the connection is read in step first); anything else
+    (``KeyboardInterrupt``) propagates and the connection is dropped."""
 
-def _overlap_threads() -> ThreadPoolExecutor:
-    global _overlap_pool
-    with _overlap_lock:
-        if _overlap_pool is None:
-            _overlap_pool = ThreadPoolExecutor(OVERLAP_THREADS, thread_name_prefix="memtier-io")
-        return _overlap_pool
+    __slots__ = ("error", "ran", "work")
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        self.work = work
+        self.ran = False
+        self.error: Exception | None = None
+
+    def __call__(self) -> None:
+        if self.ran:
+            return
+        self.ran = True
+        try:
+            self.work()
+        except Exception as exc:
+            self.error = exc
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
 
 
 class SyncExecutor:
@@ -145,19 +157,29 @@ class SyncExecutor:
         raise TypeError(f"not an executable request: {request!r}")
 
     def _script(self, call: ScriptCall) -> Callable[[], Any]:
+        return self._lean_script_attempt(call, None) or self._generic_script(call)
+
+    def _lean_script_attempt(
+        self, call: ScriptCall, during: _OverlapWork | None
+    ) -> Callable[[], Any] | None:
+        """``attempt`` on the lean path (standalone or cluster), else None."""
         script = self.scripts[call.script]
-        client, durable = self.client, call.durable
         # A registry entry that is not a LuaScript (a test double wrapping one) is called.
-        lean = self._lean_for(client) if durable is None else None
+        lean = self._lean_for(self.client) if call.durable is None else None
         if isinstance(lean, LeanPool) and isinstance(script, LuaScript):
-            return self._lean_script(call, script, lean)
+            return self._lean_script(call, script, lean, during)
         if (
             isinstance(lean, ClusterLean)
             and isinstance(script, LuaScript)
             and script.num_keys > 0
             and len(call.keys) == script.num_keys  # else the generic path raises ScriptError
         ):
-            return self._lean_cluster_script(call, script, lean)
+            return self._lean_cluster_script(call, script, lean, during)
+        return None
+
+    def _generic_script(self, call: ScriptCall) -> Callable[[], Any]:
+        script = self.scripts[call.script]
+        client, durable = self.client, call.durable
 
         def attempt() -> Any:
             if call.attempts is not None:
@@ -175,18 +197,18 @@ class SyncExecutor:
         return attempt
 
     def _lean_script(
-        self, call: ScriptCall, script: LuaScript, lean: LeanPool
+        self, call: ScriptCall, script: LuaScript, lean: LeanPool, during: _OverlapWork | None
     ) -> Callable[[], Any]:
         """``attempt`` for a standalone client: the EVALSHA packed on the first attempt
         and re-sent as the same bytes by every retry (same guard, hooks and metrics)."""
         client, keys, args, wire = self.client, call.keys, call.args, call.wire
         packed: list[Any] = []
         return self._lean_attempt(
-            call, lambda: script.call_lean(lean, client, keys, args, packed, wire)
+            call, lambda: script.call_lean(lean, client, keys, args, packed, wire, during)
         )
 
     def _lean_cluster_script(
-        self, call: ScriptCall, script: LuaScript, lean: ClusterLean
+        self, call: ScriptCall, script: LuaScript, lean: ClusterLean, during: _OverlapWork | None
     ) -> Callable[[], Any]:
         """``attempt`` for a cluster client: the slot computed once (from the first key:
         a script's keys share one hash tag), the EVALSHA packed on the first attempt, and
@@ -196,7 +218,8 @@ class SyncExecutor:
         slot = lean.slot(keys[0])
         packed: list[Any] = []
         return self._lean_attempt(
-            call, lambda: script.call_lean_cluster(lean, slot, client, keys, args, packed, wire)
+            call,
+            lambda: script.call_lean_cluster(lean, slot, client, keys, args, packed, wire, during),
         )
 
     def _lean_attempt(self, call: ScriptCall, send: Callable[[], Any]) -> Callable[[], Any]:
@@ -257,15 +280,27 @@ class SyncExecutor:
         return pipe.execute()
 
     def _overlap(self, overlap: Overlap, operation: str | None) -> Any:
-        """The request in a helper thread (its socket waits release the GIL) while the
-        plan's work runs here; both finish before this returns."""
-        future: Future[Any] = _overlap_threads().submit(self.execute, overlap.request, operation)
-        try:
-            overlap.work()
-        except BaseException:
-            future.exception()  # wait for the request: nothing stays in flight
-            raise
-        return future.result()
+        """A script call on the lean path is written first, the work runs here while
+        Redis runs the script, then the reply is read (:class:`_OverlapWork`).  Any other
+        request runs after the work: in a helper thread it cost more than it saved
+        (GIL handoffs; bench.flushvariants, docs/performance.md, "The flush's page work
+        between a script's write and its read").  The work's error wins."""
+        request, work = overlap.request, _OverlapWork(overlap.work)
+        if isinstance(request, ScriptCall):
+            attempt = self._lean_script_attempt(request, work)
+            if attempt is not None:
+                try:
+                    reply = retry_sync(operation or request.script, attempt, self.policy)
+                except Exception:
+                    work()  # every attempt failed before its write: the work runs now
+                    work.raise_error()
+                    raise
+                work()  # (ran already, between the write and the read of the reply)
+                work.raise_error()
+                return reply
+        work()
+        work.raise_error()
+        return self.execute(request, operation)
 
     def _script_batch(self, batch: ScriptBatch, operation: str | None) -> list[Any]:
         """One pipeline on a plain standalone client (where the lean path applies), else

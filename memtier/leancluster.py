@@ -99,9 +99,16 @@ class ClusterLean(SlotCache):
         # redis-py >= 8.2: error-triggered refreshes are requested, merged and paced.
         self._paced = all(hasattr(manager, name) for name in _PACED_PARTS)
 
-    def execute(self, slot: int, args: tuple[Any, ...], packed: list[Any]) -> Any:
-        """Send ``args`` (packed into ``packed`` once) to ``slot``'s primary; read the reply."""
-        return self._on_primary(slot, lambda lean: lean.execute(args, packed))
+    def execute(
+        self,
+        slot: int,
+        args: tuple[Any, ...],
+        packed: list[Any],
+        during: Callable[[], None] | None = None,
+    ) -> Any:
+        """Send ``args`` (packed into ``packed`` once) to ``slot``'s primary; read the reply
+        (``during``: as :meth:`LeanPool.execute`)."""
+        return self._on_primary(slot, lambda lean: lean.execute(args, packed, during))
 
     def transaction(
         self, slot: int, commands: tuple[tuple[Any, ...], ...], count: int, packed: list[Any]

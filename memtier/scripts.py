@@ -270,6 +270,7 @@ class LuaScript:
         args: Sequence[Any],
         packed: list[Any],
         wire: WirePlan | None = None,
+        during: Callable[[], None] | None = None,
     ) -> Any:
         """:meth:`call_lean` on a Redis Cluster client: sent to ``slot``'s primary by
         ``lean`` (:func:`memtier.leancluster.lean_cluster`).  NOSCRIPT loads the script on
@@ -282,7 +283,7 @@ class LuaScript:
 
         def send() -> Any:
             try:
-                return lean.execute(slot, call, packed)
+                return lean.execute(slot, call, packed, during)
             except (MovedError, AskError):
                 lean.redirects += 1
                 return self._evalsha(client, keys, args)
@@ -297,16 +298,19 @@ class LuaScript:
         args: Sequence[Any],
         packed: list[Any],
         wire: WirePlan | None = None,
+        during: Callable[[], None] | None = None,
     ) -> Any:
         """:meth:`__call__` on the lean path: the EVALSHA packed once into ``packed``
         (kept by the caller across its retries) and sent with ``lean``, a standalone
         client's pool (:func:`memtier.connection.lean_pool`; never fakeredis, so the
         text is :attr:`source`).  NOSCRIPT reloads through ``client`` and re-sends the same
-        bytes; errors, the duration metric and ``memtier:`` rejections as :meth:`__call__`."""
+        bytes; errors, the duration metric and ``memtier:`` rejections as :meth:`__call__`.
+        ``during``: run between the send and the read (:meth:`LeanPool.execute`; each
+        send runs it, so it must run its work once however often it is called)."""
         self._pack_wire(packed, wire, lean.packs_alike, keys, args)
         call = ("EVALSHA", *self._args(self.sha, keys, args)) if not packed else ("EVALSHA",)
         return self._call(
-            lambda: lean.execute(call, packed), lambda: client.script_load(self.source)
+            lambda: lean.execute(call, packed, during), lambda: client.script_load(self.source)
         )
 
     async def call_pipelined(

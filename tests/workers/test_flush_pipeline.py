@@ -19,26 +19,29 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import orjson
 import pytest
+import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from servers import RedisServer
 from workhelpers import Clock, assert_exact_accounting, key, persistent_store, snaps, turn_for
 
 from memtier import ConversationKey, ConversationStore
+from memtier import connection as memtier_connection
 from memtier.config import MemtierConfig
+from memtier.connection import LeanPool
 from memtier.engine import Command, Overlap, ScriptBatch, ScriptCall
 from memtier.errors import BackendError, MemtierError, ScriptError
 from memtier.memory import persistence
 from memtier.memory.persistence import RestoreProgress, flush_plan
 from memtier.memory.snapshot import VerifiedGeneration, verify_generation
 from memtier.memory.snapshot.fileformat import page_last_member, page_lines
+from memtier.retry import RetryPolicy
 
 # ----------------------------------------------------------------------------- round trip
 
@@ -226,22 +229,27 @@ def test_server_killed_with_a_page_in_flight_keeps_the_last_good_generation(
         pid = server.pid
         assert pid is not None
         assert int(store.client.info("server")["process_id"]) == pid  # our own server
-        pages = {"n": 0}
-        in_request_thread: list[bool] = []
-        main = threading.get_ident()
+        writes = {"n": 0}
+        killed_in_flight: list[bool] = []
+        in_flight = _InFlight()
+        write_page = persistence.flush._PageWriter.write
 
-        def kill_after_some_pages(script: str, args: Any, reply: Any) -> None:
-            if script != "snapshot_page":
-                return
-            pages["n"] += 1
-            if pages["n"] == 6:
-                in_request_thread.append(threading.get_ident() != main)
-                server.stop()  # SIGTERM then wait: the next request finds no server
+        def write_then_kill(self: Any, reply: Any) -> None:
+            write_page(self, reply)  # the held page is written whole...
+            writes["n"] += 1
+            if writes["n"] == 3:
+                killed_in_flight.append(in_flight.on)
+                server.stop()  # ...then SIGTERM and wait: the request in flight is lost
 
-        store.on_script = kill_after_some_pages
-        with pytest.raises(MemtierError):
+        with (
+            mock.patch.object(LeanPool, "execute", _bound(in_flight)),
+            mock.patch.object(persistence.flush._PageWriter, "write", write_then_kill),
+            pytest.raises(MemtierError),
+        ):
             store.executor.run(flush_plan(store.core, snaps(store), page_sessions=4))
-        assert in_request_thread == [True]  # the kill landed while a page was being written
+        # The kill landed while a page was being written with the next page call written
+        # and not yet read (the work between a lean script call's write and its read).
+        assert killed_in_flight == [True]
         directory = tmp_path / "conversations"
         assert not [n for n in os.listdir(directory) if n.startswith(".tmp")]
         gens = snaps(store).generations()
@@ -321,7 +329,35 @@ def test_script_batch_raises_a_script_error_like_a_single_call(redis_server: Any
         store.close()
 
 
-def test_overlap_returns_the_reply_and_the_work_error_wins(redis_server: Any) -> None:
+class _InFlight:
+    """``LeanPool.execute`` as it is, with ``on`` True while its ``during`` work runs
+    (after the request's write, before its read)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.original = LeanPool.execute
+        self.sends = 0
+
+    def execute(self, pool: Any, args: Any, packed: Any, during: Any = None) -> Any:
+        self.sends += 1
+        if during is None:
+            return self.original(pool, args, packed)
+
+        def flagged() -> None:
+            self.on = True
+            try:
+                during()
+            finally:
+                self.on = False
+
+        return self.original(pool, args, packed, flagged)
+
+
+def _page_call(store: ConversationStore, k: Any) -> ScriptCall:
+    return persistence.snapshot_page_call(store.core, store.core.partition_for(k), [k.member])
+
+
+def test_overlap_of_a_command_runs_the_work_first_and_its_error_wins(redis_server: Any) -> None:
     namespace = "overlap" + os.urandom(4).hex()
     config = MemtierConfig.load(redis_url=redis_server.url, namespace=namespace)
     store = ConversationStore.from_config(config, recover=False)
@@ -330,23 +366,127 @@ def test_overlap_returns_the_reply_and_the_work_error_wins(redis_server: Any) ->
         ping = Command("ping")
         assert store.executor.execute(Overlap(ping, lambda: done.append("work"))) is True
         assert done == ["work"]
-        finished = threading.Event()
-        real_ping = store.client.ping
-
-        def slow_then_done() -> Any:
-            reply = real_ping()
-            finished.set()
-            return reply
 
         def fail() -> None:
             raise ValueError("the page did not decode")
 
-        with mock.patch.object(store.client, "ping", side_effect=slow_then_done):
-            with pytest.raises(ValueError):
-                store.executor.execute(Overlap(ping, fail))
-            assert finished.is_set()  # the request finished before the error surfaced
+        with (
+            mock.patch.object(store.client, "ping", side_effect=AssertionError("sent")) as sent,
+            pytest.raises(ValueError),
+        ):
+            store.executor.execute(Overlap(ping, fail))
+        assert not sent.called  # nothing was in flight when the error surfaced
     finally:
         store.close()
+
+
+def test_overlap_of_a_lean_script_runs_the_work_between_write_and_read(
+    redis_server: Any,
+) -> None:
+    """The page call is written, the work runs while Redis runs it, the reply is read:
+    the same reply as the call alone, the work once, the connection in step after a
+    work error (the next call on the kept connection gets its own reply)."""
+    namespace = "overlap" + os.urandom(4).hex()
+    config = MemtierConfig.load(redis_url=redis_server.url, namespace=namespace)
+    store = ConversationStore.from_config(config, recover=False)
+    try:
+        k = key(7)
+        store.append(k, turn_for(1))
+        alone = store.executor.execute(_page_call(store, k))
+        flag = _InFlight()
+        seen: list[bool] = []
+        with mock.patch.object(LeanPool, "execute", _bound(flag)):
+            reply = store.executor.execute(
+                Overlap(_page_call(store, k), lambda: seen.append(flag.on))
+            )
+            assert reply[2:] == alone[2:] and seen == [True]
+
+            def fail() -> None:
+                seen.append(flag.on)
+                raise ValueError("the page did not decode")
+
+            with pytest.raises(ValueError):
+                store.executor.execute(Overlap(_page_call(store, k), fail))
+            assert seen == [True, True]
+            assert store.executor.execute(_page_call(store, k))[2:] == alone[2:]
+            assert store.executor.execute(Command("ping")) is True
+    finally:
+        store.close()
+
+
+def _bound(flag: _InFlight) -> Any:
+    def execute(pool: Any, args: Any, packed: Any, during: Any = None) -> Any:
+        return flag.execute(pool, args, packed, during)
+
+    return execute
+
+
+def test_overlap_work_runs_once_across_noscript_and_a_dropped_connection() -> None:
+    """A NOSCRIPT re-send and a retry after the connection dropped between the write and
+    the read (the script may have run: the page call is replay-safe) send the call
+    again; the work ran with the first write only."""
+    with RedisServer() as server:
+        namespace = "overlapr" + os.urandom(4).hex()
+        config = MemtierConfig.load(redis_url=server.url, namespace=namespace)
+        store = ConversationStore.from_config(config, recover=False)
+        try:
+            k = key(8)
+            store.append(k, turn_for(2))
+            alone = store.executor.execute(_page_call(store, k))
+            flag = _InFlight()
+            runs: list[str] = []
+            with mock.patch.object(LeanPool, "execute", _bound(flag)):
+                store.client.script_flush()  # the first write answers NOSCRIPT
+                reply = store.executor.execute(
+                    Overlap(_page_call(store, k), lambda: runs.append("noscript"))
+                )
+                assert reply[2:] == alone[2:] and runs == ["noscript"]
+                assert flag.sends == 2  # the same bytes again, after SCRIPT LOAD
+
+                read_reply = memtier_connection.read_reply
+                drops: list[int] = []
+
+                def dropped_once(conn: Any) -> Any:
+                    if not drops:  # the reply of the first write is lost with its socket
+                        drops.append(1)
+                        conn.disconnect()
+                        raise redis.ConnectionError("dropped between write and read")
+                    return read_reply(conn)
+
+                flag.sends = 0
+                with mock.patch.object(memtier_connection, "read_reply", dropped_once):
+                    reply = store.executor.execute(
+                        Overlap(_page_call(store, k), lambda: runs.append("dropped"))
+                    )
+                assert reply[2:] == alone[2:] and drops == [1]
+                assert runs == ["noscript", "dropped"] and flag.sends == 2
+        finally:
+            store.close()
+
+
+def test_overlap_work_runs_and_wins_when_no_attempt_was_written() -> None:
+    with RedisServer() as server:
+        namespace = "overlapd" + os.urandom(4).hex()
+        config = MemtierConfig.load(redis_url=server.url, namespace=namespace)
+        store = ConversationStore.from_config(config, recover=False)
+        store.executor.policy = RetryPolicy(horizon_s=0.5, max_attempts=2)
+        try:
+            k = key(9)
+            store.append(k, turn_for(3))
+            store.client.connection_pool.disconnect()
+            server.stop()  # every attempt finds no server: nothing is written
+            runs: list[str] = []
+            with pytest.raises(BackendError):
+                store.executor.execute(Overlap(_page_call(store, k), lambda: runs.append("w")))
+            assert runs == ["w"]  # the work still ran, once
+
+            def fail() -> None:
+                raise ValueError("disk full")
+
+            with pytest.raises(ValueError):
+                store.executor.execute(Overlap(_page_call(store, k), fail))
+        finally:
+            store.close()
 
 
 async def test_async_overlap_and_batch(redis_server: Any) -> None:
