@@ -512,3 +512,13 @@ def test_opcount_quick(tmp_path: Path) -> None:
 
 def _functions(counted: dict[str, Any]) -> list[str]:
     return [entry["function"] for entry in counted["top"]]
+
+
+def test_flushoverlap_quick(tmp_path: Path) -> None:
+    data = _run("bench.flushoverlap", tmp_path)
+    rows = {f"{p}.{m}" for p in ("lean", "generic") for m in ("early", "thread", "sequential")}
+    rounds = data["rounds"]
+    assert set(rounds["mib_per_s"]) == rows == set(rounds["cpu_s"]) == set(rounds["wall_s"])
+    for name in rows:  # one flush each, and each wrote the namespace's bytes
+        assert len(rounds["wall_s"][name]) == 1 and rounds["wall_s"][name][0] > 0, name
+        assert rounds["mib_per_s"][name][0] > 0 and rounds["cpu_s"][name][0] > 0, name
