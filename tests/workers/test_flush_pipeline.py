@@ -357,6 +357,16 @@ def _page_call(store: ConversationStore, k: Any) -> ScriptCall:
     return persistence.snapshot_page_call(store.core, store.core.partition_for(k), [k.member])
 
 
+def _one_session(url: str, n: int) -> tuple[ConversationStore, ConversationKey, Any]:
+    """A store on ``url`` (a namespace of its own) with one session, its key, and the
+    reply of that session's page call alone."""
+    config = MemtierConfig.load(redis_url=url, namespace="overlap" + os.urandom(4).hex())
+    store = ConversationStore.from_config(config, recover=False)
+    k = key(n)
+    store.append(k, turn_for(n))
+    return store, k, store.executor.execute(_page_call(store, k))
+
+
 def test_overlap_of_a_command_runs_the_work_first_and_its_error_wins(redis_server: Any) -> None:
     namespace = "overlap" + os.urandom(4).hex()
     config = MemtierConfig.load(redis_url=redis_server.url, namespace=namespace)
@@ -386,13 +396,8 @@ def test_overlap_of_a_lean_script_runs_the_work_between_write_and_read(
     """The page call is written, the work runs while Redis runs it, the reply is read:
     the same reply as the call alone, the work once, the connection in step after a
     work error (the next call on the kept connection gets its own reply)."""
-    namespace = "overlap" + os.urandom(4).hex()
-    config = MemtierConfig.load(redis_url=redis_server.url, namespace=namespace)
-    store = ConversationStore.from_config(config, recover=False)
+    store, k, alone = _one_session(redis_server.url, 7)
     try:
-        k = key(7)
-        store.append(k, turn_for(1))
-        alone = store.executor.execute(_page_call(store, k))
         flag = _InFlight()
         seen: list[bool] = []
         with mock.patch.object(LeanPool, "execute", _bound(flag)):
@@ -426,13 +431,8 @@ def test_overlap_work_runs_once_across_noscript_and_a_dropped_connection() -> No
     the read (the script may have run: the page call is replay-safe) send the call
     again; the work ran with the first write only."""
     with RedisServer() as server:
-        namespace = "overlapr" + os.urandom(4).hex()
-        config = MemtierConfig.load(redis_url=server.url, namespace=namespace)
-        store = ConversationStore.from_config(config, recover=False)
+        store, k, alone = _one_session(server.url, 8)
         try:
-            k = key(8)
-            store.append(k, turn_for(2))
-            alone = store.executor.execute(_page_call(store, k))
             flag = _InFlight()
             runs: list[str] = []
             with mock.patch.object(LeanPool, "execute", _bound(flag)):
@@ -466,13 +466,9 @@ def test_overlap_work_runs_once_across_noscript_and_a_dropped_connection() -> No
 
 def test_overlap_work_runs_and_wins_when_no_attempt_was_written() -> None:
     with RedisServer() as server:
-        namespace = "overlapd" + os.urandom(4).hex()
-        config = MemtierConfig.load(redis_url=server.url, namespace=namespace)
-        store = ConversationStore.from_config(config, recover=False)
+        store, k, _ = _one_session(server.url, 9)
         store.executor.policy = RetryPolicy(horizon_s=0.5, max_attempts=2)
         try:
-            k = key(9)
-            store.append(k, turn_for(3))
             store.client.connection_pool.disconnect()
             server.stop()  # every attempt finds no server: nothing is written
             runs: list[str] = []
