@@ -283,7 +283,7 @@ class SyncExecutor:
         """A script call on the lean path is written first, the work runs here while
         Redis runs the script, then the reply is read (:class:`_OverlapWork`).  Any other
         request runs after the work: in a helper thread it cost more than it saved
-        (GIL handoffs; bench.flushvariants, docs/performance.md, "The flush's page work
+        (GIL handoffs; bench.flushoverlap, docs/performance.md, "The flush's page work
         between a script's write and its read").  The work's error wins."""
         request, work = overlap.request, _OverlapWork(overlap.work)
         if isinstance(request, ScriptCall):
