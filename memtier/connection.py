@@ -33,7 +33,7 @@ import os
 import queue
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from redis import BlockingConnectionPool
 from redis import ConnectionPool as _PlainPool
@@ -402,6 +402,18 @@ _GENERIC_EXECUTE = _SyncRedis.execute_command
 _GENERIC_EXECUTE_ASYNC = _AsyncRedis.execute_command
 
 
+class DuringWork(Protocol):
+    """Work a lean call runs between its write and its read (``LeanPool.execute``'s
+    ``during``: the caller's work while Redis runs the command).  Every send of the call
+    calls it (a NOSCRIPT re-send, a retry), so it runs its work once; ``seconds`` is the
+    time that took, which the call's latency metric leaves out.  It must not raise an
+    ``Exception`` (it keeps its own)."""
+
+    seconds: float
+
+    def __call__(self) -> None: ...
+
+
 class LeanPool:
     """Send one packed command on a connection of a standalone client's pool.
 
@@ -504,11 +516,10 @@ class LeanPool:
         return list(conn.pack_commands(commands))
 
     def execute(
-        self, args: tuple[Any, ...], packed: list[Any], during: Callable[[], None] | None = None
+        self, args: tuple[Any, ...], packed: list[Any], during: DuringWork | None = None
     ) -> Any:
         """Send ``args`` (packed into ``packed`` on first use, reused after) and read the
-        reply; ``during`` (if given) runs after the send, before the read: the caller's
-        own work while Redis runs the command (an ``Overlap``; it must not raise)."""
+        reply; ``during`` (if given) runs after the send, before the read."""
         conn = self._get()
         try:
             if not packed:

@@ -13,6 +13,7 @@ each script reply is handed to the ``on_script`` hooks (metrics, progress).  A
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -60,21 +61,25 @@ class _OverlapWork:
     :meth:`raise_error` (the connection is read in step first); anything else
     (``KeyboardInterrupt``) propagates and the connection is dropped."""
 
-    __slots__ = ("error", "ran", "work")
+    __slots__ = ("error", "ran", "seconds", "work")
 
     def __init__(self, work: Callable[[], None]) -> None:
         self.work = work
         self.ran = False
+        self.seconds = 0.0  # how long the work took (a script's latency metric leaves it out)
         self.error: Exception | None = None
 
     def __call__(self) -> None:
         if self.ran:
             return
         self.ran = True
+        started = time.perf_counter()
         try:
             self.work()
         except Exception as exc:
             self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - started
 
     def raise_error(self) -> None:
         if self.error is not None:

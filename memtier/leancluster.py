@@ -43,7 +43,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from memtier.connection import LeanPool
+from memtier.connection import DuringWork, LeanPool
 from memtier.resppack import packs_alike
 
 __all__ = ["SLOT_CACHE_CEILING", "ClusterLean", "SlotCache", "lean_cluster"]
@@ -104,7 +104,7 @@ class ClusterLean(SlotCache):
         slot: int,
         args: tuple[Any, ...],
         packed: list[Any],
-        during: Callable[[], None] | None = None,
+        during: DuringWork | None = None,
     ) -> Any:
         """Send ``args`` (packed into ``packed`` once) to ``slot``'s primary; read the reply
         (``during``: as :meth:`LeanPool.execute`)."""

@@ -43,7 +43,7 @@ from memtier.leancluster import ClusterLean
 if TYPE_CHECKING:
     from memtier.aioleancluster import AsyncClusterLean
     from memtier.autopipeline import AutoPipeline
-    from memtier.connection import LeanPool
+    from memtier.connection import DuringWork, LeanPool
     from memtier.engine import PlainHead, ReadCommand
     from memtier.resppack import WirePlan
 
@@ -222,7 +222,9 @@ class LuaScript:
 
     # --- one shape for every call: the duration metric, memtier's error mapping, and
     # NOSCRIPT answered by loading the text and re-sending the same call once -----------
-    def _call(self, send: Callable[[], Any], load: Callable[[], Any]) -> Any:
+    def _call(
+        self, send: Callable[[], Any], load: Callable[[], Any], during: DuringWork | None = None
+    ) -> Any:
         started = time.perf_counter()
         try:
             return _resent_once(send, load)
@@ -230,7 +232,9 @@ class LuaScript:
             _raise_script_error(self.name, exc)
             raise
         finally:
-            self._duration.observe(time.perf_counter() - started)
+            # The round trip's latency: not the caller's work run while it was in flight.
+            spent = 0.0 if during is None else during.seconds
+            self._duration.observe(time.perf_counter() - started - spent)
 
     async def _call_async(
         self, send: Callable[[], Awaitable[Any]], load: Callable[[], Awaitable[Any]]
@@ -270,7 +274,7 @@ class LuaScript:
         args: Sequence[Any],
         packed: list[Any],
         wire: WirePlan | None = None,
-        during: Callable[[], None] | None = None,
+        during: DuringWork | None = None,
     ) -> Any:
         """:meth:`call_lean` on a Redis Cluster client: sent to ``slot``'s primary by
         ``lean`` (:func:`memtier.leancluster.lean_cluster`).  NOSCRIPT loads the script on
@@ -288,7 +292,7 @@ class LuaScript:
                 lean.redirects += 1
                 return self._evalsha(client, keys, args)
 
-        return self._call(send, lambda: client.script_load(self.source))
+        return self._call(send, lambda: client.script_load(self.source), during)
 
     def call_lean(
         self,
@@ -298,19 +302,20 @@ class LuaScript:
         args: Sequence[Any],
         packed: list[Any],
         wire: WirePlan | None = None,
-        during: Callable[[], None] | None = None,
+        during: DuringWork | None = None,
     ) -> Any:
         """:meth:`__call__` on the lean path: the EVALSHA packed once into ``packed``
         (kept by the caller across its retries) and sent with ``lean``, a standalone
         client's pool (:func:`memtier.connection.lean_pool`; never fakeredis, so the
         text is :attr:`source`).  NOSCRIPT reloads through ``client`` and re-sends the same
         bytes; errors, the duration metric and ``memtier:`` rejections as :meth:`__call__`.
-        ``during``: run between the send and the read (:meth:`LeanPool.execute`; each
-        send runs it, so it must run its work once however often it is called)."""
+        ``during``: run between the send and the read (:class:`DuringWork`)."""
         self._pack_wire(packed, wire, lean.packs_alike, keys, args)
         call = ("EVALSHA", *self._args(self.sha, keys, args)) if not packed else ("EVALSHA",)
         return self._call(
-            lambda: lean.execute(call, packed, during), lambda: client.script_load(self.source)
+            lambda: lean.execute(call, packed, during),
+            lambda: client.script_load(self.source),
+            during,
         )
 
     async def call_pipelined(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -28,6 +29,8 @@ import pytest
 import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from servers import RedisServer
 from workhelpers import Clock, assert_exact_accounting, key, persistent_store, snaps, turn_for
 
@@ -424,6 +427,31 @@ def _bound(flag: _InFlight) -> Any:
         return flag.execute(pool, args, packed, during)
 
     return execute
+
+
+def _scraped(sample: str) -> float:
+    """One sample of the default registry, scraped as Prometheus reads it."""
+    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+        for found in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(found.labels.items()))
+            if f"{found.name}{{{labels}}}" == sample:
+                return float(found.value)
+    return 0.0
+
+
+def test_overlap_work_is_not_the_page_calls_latency(redis_server: Any) -> None:
+    """memtier_script_duration_seconds times the round trip of the page call, not the
+    page work run while it was in flight."""
+    store, k, _ = _one_session(redis_server.url, 10)
+    total = "memtier_script_duration_seconds_sum{script=snapshot_page}"
+    count = "memtier_script_duration_seconds_count{script=snapshot_page}"
+    try:
+        before_total, before_count = _scraped(total), _scraped(count)
+        store.executor.execute(Overlap(_page_call(store, k), lambda: time.sleep(0.3)))
+        assert _scraped(count) == before_count + 1
+        assert 0 < _scraped(total) - before_total < 0.3  # the call alone: well under 0.3 s
+    finally:
+        store.close()
 
 
 def test_overlap_work_runs_once_across_noscript_and_a_dropped_connection() -> None:
