@@ -557,8 +557,10 @@ def _analysis(run: Run) -> list[str]:
         "",
         "**7. Workers.** The flush wrote "
         f"{m('workers.flush'):.1f} MiB/s against the disk's {m('workers.disk'):,.0f} MiB/s "
-        f"measured in the same directory (x{r('workers.flush'):.3f}).  It now writes each "
-        "page while the next is read, and restores in batches with progress "
+        f"measured in the same directory (x{r('workers.flush'):.3f}).  It decodes, checks "
+        "and writes each page while Redis runs the next page call (written before the "
+        "work, read after it; \"The flush's page work between a script's write and its "
+        'read" in *Where the time goes*), and restores in batches with progress '
         f"(restore x{r('workers.restore'):.2f} of a flush of the same sessions).  The "
         "flush is bound by Python work per record (the snapshot validator's checks, "
         "then decoding; the secret re-check is skipped for records of the current "
