@@ -56,8 +56,8 @@ ScriptHook = Callable[[str, Sequence[Any], Any], None]
 class _OverlapWork:
     """An :class:`~memtier.engine.Overlap`'s work, run exactly once: on the lean path by
     the first send that wrote its request (between the write and the read, so Redis runs
-    the script while the client works: no thread, no GIL handoffs), else before the
-    request or after it failed.  An ``Exception`` it raises is kept for
+    the script while the client works: no thread, no GIL handoffs), else after every
+    attempt failed unwritten.  An ``Exception`` it raises is kept for
     :meth:`raise_error` (the connection is read in step first); anything else
     (``KeyboardInterrupt``) propagates and the connection is dropped."""
 
@@ -162,13 +162,13 @@ class SyncExecutor:
         raise TypeError(f"not an executable request: {request!r}")
 
     def _script(self, call: ScriptCall) -> Callable[[], Any]:
-        return self._lean_script_attempt(call, None) or self._generic_script(call)
+        script = self.scripts[call.script]
+        return self._lean_script_attempt(call, script, None) or self._generic_script(call, script)
 
     def _lean_script_attempt(
-        self, call: ScriptCall, during: _OverlapWork | None
+        self, call: ScriptCall, script: LuaScript, during: _OverlapWork | None
     ) -> Callable[[], Any] | None:
         """``attempt`` on the lean path (standalone or cluster), else None."""
-        script = self.scripts[call.script]
         # A registry entry that is not a LuaScript (a test double wrapping one) is called.
         lean = self._lean_for(self.client) if call.durable is None else None
         if isinstance(lean, LeanPool) and isinstance(script, LuaScript):
@@ -182,8 +182,7 @@ class SyncExecutor:
             return self._lean_cluster_script(call, script, lean, during)
         return None
 
-    def _generic_script(self, call: ScriptCall) -> Callable[[], Any]:
-        script = self.scripts[call.script]
+    def _generic_script(self, call: ScriptCall, script: LuaScript) -> Callable[[], Any]:
         client, durable = self.client, call.durable
 
         def attempt() -> Any:
@@ -290,9 +289,10 @@ class SyncExecutor:
         request runs after the work: in a helper thread it cost more than it saved
         (GIL handoffs; bench.flushoverlap, docs/performance.md, "The flush's page work
         between a script's write and its read").  The work's error wins."""
-        request, work = overlap.request, _OverlapWork(overlap.work)
+        request = overlap.request
         if isinstance(request, ScriptCall):
-            attempt = self._lean_script_attempt(request, work)
+            work = _OverlapWork(overlap.work)
+            attempt = self._lean_script_attempt(request, self.scripts[request.script], work)
             if attempt is not None:
                 try:
                     reply = retry_sync(operation or request.script, attempt, self.policy)
@@ -303,8 +303,7 @@ class SyncExecutor:
                 work()  # (ran already, between the write and the read of the reply)
                 work.raise_error()
                 return reply
-        work()
-        work.raise_error()
+        overlap.work()
         return self.execute(request, operation)
 
     def _script_batch(self, batch: ScriptBatch, operation: str | None) -> list[Any]:
