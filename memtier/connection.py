@@ -578,15 +578,20 @@ class LeanPool:
         finally:
             self._release(conn)
 
-    def pipeline(self, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
+    def pipeline(
+        self, commands: tuple[tuple[Any, ...], ...], during: DuringWork | None = None
+    ) -> list[Any]:
         """Send ``commands`` in one write, not as a transaction, and return their replies
         in order; an error reply is its exception instance in the list (every reply is
-        read, so the connection stays in step)."""
+        read, so the connection stays in step).  ``during`` (if given) runs after the
+        write, before the first read."""
         conn = self._get()
         try:
             packed = self._pack_all(conn, commands)
             try:
                 conn.send_packed_command(packed)
+                if during is not None:
+                    during()
                 read = reply_reader(conn)
                 replies: list[Any] = []
                 for _ in commands:

@@ -170,16 +170,18 @@ class Overlap:
     """Perform ``request`` while ``work()`` runs: the reply is the request's.
 
     ``work`` is the plan's own CPU and file work that does not need this reply and
-    touches no Redis (the flush writes the previous page while the next one is read),
-    so the server's time and the client's overlap.  The executor runs ``work`` once and
-    returns only when both are done: nothing is left in flight.  The sync executor runs
-    it between the write of a lean script call and its read (else before the request),
-    the asyncio one in a worker thread while the request is a task on the loop.  If
-    ``work`` raises, its error is thrown into the plan (a request written has been read);
-    otherwise the request's error, if any.
+    touches no Redis (the flush writes the previous page while the next one is read; the
+    restore reads the next batch while the last one is restored), so the server's time
+    and the client's overlap.  The executor runs ``work`` once and returns only when
+    both are done: nothing is left in flight.  The sync executor runs it between the
+    write of a lean script call or script batch and its read (a batch sent call by call:
+    beside its first call; else before the request), the asyncio one in a worker thread
+    while the request is a task on the loop.  If ``work`` raises, its error is thrown
+    into the plan (a request written has been read); otherwise the request's error, if
+    any.
     """
 
-    request: ScriptCall | Command
+    request: ScriptCall | ScriptBatch | Command
     work: Callable[[], None]
 
 

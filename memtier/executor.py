@@ -284,31 +284,52 @@ class SyncExecutor:
         return pipe.execute()
 
     def _overlap(self, overlap: Overlap, operation: str | None) -> Any:
-        """A script call on the lean path is written first, the work runs here while
-        Redis runs the script, then the reply is read (:class:`_OverlapWork`).  Any other
-        request runs after the work: in a helper thread it cost more than it saved
-        (GIL handoffs; bench.flushoverlap, docs/performance.md, "The flush's page work
-        between a script's write and its read").  The work's error wins."""
+        """A script call or script batch on the lean path is written first, the work runs
+        here while Redis runs it, then the reply is read (:class:`_OverlapWork`).  A batch
+        sent call by call runs the work beside its first call.  Any other request runs
+        after the work: in a helper thread it cost more than it saved (GIL handoffs;
+        bench.flushoverlap, docs/performance.md, "The flush's page work between a
+        script's write and its read").  The work's error wins."""
         request = overlap.request
+        work = _OverlapWork(overlap.work)
+        attempt: Callable[[], Any] | None = None
         if isinstance(request, ScriptCall):
-            work = _OverlapWork(overlap.work)
-            attempt = self._lean_script_attempt(request, self.scripts[request.script], work)
-            if attempt is not None:
-                try:
-                    reply = retry_sync(operation or request.script, attempt, self.policy)
-                except Exception:
-                    work()  # every attempt failed before its write: the work runs now
-                    work.raise_error()
-                    raise
-                work()  # (ran already, between the write and the read of the reply)
-                work.raise_error()
-                return reply
-        overlap.work()
-        return self.execute(request, operation)
+            name = request.script
+            attempt = self._lean_script_attempt(request, self.scripts[name], work)
+        elif isinstance(request, ScriptBatch) and request.calls:
+            name = request.calls[0].script
+            attempt = self._lean_batch_attempt(request, work)
+            if attempt is None:
+                first, *rest = request.calls
+                replies = [self._overlap(Overlap(first, overlap.work), operation)]
+                return replies + [self.execute(call, operation) for call in rest]
+        if attempt is None:
+            overlap.work()
+            return self.execute(request, operation)
+        try:
+            reply = retry_sync(operation or name, attempt, self.policy)
+        except Exception:
+            work()  # every attempt failed before its write: the work runs now
+            work.raise_error()
+            raise
+        work()  # (ran already, between the write and the read of the reply)
+        work.raise_error()
+        return reply
 
     def _script_batch(self, batch: ScriptBatch, operation: str | None) -> list[Any]:
         """One pipeline on a plain standalone client (where the lean path applies), else
         the calls one by one; the hooks see every call's reply either way."""
+        attempt = self._lean_batch_attempt(batch, None)
+        if attempt is None:
+            return [self.execute(call, operation) for call in batch.calls]
+        result: list[Any] = retry_sync(operation or batch.calls[0].script, attempt, self.policy)
+        return result
+
+    def _lean_batch_attempt(
+        self, batch: ScriptBatch, during: _OverlapWork | None
+    ) -> Callable[[], list[Any]] | None:
+        """``attempt`` for a batch of two or more calls on a plain standalone client (one
+        pipeline; ``during`` between its write and its read), else None."""
         calls = batch.calls
         client = self.client
         lean = self._lean_for(client)
@@ -318,7 +339,7 @@ class SyncExecutor:
             or any(c.durable is not None for c in calls)
             or not all(isinstance(self.scripts[c.script], LuaScript) for c in calls)
         ):
-            return [self.execute(call, operation) for call in calls]
+            return None
         items = [(self.scripts[c.script], c.keys, c.args) for c in calls]
 
         def attempt() -> list[Any]:
@@ -326,13 +347,13 @@ class SyncExecutor:
                 if call.attempts is not None:
                     call.attempts[0] += 1
             self.lean_calls += 1
-            replies = self.guard.call(lambda: run_script_batch(lean, client, items))
+            replies = self.guard.call(lambda: run_script_batch(lean, client, items, during))
             for call, reply in zip(calls, replies, strict=True):
                 for hook in self.on_script:
                     hook(call.script, call.args, reply)
             return replies
 
-        return retry_sync(operation or calls[0].script, attempt, self.policy)
+        return attempt
 
 
 class AsyncExecutor:

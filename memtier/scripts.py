@@ -870,6 +870,7 @@ def run_script_batch(
     lean: LeanPool,
     client: Any,
     items: Sequence[tuple[LuaScript, Sequence[str], Sequence[Any]]],
+    during: DuringWork | None = None,
 ) -> list[Any]:
     """Run several scripts in one non-transactional pipeline on a standalone sync client
     (:class:`~memtier.engine.ScriptBatch`), packed and sent on its
@@ -878,13 +879,16 @@ def run_script_batch(
     A call the server answers NOSCRIPT is re-sent alone through :meth:`LuaScript.__call__`
     on ``client`` (which loads it), in its place in the batch's order (the calls after it
     already ran).  Errors as :meth:`LuaScript.__call__` (the first failed call raises);
-    each script's duration metric gets its share of the round trip.
+    each script's duration metric gets its share of the round trip (less ``during``'s
+    time: it runs between the write and the first read, as in :meth:`LeanPool.pipeline`).
     """
     started = time.perf_counter()
     replies = lean.pipeline(
-        tuple(("EVALSHA", *script._args(script.sha, keys, args)) for script, keys, args in items)
+        tuple(("EVALSHA", *script._args(script.sha, keys, args)) for script, keys, args in items),
+        during,
     )
-    share = (time.perf_counter() - started) / max(1, len(items))
+    elapsed = time.perf_counter() - started - (during.seconds if during is not None else 0.0)
+    share = max(0.0, elapsed) / max(1, len(items))
     out: list[Any] = []
     for (script, keys, args), reply in zip(items, replies, strict=True):
         if isinstance(reply, NoScriptError):

@@ -5,13 +5,13 @@
   batches of every size gives back the same sessions, exact accounting, and a progress
   report that only grows and ends at the generation's totals.  Fakeredis, real Redis and
   the real cluster (where batches run one by one).
-* A server killed while a pipelined flush has a page in flight (the kill lands in the
-  request thread of an ``Overlap``): the flush fails, no partial file is published, no
-  temp stays, and the last good generation is intact and restores.
+* A server killed while a pipelined flush has a page in flight (killed from inside the
+  page work, the next page call written and not yet read): the flush fails, no partial
+  file is published, no temp stays, and the last good generation is intact and restores.
 * The executors: ``ScriptBatch`` on the pipeline path gives exactly the replies of the
   one-by-one path (NOSCRIPT inside a batch included, every hook called per call);
   ``Overlap`` returns the request's reply, and the work's error wins, with nothing left
-  in flight.
+  in flight (``Overlap`` of a ``ScriptBatch``: ``test_restore_read_ahead.py``).
 * ``page_last_member`` agrees with ``page_lines`` on every generated reply.
 """
 
@@ -29,10 +29,18 @@ import pytest
 import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from prometheus_client import REGISTRY, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from servers import RedisServer
-from workhelpers import Clock, assert_exact_accounting, key, persistent_store, snaps, turn_for
+from workhelpers import (
+    Clock,
+    InFlight,
+    assert_exact_accounting,
+    key,
+    persistent_store,
+    scraped,
+    snaps,
+    turn_for,
+    wipe_store,
+)
 
 from memtier import ConversationKey, ConversationStore
 from memtier import connection as memtier_connection
@@ -47,13 +55,6 @@ from memtier.memory.snapshot.fileformat import page_last_member, page_lines
 from memtier.retry import RetryPolicy
 
 # ----------------------------------------------------------------------------- round trip
-
-
-def _wipe(backend: Any, store: ConversationStore) -> None:
-    if backend.is_fake:
-        store.client.flushall()
-    else:
-        backend.delete_namespace()
 
 
 # (turns, channel): past max_turns_per_session=6 the store compacts (a summary).
@@ -97,7 +98,7 @@ def test_flush_then_restore_gives_the_same_sessions(
     run = tmp_path / os.urandom(4).hex()
     store = persistent_store(backend, run, Clock(), max_turns_per_session=6)
     try:
-        _wipe(backend, store)
+        wipe_store(backend, store)
         contexts = {}
         for n, (turns, channel) in enumerate(sessions):
             k = key(n + 1, channel)
@@ -108,14 +109,20 @@ def test_flush_then_restore_gives_the_same_sessions(
             flush_plan(store.core, snaps(store), page_sessions=page_sessions, page_bytes=page_bytes)
         )
         assert result.sessions == len(contexts) and result.skipped == {}
-        _wipe(backend, store)
+        wipe_store(backend, store)
         seen: list[RestoreProgress] = []
         batches: list[int] = []
+        overlapped: list[Any] = []
         execute = store.executor.execute
 
         def counting(request: Any, operation: str | None = None) -> Any:
-            if isinstance(request, ScriptBatch):
-                batches.append(len(request.calls))
+            if isinstance(request, Overlap):  # a batch restored while the next is read
+                overlapped.append(request.request)
+                request_ = request.request
+            else:
+                request_ = request
+            if isinstance(request_, ScriptBatch):
+                batches.append(len(request_.calls))
             return execute(request, operation)
 
         with (
@@ -126,6 +133,10 @@ def test_flush_then_restore_gives_the_same_sessions(
         ):
             report = store.recover(force=True, progress=seen.append)
         assert sum(batches) == len(contexts) and all(1 <= n <= batch_sessions for n in batches)
+        # Every batch but the last is restored while the next one is read (the last one
+        # too when the reading had not yet seen the end).
+        assert len(batches) - 1 <= len(overlapped) <= len(batches)
+        assert all(isinstance(r, ScriptBatch) for r in overlapped)
         if batch_bytes == 1 or batch_records == 1:
             assert set(batches) <= {1}  # every session passes the bound alone
         assert report.outcome == "restored", report.message
@@ -137,7 +148,7 @@ def test_flush_then_restore_gives_the_same_sessions(
         assert_exact_accounting(store)
         _check_progress(seen, result.sessions, result.bytes)
     finally:
-        _wipe(backend, store)
+        wipe_store(backend, store)
         store.close()
 
 
@@ -164,7 +175,7 @@ def test_progress_is_rate_limited_and_a_failing_callback_never_stops_a_restore(
         for n in range(40):
             store.append(key(n + 1), turn_for(n))
         flushed = store.flush()
-        _wipe(backend, store)
+        wipe_store(backend, store)
         calls: list[RestoreProgress] = []
 
         def boom(progress: RestoreProgress) -> None:
@@ -183,7 +194,7 @@ def test_progress_is_rate_limited_and_a_failing_callback_never_stops_a_restore(
         assert calls[-1].finished and calls[-1].sessions_done == flushed.sessions
         _check_progress(calls, flushed.sessions, flushed.bytes)
     finally:
-        _wipe(backend, store)
+        wipe_store(backend, store)
         store.close()
 
 
@@ -196,7 +207,7 @@ def test_restore_metrics_count_every_session_and_byte(backend: Any, tmp_path: Pa
         for n in range(7):
             store.append(key(n + 1, "im"), turn_for(n))
         flushed = store.flush()
-        _wipe(backend, store)
+        wipe_store(backend, store)
         sessions_before = metrics.SNAPSHOT_RESTORE_SESSIONS._value.get()
         bytes_before = metrics.SNAPSHOT_RESTORE_BYTES._value.get()
         assert store.recover(force=True).restored == 7
@@ -205,7 +216,7 @@ def test_restore_metrics_count_every_session_and_byte(backend: Any, tmp_path: Pa
             flushed.bytes - HEADER_BLOCK
         )
     finally:
-        _wipe(backend, store)
+        wipe_store(backend, store)
         store.close()
 
 
@@ -234,7 +245,7 @@ def test_server_killed_with_a_page_in_flight_keeps_the_last_good_generation(
         assert int(store.client.info("server")["process_id"]) == pid  # our own server
         writes = {"n": 0}
         killed_in_flight: list[bool] = []
-        in_flight = _InFlight()
+        in_flight = InFlight()
         write_page = persistence.flush._PageWriter.write
 
         def write_then_kill(self: Any, reply: Any) -> None:
@@ -245,7 +256,7 @@ def test_server_killed_with_a_page_in_flight_keeps_the_last_good_generation(
                 server.stop()  # ...then SIGTERM and wait: the request in flight is lost
 
         with (
-            mock.patch.object(LeanPool, "execute", _bound(in_flight)),
+            mock.patch.object(LeanPool, "execute", in_flight.execute()),
             mock.patch.object(persistence.flush._PageWriter, "write", write_then_kill),
             pytest.raises(MemtierError),
         ):
@@ -332,30 +343,6 @@ def test_script_batch_raises_a_script_error_like_a_single_call(redis_server: Any
         store.close()
 
 
-class _InFlight:
-    """``LeanPool.execute`` as it is, with ``on`` True while its ``during`` work runs
-    (after the request's write, before its read)."""
-
-    def __init__(self) -> None:
-        self.on = False
-        self.original = LeanPool.execute
-        self.sends = 0
-
-    def execute(self, pool: Any, args: Any, packed: Any, during: Any = None) -> Any:
-        self.sends += 1
-        if during is None:
-            return self.original(pool, args, packed)
-
-        def flagged() -> None:
-            self.on = True
-            try:
-                during()
-            finally:
-                self.on = False
-
-        return self.original(pool, args, packed, flagged)
-
-
 def _page_call(store: ConversationStore, k: Any) -> ScriptCall:
     return persistence.snapshot_page_call(store.core, store.core.partition_for(k), [k.member])
 
@@ -401,9 +388,9 @@ def test_overlap_of_a_lean_script_runs_the_work_between_write_and_read(
     work error (the next call on the kept connection gets its own reply)."""
     store, k, alone = _one_session(redis_server.url, 7)
     try:
-        flag = _InFlight()
+        flag = InFlight()
         seen: list[bool] = []
-        with mock.patch.object(LeanPool, "execute", _bound(flag)):
+        with mock.patch.object(LeanPool, "execute", flag.execute()):
             reply = store.executor.execute(
                 Overlap(_page_call(store, k), lambda: seen.append(flag.on))
             )
@@ -422,23 +409,6 @@ def test_overlap_of_a_lean_script_runs_the_work_between_write_and_read(
         store.close()
 
 
-def _bound(flag: _InFlight) -> Any:
-    def execute(pool: Any, args: Any, packed: Any, during: Any = None) -> Any:
-        return flag.execute(pool, args, packed, during)
-
-    return execute
-
-
-def _scraped(sample: str) -> float:
-    """One sample of the default registry, scraped as Prometheus reads it."""
-    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
-        for found in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(found.labels.items()))
-            if f"{found.name}{{{labels}}}" == sample:
-                return float(found.value)
-    return 0.0
-
-
 def test_overlap_work_is_not_the_page_calls_latency(redis_server: Any) -> None:
     """memtier_script_duration_seconds times the round trip of the page call, not the
     page work run while it was in flight."""
@@ -446,10 +416,10 @@ def test_overlap_work_is_not_the_page_calls_latency(redis_server: Any) -> None:
     total = "memtier_script_duration_seconds_sum{script=snapshot_page}"
     count = "memtier_script_duration_seconds_count{script=snapshot_page}"
     try:
-        before_total, before_count = _scraped(total), _scraped(count)
+        before_total, before_count = scraped(total), scraped(count)
         store.executor.execute(Overlap(_page_call(store, k), lambda: time.sleep(0.3)))
-        assert _scraped(count) == before_count + 1
-        assert 0 < _scraped(total) - before_total < 0.3  # the call alone: well under 0.3 s
+        assert scraped(count) == before_count + 1
+        assert 0 < scraped(total) - before_total < 0.3  # the call alone: well under 0.3 s
     finally:
         store.close()
 
@@ -461,9 +431,9 @@ def test_overlap_work_runs_once_across_noscript_and_a_dropped_connection() -> No
     with RedisServer() as server:
         store, k, alone = _one_session(server.url, 8)
         try:
-            flag = _InFlight()
+            flag = InFlight()
             runs: list[str] = []
-            with mock.patch.object(LeanPool, "execute", _bound(flag)):
+            with mock.patch.object(LeanPool, "execute", flag.execute()):
                 store.client.script_flush()  # the first write answers NOSCRIPT
                 reply = store.executor.execute(
                     Overlap(_page_call(store, k), lambda: runs.append("noscript"))
@@ -604,7 +574,7 @@ def test_a_line_changed_between_the_passes_is_never_restored(
         for n in range(12):
             store.append(key(n + 1, "im" if n % 2 else "public"), turn_for(2 * n))
         flushed = store.flush()
-        _wipe(backend, store)
+        wipe_store(backend, store)
         path = Path(flushed.path)
         lines = path.read_bytes()[HEADER_BLOCK:].split(b"\n")[:-1]
         members = [orjson.loads(line)["member"] for line in lines]
@@ -632,7 +602,7 @@ def test_a_line_changed_between_the_passes_is_never_restored(
             restored = store.context(ConversationKey.from_member(member)).session_id is not None
             assert restored == (i < 4 * chunk), (i, member)
     finally:
-        _wipe(backend, store)
+        wipe_store(backend, store)
         store.close()
 
 
@@ -661,5 +631,5 @@ def test_pass_1_steps_at_every_chunk_so_few_large_sessions_keep_the_lock(
         assert counts == [1, 2, 3, 4, 5] and flushed.sessions == 5
         assert isinstance(verdict, VerifiedGeneration) and len(verdict.chunks) == 5
     finally:
-        _wipe(backend, store)
+        wipe_store(backend, store)
         store.close()

@@ -6,6 +6,8 @@ import uuid
 from typing import Any
 
 import orjson
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from memtier import (
     ActionResult,
@@ -175,3 +177,69 @@ def populate(store: Any, n: int, *, turns: int = 3, start: int = 0) -> dict[Any,
         for j in range(turns):
             store.append(k, turn_for(i + j).model_copy(update={"turn_id": f"k{i}-t{j}"}))
     return {k: store.context(k) for k in keys}
+
+
+def wipe_store(backend: Any, store: ConversationStore) -> None:
+    """Everything ``store`` wrote: the fake server's data, or the backend's namespace."""
+    if backend.is_fake:
+        store.client.flushall()
+    else:
+        backend.delete_namespace()
+
+
+def scraped(sample: str) -> float:
+    """One sample of the default registry as Prometheus reads it, e.g.
+    ``memtier_script_duration_seconds_count{script=snapshot_page}``; 0 if absent."""
+    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+        for found in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(found.labels.items()))
+            if f"{found.name}{{{labels}}}" == sample:
+                return float(found.value)
+    return 0.0
+
+
+class InFlight:
+    """Spies for ``LeanPool.execute`` / ``LeanPool.pipeline`` that call them as they are,
+    with ``on`` True while their ``during`` work runs (after the request's write, before
+    its read); ``sends`` counts the writes, ``with_work`` those given work."""
+
+    def __init__(self) -> None:
+        from memtier.connection import LeanPool
+
+        self.on = False
+        self.sends = 0
+        self.with_work = 0
+        self._execute = LeanPool.execute
+        self._pipeline = LeanPool.pipeline
+
+    def _flagged(self, during: Any) -> Any:
+        if during is None:
+            return None
+        self.with_work += 1
+
+        def flagged() -> None:
+            self.on = True
+            try:
+                during()
+            finally:
+                self.on = False
+
+        return flagged
+
+    def execute(self) -> Any:
+        """A replacement for ``LeanPool.execute`` (``mock.patch.object``)."""
+
+        def execute(pool: Any, args: Any, packed: Any, during: Any = None) -> Any:
+            self.sends += 1
+            return self._execute(pool, args, packed, self._flagged(during))
+
+        return execute
+
+    def pipeline(self) -> Any:
+        """A replacement for ``LeanPool.pipeline``."""
+
+        def pipeline(pool: Any, commands: Any, during: Any = None) -> Any:
+            self.sends += 1
+            return self._pipeline(pool, commands, self._flagged(during))
+
+        return pipeline

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from memtier import limits, metrics
-from memtier.engine import Plan, ScriptBatch, ScriptCall, Sleep
+from memtier.engine import Overlap, Plan, ScriptBatch, ScriptCall, Sleep
 from memtier.errors import BackendError, MemtierError, SnapshotError
 from memtier.memory.core import MemoryCore, new_session_id
 from memtier.memory.models import Channel, ConversationKey, ReasonCode
@@ -115,9 +115,15 @@ ProgressCallback = Callable[[RestoreProgress], Any]
 
 
 def restore_session_call(
-    core: MemoryCore, session: ValidatedSession, detail: str, *, session_id: str | None = None
+    core: MemoryCore,
+    session: ValidatedSession,
+    detail: str,
+    *,
+    session_id: str | None = None,
+    flush_wall_ms: int = 0,
 ) -> ScriptCall:
-    """``session_id``: the id the restored session gets (recovery passes a new one)."""
+    """``session_id``: the id the restored session gets (recovery passes a new one);
+    ``flush_wall_ms``: the generation header's (recovery passes it)."""
     key = ConversationKey.from_member(session.member)
     part = core.partition_for(key)
     sk = part.session(session.member)
@@ -149,7 +155,7 @@ def restore_session_call(
         summary_version=session.summary_version,
         age_ms=session.age_ms,
         read_wall_ms=session.read_wall_ms,
-        flush_wall_ms=0,  # filled by the caller (header value)
+        flush_wall_ms=flush_wall_ms,
         ttl_ms=core.ttl_ms(key.channel),
         grace_ms=limits.EXPIRY_GRACE_MS,
         max_sessions=core.max_sessions_per_partition,
@@ -163,8 +169,104 @@ def restore_session_call(
     )
 
 
-def _with_flush_wall(call: ScriptCall, flush_wall_ms: int) -> ScriptCall:
-    return RESTORE_SESSION.replace(call, flush_wall_ms=flush_wall_ms)
+@dataclass(frozen=True, slots=True)
+class _Restore:
+    """One session's ``restore_session`` call in a batch, with what the plan counts."""
+
+    call: ScriptCall
+    dropped: int  # turns today's bounds trimmed
+    line_bytes: int  # its line in the file (progress)
+    nbytes: int  # its record bytes (the batch's bound)
+    records: int
+
+
+class _BatchReader:
+    """Pass 2's reading side: the generation's sessions, fitted to today's bounds, built
+    into batches of ``restore_session`` calls -- one batch per :meth:`fill`, the work an
+    :class:`~memtier.engine.Overlap` runs while Redis restores the batch before it.
+
+    It makes no Redis request: the sessions today's bounds refuse wait in ``skipped``
+    for the plan to report (at most :data:`RESTORE_BATCH_SESSIONS` of them per fill),
+    and a :class:`SnapshotValidationError` ends the reading and waits in ``error`` (the
+    batch read before it is still restored, as every session of it passed the checks).
+    """
+
+    def __init__(self, core: MemoryCore, verified: VerifiedGeneration, detail: str) -> None:
+        self.core = core
+        self.detail = detail
+        self.flush_wall = int(verified.header["flush_wall_ms"])
+        self.sessions = iter_generation_sized(verified)
+        self.carried: _Restore | None = None  # read, but past the last batch's bound
+        self.skipped: list[tuple[ValidatedSession, str, int]] = []  # (session, why, bytes)
+        self.error: SnapshotValidationError | None = None
+        self.ended = False
+        self.ahead: list[_Restore] = []  # read by read_ahead, restored next
+
+    def fill(self) -> list[_Restore]:
+        """The next batch: up to the batch bounds, the end, or a full ``skipped``."""
+        batch: list[_Restore] = []
+        nbytes = nrecords = 0
+        if self.carried is not None:
+            batch.append(self.carried)
+            nbytes, nrecords = self.carried.nbytes, self.carried.records
+            self.carried = None
+        while (
+            not self.ended
+            and len(batch) < RESTORE_BATCH_SESSIONS
+            and len(self.skipped) < RESTORE_BATCH_SESSIONS
+        ):
+            restore = self._next()
+            if restore is None:  # skipped, or the reading ended
+                continue
+            if batch and (
+                nbytes + restore.nbytes > RESTORE_BATCH_BYTES
+                or nrecords + restore.records > RESTORE_BATCH_RECORDS
+            ):
+                self.carried = restore  # it opens the next batch (one larger goes alone)
+                break
+            batch.append(restore)
+            nbytes += restore.nbytes
+            nrecords += restore.records
+        return batch
+
+    def _next(self) -> _Restore | None:
+        """The next session's call; None when it is skipped, or at the end or an error
+        (``ended``)."""
+        try:
+            item = next(self.sessions, None)
+        except SnapshotValidationError as exc:
+            self.error, self.ended = exc, True
+            return None
+        if item is None:
+            self.ended = True
+            return None
+        session, line_bytes = item
+        fitted = fit_session(session, self.core.conv)
+        if fitted.session is None:
+            self.skipped.append((session, fitted.reason, line_bytes))
+            return None
+        # A new session id (D7): turns acknowledged after this flush and lost with Redis
+        # had (old id, seq) pairs this session would otherwise hand out again.
+        note = f"{self.detail} from={session.session_id}"
+        if fitted.dropped:
+            note += f" trimmed={fitted.dropped}"
+        kept = fitted.session
+        call = restore_session_call(
+            self.core, kept, note, session_id=new_session_id(), flush_wall_ms=self.flush_wall
+        )
+        return _Restore(call, fitted.dropped, line_bytes, kept.nbytes, len(kept.records))
+
+    def read_ahead(self) -> None:
+        """:meth:`fill` into ``ahead`` (an Overlap's work returns nothing)."""
+        self.ahead = self.fill()
+
+    def take_ahead(self) -> list[_Restore]:
+        taken, self.ahead = self.ahead, []
+        return taken
+
+    def take_skipped(self) -> list[tuple[ValidatedSession, str, int]]:
+        taken, self.skipped = self.skipped, []
+        return taken
 
 
 @dataclass
@@ -476,88 +578,53 @@ def _restore_generation_plan(
 
     Sessions go in batches (:data:`RESTORE_BATCH_SESSIONS`, :data:`RESTORE_BATCH_BYTES`,
     :data:`RESTORE_BATCH_RECORDS`): one round trip of independent create-only
-    ``restore_session`` calls.
+    ``restore_session`` calls, while the next batch is read (:class:`_BatchReader`).
     """
     token = gate.token
     detail = f"generation={gen.generation}"
-    header = verified.header
-    flush_wall = int(header["flush_wall_ms"])
+    reader = _BatchReader(core, verified, detail)
     done = 0
     last_extend = time.monotonic()
-    batch: list[tuple[ScriptCall, int, int]] = []  # (call, dropped turns, line bytes)
-    batch_bytes = batch_records = 0
-
-    def send_batch() -> Plan[bool]:
-        """The pending batch; False if the gate was lost."""
-        nonlocal done, last_extend, batch_bytes, batch_records
+    progress.begin(gen.generation, verified.header)
+    batch = reader.fill()
+    while True:  # bounded: every fill reads at least one line or ends the reading
+        for session, reason, line_bytes in reader.take_skipped():
+            report.skipped += 1
+            metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("restore", "bounds").inc()
+            yield emit_event_call(
+                core,
+                ReasonCode.RESTORE_SKIPPED,
+                f"{detail} {reason}",
+                member=session.member,
+                session_id=session.session_id,
+            )
+            progress.advance(1, line_bytes, report.restored)
         if not batch:
-            return True
-        sent = list(batch)
-        batch.clear()
-        batch_bytes = batch_records = 0
-        replies = yield ScriptBatch(tuple(call for call, _, _ in sent))
-        for (_, dropped, _), out in zip(sent, replies, strict=True):
-            status = int(out[0])
-            if status == RestoreStatus.RESTORED:
-                report.restored += 1
-                if dropped:
-                    report.trimmed += 1
-            elif status == RestoreStatus.EXISTS:
-                report.existing += 1
-            elif status == RestoreStatus.EXPIRED:
-                report.expired += 1
-            else:  # RestoreStatus.NO_ROOM
-                report.no_room += 1
+            if reader.ended:
+                break
+            batch = reader.fill()
+            continue
+        request = ScriptBatch(tuple(r.call for r in batch))
+        if reader.ended:
+            replies = yield request
+        else:  # the next batch is read while Redis restores this one
+            replies = yield Overlap(request, reader.read_ahead)
+        _count_restored(report, batch, replies)
         before = done
-        done += len(sent)
-        progress.advance(len(sent), sum(b for _, _, b in sent), report.restored)
+        done += len(batch)
+        progress.advance(len(batch), sum(r.line_bytes for r in batch), report.restored)
         if done // EXTEND_EVERY != before // EXTEND_EVERY or time.monotonic() - last_extend > 1.0:
             last_extend = time.monotonic()
             ext = yield restore_gate_call(core, "extend", token)
             if int(ext[0]) != GateStatus.OK:
                 report.outcome = "lost_lock"
                 report.message = "the restore lock expired; another worker continues"
-                return False
-        return True
-
-    progress.begin(gen.generation, header)
-    try:
-        for session, line_bytes in iter_generation_sized(verified):
-            fitted = fit_session(session, core.conv)
-            if fitted.session is None:
-                report.skipped += 1
-                metrics.SNAPSHOT_SESSIONS_SKIPPED.labels("restore", "bounds").inc()
-                yield emit_event_call(
-                    core,
-                    ReasonCode.RESTORE_SKIPPED,
-                    f"{detail} {fitted.reason}",
-                    member=session.member,
-                    session_id=session.session_id,
-                )
-                progress.advance(1, line_bytes, report.restored)
-                continue
-            # A new session id (D7): turns acknowledged after this flush and lost with
-            # Redis had (old id, seq) pairs this session would otherwise hand out again.
-            note = f"{detail} from={session.session_id}"
-            if fitted.dropped:
-                note += f" trimmed={fitted.dropped}"
-            call = restore_session_call(core, fitted.session, note, session_id=new_session_id())
-            nbytes, nrecords = fitted.session.nbytes, len(fitted.session.records)
-            full = len(batch) >= RESTORE_BATCH_SESSIONS
-            full = full or batch_bytes + nbytes > RESTORE_BATCH_BYTES
-            full = full or batch_records + nrecords > RESTORE_BATCH_RECORDS
-            if batch and full and not (yield from send_batch()):
                 return "stop"
-            batch.append((_with_flush_wall(call, flush_wall), fitted.dropped, line_bytes))
-            batch_bytes += nbytes
-            batch_records += nrecords
-        if not (yield from send_batch()):
-            return "stop"
-    except SnapshotValidationError as exc:
-        # The sessions read before the problem passed every check: restore them as the
-        # one-by-one restore did (create-only), then handle the file.
-        if not (yield from send_batch()):
-            return "stop"
+        batch = reader.take_ahead()
+    exc = reader.error
+    if exc is not None:
+        # The sessions read before the problem passed every check and are restored (as
+        # the one-by-one restore did: create-only); now the file.
         if exc.reason in ("vanished", "unreadable"):
             # Removed or unreadable between the passes (retention elsewhere, an
             # operator): what is restored stays (create-only), the next one fills in.
@@ -573,6 +640,21 @@ def _restore_generation_plan(
         return "stop"
     progress.report(report.restored, final=True)
     return "restored"
+
+
+def _count_restored(report: RecoveryReport, batch: list[_Restore], replies: list[Any]) -> None:
+    for restore, out in zip(batch, replies, strict=True):
+        status = int(out[0])
+        if status == RestoreStatus.RESTORED:
+            report.restored += 1
+            if restore.dropped:
+                report.trimmed += 1
+        elif status == RestoreStatus.EXISTS:
+            report.existing += 1
+        elif status == RestoreStatus.EXPIRED:
+            report.expired += 1
+        else:  # RestoreStatus.NO_ROOM
+            report.no_room += 1
 
 
 def _quarantine(
