@@ -41,6 +41,7 @@ __all__ = [
     "bench_flush_blocking",
     "bench_flush_restore",
     "bench_recovery_validation",
+    "delete_namespace",
     "populate_sessions",
     "sequential_write_rate",
     "server_sched",
@@ -382,7 +383,7 @@ def bench_flush_blocking(
             "blocked_extra_max_s": under["max_s"] - base["max_s"],
         }
     finally:
-        _delete_namespace(store, namespace)
+        delete_namespace(store, namespace)
         store.close()
         if owned_dir is not None:
             owned_dir.cleanup()
@@ -477,7 +478,8 @@ class _SlowLog:
         }
 
 
-def _delete_namespace(store: Any, namespace: str) -> None:
+def delete_namespace(store: Any, namespace: str) -> None:
+    """Delete every key of ``namespace`` (SCAN, 500 keys per DEL): a server of our own."""
     client = store.client
     batch: list[Any] = []
     for key in client.scan_iter(match=f"*{namespace}*", count=1000):
@@ -519,7 +521,7 @@ def bench_flush_restore(
         t0 = time.perf_counter()
         flushed = store.flush()
         flush_s = time.perf_counter() - t0
-        _delete_namespace(store, namespace)
+        delete_namespace(store, namespace)
         t0 = time.perf_counter()
         report = store.recover(force=True)
         restore_s = time.perf_counter() - t0
@@ -537,7 +539,7 @@ def bench_flush_restore(
             "restore_sessions_per_s": report.restored / restore_s,
         }
     finally:
-        _delete_namespace(store, namespace)
+        delete_namespace(store, namespace)
         store.close()
         if owned_dir is not None:
             owned_dir.cleanup()
@@ -571,7 +573,7 @@ def bench_compaction(
             "sessions_per_s": stats.outcomes.get("applied", 0) / elapsed,
         }
     finally:
-        _delete_namespace(store, namespace)
+        delete_namespace(store, namespace)
         store.close()
 
 

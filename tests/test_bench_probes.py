@@ -522,3 +522,16 @@ def test_flushoverlap_quick(tmp_path: Path) -> None:
     for name in rows:  # one flush each, and each wrote the namespace's bytes
         assert len(rounds["wall_s"][name]) == 1 and rounds["wall_s"][name][0] > 0, name
         assert rounds["mib_per_s"][name][0] > 0 and rounds["cpu_s"][name][0] > 0, name
+
+
+def test_restoreprobe_quick(tmp_path: Path) -> None:
+    data = _run("bench.restoreprobe", tmp_path)
+    modes = {"read_ahead", "sequential"}
+    rounds = data["rounds"]
+    assert set(rounds) == {"mib_per_s", "wall_s", "cpu_s", "redis_cpu_s"}
+    for what, by_mode in rounds.items():  # one restore each, of the whole generation
+        assert set(by_mode) == modes == set(data[what]), what
+        assert all(len(v) == 1 for v in by_mode.values()), what
+        # (the server's CPU of 30 small restores may round to 0 in its tick accounting)
+        assert all(v[0] >= 0 if what == "redis_cpu_s" else v[0] > 0 for v in by_mode.values())
+    assert data["generation_bytes"] > 0
