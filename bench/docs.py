@@ -560,8 +560,10 @@ def _analysis(run: Run) -> list[str]:
         f"measured in the same directory (x{r('workers.flush'):.3f}).  It decodes, checks "
         "and writes each page while Redis runs the next page call (written before the "
         "work, read after it; \"The flush's page work between a script's write and its "
-        'read" in *Where the time goes*), and restores in batches with progress '
-        f"(restore x{r('workers.restore'):.2f} of a flush of the same sessions).  The "
+        'read" in *Where the time goes*), and restores in batches with progress, '
+        'reading the next batch while Redis restores the last ("The restore reads its '
+        'next batch..." in *Where the time goes*; restore '
+        f"x{r('workers.restore'):.2f} of a flush of the same sessions).  The "
         "flush is bound by Python work per record (the snapshot validator's checks, "
         "then decoding; the secret re-check is skipped for records of the current "
         "redactor version).  Its floor -- the same `snapshot_page` calls with the "
