@@ -126,9 +126,9 @@ def test_flush_then_restore_gives_the_same_sessions(
             return execute(request, operation)
 
         with (
-            mock.patch.object(persistence.recovery, "RESTORE_BATCH_SESSIONS", batch_sessions),
-            mock.patch.object(persistence.recovery, "RESTORE_BATCH_BYTES", batch_bytes),
-            mock.patch.object(persistence.recovery, "RESTORE_BATCH_RECORDS", batch_records),
+            mock.patch.object(persistence.restorebatch, "RESTORE_BATCH_SESSIONS", batch_sessions),
+            mock.patch.object(persistence.restorebatch, "RESTORE_BATCH_BYTES", batch_bytes),
+            mock.patch.object(persistence.restorebatch, "RESTORE_BATCH_RECORDS", batch_records),
             mock.patch.object(store.executor, "execute", counting),
         ):
             report = store.recover(force=True, progress=seen.append)
@@ -185,7 +185,7 @@ def test_progress_is_rate_limited_and_a_failing_callback_never_stops_a_restore(
         plan = persistence.recover_plan(
             store.core, snaps(store), force=True, progress=boom, progress_interval_s=interval_s
         )
-        with mock.patch.object(persistence.recovery, "RESTORE_BATCH_SESSIONS", 1):
+        with mock.patch.object(persistence.restorebatch, "RESTORE_BATCH_SESSIONS", 1):
             report = store.executor.run(plan)
         assert report.outcome == "restored" and report.restored == 40
         # An hour apart: the start and the end only.  No bound: the start, one per batch
@@ -578,7 +578,7 @@ def test_a_line_changed_between_the_passes_is_never_restored(
         path = Path(flushed.path)
         lines = path.read_bytes()[HEADER_BLOCK:].split(b"\n")[:-1]
         members = [orjson.loads(line)["member"] for line in lines]
-        real = persistence.recovery.iter_generation_sized
+        real = persistence.restorebatch.iter_generation_sized
 
         def change_after_pass_1(verified: Any) -> Any:
             raw = bytearray(path.read_bytes())
@@ -591,7 +591,9 @@ def test_a_line_changed_between_the_passes_is_never_restored(
 
         with (
             mock.patch.object(validation, "CHUNK_LINES", 4),
-            mock.patch.object(persistence.recovery, "iter_generation_sized", change_after_pass_1),
+            mock.patch.object(
+                persistence.restorebatch, "iter_generation_sized", change_after_pass_1
+            ),
         ):
             report = store.recover(force=True)
         assert report.outcome == "error" and "changed" in report.message

@@ -211,7 +211,8 @@ def test_restore_skips_and_restores_as_the_model_says(
                 batches.append(len(inner.calls))
             return execute(request, operation)
 
-        fill = persistence.recovery._BatchReader.fill
+        batches_module = persistence.restorebatch
+        fill = batches_module.BatchReader.fill
 
         def bounded_fill(reader: Any) -> Any:
             batch = fill(reader)
@@ -221,10 +222,10 @@ def test_restore_skips_and_restores_as_the_model_says(
         seen: list[RestoreProgress] = []
         try:
             with (
-                mock.patch.object(persistence.recovery, "RESTORE_BATCH_SESSIONS", batch_sessions),
-                mock.patch.object(persistence.recovery, "RESTORE_BATCH_BYTES", batch_bytes),
+                mock.patch.object(batches_module, "RESTORE_BATCH_SESSIONS", batch_sessions),
+                mock.patch.object(batches_module, "RESTORE_BATCH_BYTES", batch_bytes),
                 mock.patch.object(today.executor, "execute", counting),
-                mock.patch.object(persistence.recovery._BatchReader, "fill", bounded_fill),
+                mock.patch.object(batches_module.BatchReader, "fill", bounded_fill),
             ):
                 report = today.recover(force=True, progress=seen.append)
             assert report.outcome == "restored", report.message

@@ -236,14 +236,14 @@ def test_generation_removed_between_verification_and_restore_goes_to_the_next(
     populate(store, 2, turns=2, start=10)
     newest = store.flush()
     store.client.flushall()
-    real = persistence.recovery.iter_generation_sized
+    real = persistence.restorebatch.iter_generation_sized
 
     def remove_first(verified: Any) -> Any:
         if verified.file.generation == newest.generation:
             os.unlink(verified.file.path)  # retention in another process, an operator
         return real(verified)
 
-    monkeypatch.setattr(persistence.recovery, "iter_generation_sized", remove_first)
+    monkeypatch.setattr(persistence.restorebatch, "iter_generation_sized", remove_first)
     again = ConversationStore.from_config(config, summarizer=None)  # must not raise
     report = again.last_recovery
     assert report is not None and report.outcome == "restored"

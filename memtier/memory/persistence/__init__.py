@@ -6,6 +6,8 @@ One module per concern:
   snapshot generation, bounded pages);
 * :mod:`~memtier.memory.persistence.recovery` -- the recovery plan (the newest valid
   generation back into an empty namespace, create-only);
+* :mod:`~memtier.memory.persistence.restorebatch` -- its pass 2's reading side (the
+  generation's sessions as batches of ``restore_session`` calls);
 * :mod:`~memtier.memory.persistence.gate` -- the restore gate that elects one restorer;
 * :mod:`~memtier.memory.persistence.losswatch` -- data loss under running processes
   (:class:`LossWatch`, :func:`loss_check_plan`);
@@ -26,12 +28,8 @@ from memtier.memory.persistence.losswatch import (
     LossWatch,
     loss_check_plan,
 )
-from memtier.memory.persistence.recovery import (
-    RecoveryReport,
-    RestoreProgress,
-    recover_plan,
-    restore_session_call,
-)
+from memtier.memory.persistence.recovery import RecoveryReport, RestoreProgress, recover_plan
+from memtier.memory.persistence.restorebatch import restore_session_call
 from memtier.memory.persistence.shared import emit_event_call, snapshot_dir_for
 
 __all__ = [
