@@ -32,9 +32,10 @@ Faults keep redis-py's meaning, and memtier's retry layer stays the one that ret
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
@@ -207,6 +208,25 @@ class AsyncClusterLean(SlotCache):
             # The connection is dropped already; the node may be gone (as redis-py does).
             self._failed(node, exc)
             raise
+
+    @contextlib.contextmanager
+    def queue_only(self, keys: Sequence[Any]) -> Iterator[None]:
+        """:meth:`AutoPipeline.queue_only` on the pipeline of each primary that owns one of
+        ``keys``' slots: calls made inside queue in their node's batch, in their order (a
+        ``ScriptBatch`` goes out as one write per node).  A slot no node covers is left to
+        its call, which raises as :meth:`execute` does."""
+        with contextlib.ExitStack() as stack:
+            entered: set[str] = set()
+            for key in keys:
+                try:
+                    node = self.client.nodes_manager.get_node_from_slot(self.slot(key))
+                except SlotNotCoveredError:
+                    continue
+                pipeline = None if node is None else self.pipeline_for(node)
+                if pipeline is not None and node.name not in entered:
+                    entered.add(node.name)
+                    stack.enter_context(pipeline.queue_only())
+            yield
 
     def pipeline_for(self, node: Any) -> AutoPipeline | None:
         """``node``'s auto-pipeline (None with auto-pipelining off); a node object the

@@ -585,24 +585,56 @@ class LeanPool:
         in order; an error reply is its exception instance in the list (every reply is
         read, so the connection stays in step).  ``during`` (if given) runs after the
         write, before the first read."""
+        conn = self.send_pipeline(commands)
+        if during is not None:
+            try:
+                during()
+            except BaseException:
+                self.drop(conn)
+                raise
+        return self.read_pipeline(conn, len(commands))
+
+    def send_pipeline(self, commands: tuple[tuple[Any, ...], ...]) -> Any:
+        """The first half of :meth:`pipeline`: take a connection and write ``commands`` on
+        it in one write.  The connection is the caller's until it hands it to
+        :meth:`read_pipeline` or :meth:`drop` (a Redis Cluster batch writes to every
+        node before it reads any: :meth:`memtier.leancluster.ClusterLean.pipeline`)."""
         conn = self._get()
         try:
             packed = self._pack_all(conn, commands)
-            try:
-                conn.send_packed_command(packed)
-                if during is not None:
-                    during()
-                read = reply_reader(conn)
-                replies: list[Any] = []
-                for _ in commands:
-                    try:
-                        replies.append(read())
-                    except ResponseError as exc:
-                        replies.append(exc)
-                return replies
-            except BaseException:
-                conn.disconnect()
-                raise
+        except BaseException:
+            self._release(conn)  # nothing written: the connection is in step
+            raise
+        try:
+            conn.send_packed_command(packed)
+        except BaseException:
+            self.drop(conn)
+            raise
+        return conn
+
+    def read_pipeline(self, conn: Any, count: int) -> list[Any]:
+        """The second half of :meth:`pipeline`: read ``count`` replies from ``conn`` (an
+        error reply as its exception instance), then give the connection back (dropped
+        if a read failed: a reply may be left unread)."""
+        try:
+            read = reply_reader(conn)
+            replies: list[Any] = []
+            for _ in range(count):
+                try:
+                    replies.append(read())
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            self._release(conn)
+
+    def drop(self, conn: Any) -> None:
+        """Disconnect ``conn`` (its replies are not to be read) and give it back."""
+        try:
+            conn.disconnect()
         finally:
             self._release(conn)
 

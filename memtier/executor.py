@@ -13,6 +13,7 @@ each script reply is handed to the ``on_script`` hooks (metrics, progress).  A
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -317,8 +318,9 @@ class SyncExecutor:
         return reply
 
     def _script_batch(self, batch: ScriptBatch, operation: str | None) -> list[Any]:
-        """One pipeline on a plain standalone client (where the lean path applies), else
-        the calls one by one; the hooks see every call's reply either way."""
+        """One pipeline on a plain client where the lean path applies (standalone: one
+        write; Redis Cluster: one write per primary), else the calls one by one; the hooks
+        see every call's reply either way."""
         attempt = self._lean_batch_attempt(batch, None)
         if attempt is None:
             return [self.execute(call, operation) for call in batch.calls]
@@ -328,15 +330,16 @@ class SyncExecutor:
     def _lean_batch_attempt(
         self, batch: ScriptBatch, during: _OverlapWork | None
     ) -> Callable[[], list[Any]] | None:
-        """``attempt`` for a batch of two or more calls on a plain standalone client (one
-        pipeline; ``during`` between its write and its read), else None."""
+        """``attempt`` for a batch of two or more calls on a plain client's lean path (one
+        pipeline, on a Redis Cluster one per primary; ``during`` between the writes and
+        the reads), else None."""
         calls = batch.calls
         client = self.client
         lean = self._lean_for(client)
         if (
             len(calls) < 2
-            or not isinstance(lean, LeanPool)  # standalone only
-            or any(c.durable is not None for c in calls)
+            or lean is None
+            or any(c.durable is not None or not c.keys for c in calls)
             or not all(isinstance(self.scripts[c.script], LuaScript) for c in calls)
         ):
             return None
@@ -573,18 +576,28 @@ class AsyncExecutor:
         return attempt
 
     async def _script_batch(self, batch: ScriptBatch, operation: str | None) -> list[Any]:
-        """On an auto-pipelined standalone client every call at once, so they join the
-        loop tick's batch in their order and share its round trip; else one by one.
-        Each call keeps its own retries; every one has ended before an error (the first
-        in call order) is raised, so nothing of the batch is left in flight."""
+        """On an auto-pipelined client every call at once, so they join the loop tick's
+        batch in their order and share its round trip (on a Redis Cluster, each node's
+        batch); else one by one.  Each call keeps its own retries; every one has ended
+        before an error (the first in call order) is raised, so nothing of the batch is
+        left in flight."""
         calls = batch.calls
-        pipeline = self.pipeline_for(self.client)
+        client = self.client
         # (a durable call waits for replicas on its own connection: not pipelined)
-        if len(calls) < 2 or pipeline is None or any(c.durable is not None for c in calls):
+        if len(calls) < 2 or any(c.durable is not None for c in calls):
             return [await self.execute(call, operation) for call in calls]
+        pipeline = self.pipeline_for(client)
+        queued: contextlib.AbstractContextManager[None]
+        if pipeline is not None:
+            queued = pipeline.queue_only()
+        else:
+            cluster = self.lean_cluster_for(client)
+            if cluster is None or not cluster.pipelined or not all(c.keys for c in calls):
+                return [await self.execute(call, operation) for call in calls]
+            queued = cluster.queue_only([call.keys[0] for call in calls])
         tasks = [asyncio.ensure_future(self.execute(call, operation)) for call in calls]
         try:
-            with pipeline.queue_only():
+            with queued:
                 await asyncio.sleep(0)  # one iteration: each call queues, in order
         finally:  # cancelled or not, every call has ended before this returns or raises
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)

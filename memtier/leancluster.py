@@ -5,7 +5,9 @@ from its first key: :meth:`ClusterLean.slot` computes it once per key (a bounded
 cache).  Each attempt reads the slot's primary from the cluster client's own slot map
 (redis-py's ``NodesManager``: the map it keeps current, under its lock) and sends the
 pre-packed command on that node's connection pool with :class:`LeanPool` (hiredis
-parsing, the same connection hygiene as the standalone lean path).
+parsing, the same connection hygiene as the standalone lean path).  A script batch (the
+restore's) goes out as one pipeline per primary: every node written, then every node
+read (:meth:`ClusterLean.pipeline`), not one round trip per call.
 
 Faults keep redis-py's meaning, and memtier's retry layer stays the one that retries:
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.cluster import RedisCluster
@@ -116,31 +118,86 @@ class ClusterLean(SlotCache):
         """:meth:`LeanPool.transaction` on ``slot``'s primary (every key on that slot)."""
         return self._on_primary(slot, lambda lean: lean.transaction(commands, count, packed))
 
-    def _on_primary(self, slot: int, send: Callable[[LeanPool], Any]) -> Any:
-        client = self.client
-        manager = client.nodes_manager
+    def pipeline(
+        self,
+        slots: Sequence[int],
+        commands: tuple[tuple[Any, ...], ...],
+        during: DuringWork | None = None,
+    ) -> list[Any]:
+        """Send ``commands`` (``slots[i]`` the slot of ``commands[i]``'s keys), not as a
+        transaction: one write to each primary of their calls in their order, ``during``
+        (if given) once every node is written, then every node's replies read.  The
+        replies come in ``commands``' order, an error reply as its exception instance --
+        a ``MOVED`` / ``ASK`` too: that call ran nothing, the caller re-sends it.  Calls
+        on different nodes touch different slots, so only each node's own order is
+        kept.  A fault raises as :meth:`execute`'s does, after every written connection
+        was read or dropped (none goes back with a reply unread)."""
+        self._run_due_refresh()
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for at, slot in enumerate(slots):
+            node = self._primary(slot)
+            by_node.setdefault(node.name, (node, []))[1].append(at)
+        written: list[tuple[Any, LeanPool, Any, list[int]]] = []
+        replies: list[Any] = [None] * len(commands)
+        talking_to: Any = None  # the node being written or read: a connection error's
+        try:
+            for node, ats in by_node.values():
+                talking_to = node
+                lean = LeanPool(self.client.get_redis_connection(node).connection_pool)
+                conn = lean.send_pipeline(tuple(commands[at] for at in ats))
+                written.append((node, lean, conn, ats))
+            talking_to = None
+            if during is not None:
+                during()
+            while written:
+                talking_to, lean, conn, ats = written.pop(0)  # read_pipeline gives it back
+                for at, reply in zip(ats, lean.read_pipeline(conn, len(ats)), strict=True):
+                    replies[at] = reply
+        except BaseException as exc:
+            for _, lean, conn, _ in written:
+                lean.drop(conn)
+            if isinstance(exc, RedisConnectionError | RedisTimeoutError) and talking_to is not None:
+                # The connection is already dropped (LeanPool); the node may be gone.
+                self._node_failed(talking_to.name)
+            raise
+        if any(isinstance(reply, ClusterDownError) for reply in replies):
+            self._refresh(None)
+        return replies
+
+    def _run_due_refresh(self) -> None:
+        manager = self.client.nodes_manager
         if self._paced and manager._refresh_requested:
             # A refresh an error asked for (on this path or redis-py's), run once due: as
             # redis-py's command loop does before every attempt (the flag read inline).
-            manager._run_requested_refresh(getattr(client, "retry", None))
+            manager._run_requested_refresh(getattr(self.client, "retry", None))
+
+    def _primary(self, slot: int) -> Any:
         try:
-            node = manager.get_node_from_slot(slot)
+            return self.client.nodes_manager.get_node_from_slot(slot)
         except SlotNotCoveredError:
             self._refresh(None)  # redis-py re-reads the map for this too
             raise
-        pool = client.get_redis_connection(node).connection_pool
+
+    def _on_primary(self, slot: int, send: Callable[[LeanPool], Any]) -> Any:
+        self._run_due_refresh()
+        node = self._primary(slot)
+        pool = self.client.get_redis_connection(node).connection_pool
         try:
             return send(LeanPool(pool))
         except (RedisConnectionError, RedisTimeoutError):
-            # The connection is already dropped (LeanPool); the node may be gone.
-            if self._paced:
-                self._request_refresh(node.name)
-            else:
-                self._refresh(node.name)
+            self._node_failed(node.name)  # (the connection is dropped already: LeanPool)
             raise
         except ClusterDownError:
             self._refresh(None)
             raise
+
+    def _node_failed(self, name: str) -> None:
+        """After a connection error on node ``name``: a paced refresh asked for (redis-py
+        >= 8.2), else the map re-read at once."""
+        if self._paced:
+            self._request_refresh(name)
+        else:
+            self._refresh(name)
 
     def _request_refresh(self, failed_node: str) -> None:
         """Ask for a paced refresh after a connection error on ``failed_node`` (redis-py

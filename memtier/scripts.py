@@ -352,7 +352,8 @@ class LuaScript:
         """:meth:`call_async` on an asyncio Redis Cluster client's lean path: the EVALSHA
         packed once into ``packed`` and written to ``slot``'s primary by ``lean``
         (:func:`memtier.aioleancluster.lean_cluster_async`).  NOSCRIPT loads the script on
-        every primary and re-sends the same bytes.  A ``MOVED`` / ``ASK`` reply means that
+        every primary (under one of the guard's slots: :meth:`AsyncClusterLean.generic`)
+        and re-sends the same bytes.  A ``MOVED`` / ``ASK`` reply means that
         node ran nothing: the call goes once through redis-py's generic cluster path,
         which follows the redirect and patches the slot map the next lean call reads."""
         self._pack_wire(packed, wire, lean.pack.packs_alike, keys, args)
@@ -366,7 +367,12 @@ class LuaScript:
                 lean.redirects += 1
                 return await lean.generic(lambda: client.evalsha(*self._args(self.sha, keys, args)))
 
-        return await self._call_async(send, lambda: client.script_load(self.source))
+        # The load under a guard slot too: the calls of one batch meet NOSCRIPT together,
+        # and each load takes a connection on every primary (redis-py's cluster nodes
+        # raise, never wait, past max_connections).
+        return await self._call_async(
+            send, lambda: lean.generic(lambda: client.script_load(self.source))
+        )
 
     async def call_async(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run on an asyncio redis-py client (standalone or cluster)."""
@@ -867,31 +873,43 @@ def _parse_folder(root: Path, folder: str) -> ScriptRegistry:
 
 
 def run_script_batch(
-    lean: LeanPool,
+    lean: LeanPool | ClusterLean,
     client: Any,
     items: Sequence[tuple[LuaScript, Sequence[str], Sequence[Any]]],
     during: DuringWork | None = None,
 ) -> list[Any]:
-    """Run several scripts in one non-transactional pipeline on a standalone sync client
-    (:class:`~memtier.engine.ScriptBatch`), packed and sent on its
-    :class:`~memtier.connection.LeanPool` ``lean``: their replies, in order.
+    """Run several scripts in one non-transactional pipeline on a sync client
+    (:class:`~memtier.engine.ScriptBatch`), packed and sent by its lean path ``lean``: on
+    a standalone server one write on one connection (:class:`~memtier.connection.LeanPool`),
+    on a Redis Cluster one write to each primary (:meth:`ClusterLean.pipeline`).  Their
+    replies, in order.
 
-    A call the server answers NOSCRIPT is re-sent alone through :meth:`LuaScript.__call__`
-    on ``client`` (which loads it), in its place in the batch's order (the calls after it
-    already ran).  Errors as :meth:`LuaScript.__call__` (the first failed call raises);
-    each script's duration metric gets its share of the round trip (less ``during``'s
-    time: it runs between the write and the first read, as in :meth:`LeanPool.pipeline`).
+    A call the server answers NOSCRIPT, ``MOVED`` or ``ASK`` is re-sent alone through
+    :meth:`LuaScript.__call__` on ``client`` (which loads the script, or follows the
+    redirect and patches the slot map), in its place in the batch's order (the calls
+    after it already ran).  Errors as :meth:`LuaScript.__call__` (the first failed call
+    raises); each script's duration metric gets its share of the round trip (less
+    ``during``'s time: it runs between the write and the first read, as in
+    :meth:`LeanPool.pipeline`).
     """
     started = time.perf_counter()
-    replies = lean.pipeline(
-        tuple(("EVALSHA", *script._args(script.sha, keys, args)) for script, keys, args in items),
-        during,
+    commands = tuple(
+        ("EVALSHA", *script._args(script.sha, keys, args)) for script, keys, args in items
     )
+    if isinstance(lean, ClusterLean):  # (every memtier script has keys, all on one slot)
+        slots = [lean.slot(keys[0]) for _, keys, _ in items]
+        replies = lean.pipeline(slots, commands, during)
+    else:
+        replies = lean.pipeline(commands, during)
     elapsed = time.perf_counter() - started - (during.seconds if during is not None else 0.0)
     share = max(0.0, elapsed) / max(1, len(items))
+    on_cluster = isinstance(lean, ClusterLean)
     out: list[Any] = []
     for (script, keys, args), reply in zip(items, replies, strict=True):
-        if isinstance(reply, NoScriptError):
+        moved = on_cluster and _is_moved(reply)
+        if moved or isinstance(reply, NoScriptError):
+            if moved:
+                lean.redirects += 1  # type: ignore[union-attr]
             reply = script(client, keys, args)
         else:
             script._duration.observe(share)
