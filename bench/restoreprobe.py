@@ -1,8 +1,8 @@
 """A full restore of one generation, with and without reading ahead.
 
-``python -m bench.restoreprobe [--rounds K] [--ops SESSIONS] [--out FILE|DIR] [--quick]``
+``python -m bench.restoreprobe [--cluster] [--rounds K] [--ops N] [--out FILE|DIR] [--quick]``
 
-On a private ``redis-server`` (free loopback port, temp dir, stopped by pid), ``SESSIONS``
+On a private ``redis-server`` (free loopback port, temp dir, stopped by pid), ``N``
 sessions of 2 turns of 300 B (as ``bench.run``'s workers section), one flush, then per
 round one restore per mode, in an order that rotates each round: the namespace's keys
 deleted, then ``ConversationStore.recover(force=True)`` (both passes, every
@@ -18,16 +18,32 @@ the last one is restored):
 * ``sequential``: the next batch is read, then the batch is sent: what the restore did
   before the twenty-seventh round (one batch at a time, the client waiting on Redis).
 
+With ``--cluster`` (file ``restoreprobe-cluster.json``) the same on a private 3-primary
+Redis Cluster (no replicas; every node stopped by pid), in four modes: how a batch of
+``restore_session`` calls goes out there,
+
+* ``pipelined``: what the sync executor does: one pipeline per primary, every node
+  written, then every node read (``ClusterLean.pipeline``);
+* ``call_by_call``: what it did before the twenty-eighth round: one round trip per call;
+* ``async_queued``: an asyncio store: the batch's calls queued at once in each node's
+  auto-pipeline (``AsyncClusterLean.queue_only``);
+* ``async_one_by_one``: the asyncio store before: one call after the other.
+
+Redis CPU is the sum over the primaries.
+
 Why: docs/performance.md, "The restore reads its next batch while Redis restores the
-last one".
+last one" and "A restore on Redis Cluster: one pipeline per primary".
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +58,16 @@ from bench.probe import (
 from bench.server import BenchRedis
 from bench.workerbench import delete_namespace, populate_sessions
 from bench.workloads import bench_config
-from memtier import ConversationStore
-from memtier.engine import Overlap
-from memtier.executor import SyncExecutor
+from memtier import AsyncConversationStore, ConversationStore
+from memtier.engine import Overlap, ScriptBatch
+from memtier.executor import AsyncExecutor, SyncExecutor
+from memtier.leancluster import ClusterLean
 from memtier.memory.persistence.shared import snapshot_dir_for
 
 __all__ = ["main"]
 
 TURNS = 2
-Mode = Callable[[SyncExecutor, Overlap, "str | None"], Any]
+NAMESPACE = "restoreprobe"
 
 
 def _sequential(self: SyncExecutor, overlap: Overlap, operation: str | None) -> Any:
@@ -58,55 +75,145 @@ def _sequential(self: SyncExecutor, overlap: Overlap, operation: str | None) -> 
     return self.execute(overlap.request, operation)
 
 
-MODES: dict[str, Mode] = {"read_ahead": SyncExecutor._overlap, "sequential": _sequential}
+def _call_by_call(self: SyncExecutor, batch: ScriptBatch, during: Any) -> Any:
+    if isinstance(self._lean_for(self.client), ClusterLean):
+        return None  # no pipeline on a cluster: the batch goes call by call
+    return _LEAN_BATCH(self, batch, during)
+
+
+async def _one_by_one(self: AsyncExecutor, batch: ScriptBatch, operation: str | None) -> Any:
+    return [await self.execute(call, operation) for call in batch.calls]
+
+
+_LEAN_BATCH = SyncExecutor._lean_batch_attempt
+# mode -> (asyncio store?, the executor method it replaces and with what, or None)
+Patch = tuple[type, str, Callable[..., Any]] | None
+MODES: dict[str, tuple[bool, Patch]] = {
+    "read_ahead": (False, None),
+    "sequential": (False, (SyncExecutor, "_overlap", _sequential)),
+}
+CLUSTER_MODES: dict[str, tuple[bool, Patch]] = {
+    "pipelined": (False, None),
+    "call_by_call": (False, (SyncExecutor, "_lean_batch_attempt", _call_by_call)),
+    "async_queued": (True, None),
+    "async_one_by_one": (True, (AsyncExecutor, "_script_batch", _one_by_one)),
+}
+
+
+@contextlib.contextmanager
+def _patched(patch: Patch) -> Iterator[None]:
+    if patch is None:
+        yield
+        return
+    owner, name, replacement = patch
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def _server(cluster: bool) -> Iterator[tuple[Any, list[Any], dict[str, Any]]]:
+    """(a sync client, the primaries' own clients for INFO, pid meta): a private
+    standalone server, or a 3-primary cluster without replicas; stopped by pid."""
+    if not cluster:
+        with BenchRedis() as server:
+            plain = server.client()
+            yield plain, [plain], {"server_pid": server.pid()}
+        return
+    from redis.cluster import RedisCluster
+
+    from bench.clusterlean import BenchCluster
+    from tests.servers import HOST
+
+    nodes = BenchCluster()
+    nodes.start()
+    try:
+        client: Any = RedisCluster(host=HOST, port=nodes.port)
+        primaries = [client.get_redis_connection(n) for n in client.get_primaries()]
+        pids = nodes.pids
+        url = f"redis://{HOST}:{nodes.port}"
+        yield client, primaries, {"server_pid": pids[0], "server_pids": pids, "url": url}
+        client.close()
+    finally:
+        nodes.stop()
+
+
+def _restore(store: ConversationStore, config: Any, url: str | None) -> Any:
+    """A full restore by ``store`` (``url``: by an asyncio store on a plain asyncio client
+    of that cluster instead)."""
+    if url is None:
+        return store.recover(force=True)
+
+    async def restore() -> Any:
+        from redis.asyncio.cluster import RedisCluster
+
+        astore = AsyncConversationStore(
+            RedisCluster.from_url(url), config, snapshots=snapshot_dir_for(config)
+        )
+        try:
+            return await astore.recover(force=True)
+        finally:
+            await astore.aclose()
+
+    return asyncio.run(restore())
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.restoreprobe")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--ops", type=int, default=10_000, help="sessions in the generation")
-    args = parse_round_args(p, argv, "restoreprobe")
+    p.add_argument("--cluster", action="store_true", help="a 3-primary Redis Cluster")
+    cluster = "--cluster" in (sys.argv[1:] if argv is None else argv)
+    args = parse_round_args(p, argv, "restoreprobe-cluster" if cluster else "restoreprobe")
     exit_on_sigterm()
+    modes = CLUSTER_MODES if cluster else MODES
 
     series: dict[str, dict[str, list[float]]] = {
         what: {} for what in ("mib_per_s", "wall_s", "cpu_s", "redis_cpu_s")
     }
-    original = SyncExecutor._overlap
+
+    def redis_cpu(primaries: list[Any]) -> float:
+        return sum(redis_cpu_seconds(node) for node in primaries)
+
     with (
-        BenchRedis() as server,
+        _server(cluster) as (client, primaries, pid_meta),
         tempfile.TemporaryDirectory(prefix="memtier-restoreprobe-") as storage,
     ):
-        client = server.client()
-        meta = machine_meta(client) | {"server_pid": server.pid()}
-        namespace = "restoreprobe"
-        config = bench_config(namespace, persistence_enabled=True, storage_path=storage)
+        meta = machine_meta(primaries[0]) | pid_meta
+        url = pid_meta.get("url")
+        config = bench_config(NAMESPACE, persistence_enabled=True, storage_path=storage)
         store = ConversationStore(client, config, snapshots=snapshot_dir_for(config))
         try:
             populate_sessions(store, args.ops, turns=TURNS, text_bytes=300)
             flushed = store.flush()
-            modes = list(MODES)
+            names = list(modes)
             for rnd in range(args.rounds):
-                shift = rnd % len(modes)
-                for mode in modes[shift:] + modes[:shift]:
-                    delete_namespace(store, namespace)
-                    SyncExecutor._overlap = MODES[mode]  # type: ignore[method-assign,assignment]
-                    s0, c0, w0 = redis_cpu_seconds(client), time.process_time(), time.perf_counter()
-                    report = store.recover(force=True)
-                    seconds = time.perf_counter() - w0
-                    cpu = time.process_time() - c0
-                    SyncExecutor._overlap = original  # type: ignore[method-assign]
+                shift = rnd % len(names)
+                for mode in names[shift:] + names[:shift]:
+                    use_asyncio, patch = modes[mode]
+                    for node in primaries:
+                        delete_namespace(_On(node), NAMESPACE)
+                    with _patched(patch):
+                        s0 = redis_cpu(primaries)
+                        c0, w0 = time.process_time(), time.perf_counter()
+                        report = _restore(store, config, url if use_asyncio else None)
+                        seconds = time.perf_counter() - w0
+                        cpu = time.process_time() - c0
                     if report.outcome != "restored" or report.restored != args.ops:
                         raise RuntimeError(f"{mode}: {report.outcome}, {report.restored} restored")
                     for what, value in (
                         ("mib_per_s", flushed.bytes / 2**20 / seconds),
                         ("wall_s", seconds),
                         ("cpu_s", cpu),
-                        ("redis_cpu_s", redis_cpu_seconds(client) - s0),
+                        ("redis_cpu_s", redis_cpu(primaries) - s0),
                     ):
                         series[what].setdefault(mode, []).append(value)
         finally:
-            SyncExecutor._overlap = original  # type: ignore[method-assign]
-            delete_namespace(store, namespace)
+            for node in primaries:
+                delete_namespace(_On(node), NAMESPACE)
             store.close()
 
     result_json: dict[str, Any] = {
@@ -121,15 +228,23 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": series,
     }
     write_json(args.out, result_json)
-    print(f"restore of {args.ops} sessions x {TURNS} turns, median [min-max] of {args.rounds}:")
-    for mode in MODES:
+    where = "a 3-primary cluster" if cluster else "one server"
+    print(f"restore of {args.ops} sessions x {TURNS} turns on {where}, median [min-max]:")
+    for mode in modes:
         r, c, s = (spread(series[w][mode]) for w in ("mib_per_s", "cpu_s", "redis_cpu_s"))
         print(
-            f"  {mode:11s} {r['median']:6.2f} MiB/s [{r['min']:.2f}-{r['max']:.2f}]"
+            f"  {mode:16s} {r['median']:6.2f} MiB/s [{r['min']:.2f}-{r['max']:.2f}]"
             f"  client CPU {c['median']:.2f} s  Redis CPU {s['median']:.2f} s"
         )
     print(f"wrote {args.out}")
     return 0
+
+
+class _On:
+    """What ``delete_namespace`` needs of a store: its ``client`` (here one node's)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
 
 
 if __name__ == "__main__":

@@ -535,3 +535,15 @@ def test_restoreprobe_quick(tmp_path: Path) -> None:
         # (the server's CPU of 30 small restores may round to 0 in its tick accounting)
         assert all(v[0] >= 0 if what == "redis_cpu_s" else v[0] > 0 for v in by_mode.values())
     assert data["generation_bytes"] > 0
+
+
+@pytest.mark.cluster
+def test_restoreprobe_cluster_quick(tmp_path: Path) -> None:
+    data = _run("bench.restoreprobe", tmp_path, "--cluster", name="restoreprobe-cluster")
+    modes = {"pipelined", "call_by_call", "async_queued", "async_one_by_one"}
+    for what, by_mode in data["rounds"].items():
+        assert set(by_mode) == modes == set(data[what]), what
+        assert all(len(v) == 1 and v[0] >= 0 for v in by_mode.values()), what
+    assert all(v[0] > 0 for v in data["rounds"]["mib_per_s"].values())
+    pids = data["meta"]["server_pids"]
+    assert len(pids) == 3 and not any(_alive(pid) for pid in pids)  # every node stopped
