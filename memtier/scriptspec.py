@@ -174,6 +174,17 @@ class BoundSpec:
             wire=self._wire,
         )
 
+    def call_with_tail(
+        self,
+        keys: tuple[str, ...],
+        argv: tuple[str | int | bytes, ...],
+        tail: Iterable[str | int | bytes],
+    ) -> ScriptCall:
+        """:meth:`call`, then a counted tail after the declared ARGV (as
+        :meth:`ScriptSpec.call_with_tail`; the wire plan packs it as one more free run)."""
+        call = self.call(keys, argv)
+        return ScriptCall(call.script, call.keys, (*call.args, *tail), wire=call.wire)
+
 
 def _picker(
     order: tuple[str, ...], fixed: Iterable[str], free: tuple[str, ...]

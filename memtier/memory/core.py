@@ -188,6 +188,10 @@ class MemoryCore:
     def partition_for(self, key: ConversationKey) -> PartitionKeys:
         return self._route(key.member)[0]
 
+    def route(self, member: str) -> tuple[PartitionKeys, SessionKeys]:
+        """``member``'s partition keys and session keys (remembered, bounded)."""
+        return self._route(member)
+
     def _route_uncached(self, member: str) -> tuple[PartitionKeys, SessionKeys]:
         part = self.keyspace.partition(self.keyspace.partition_of(member))
         return part, part.session(member)

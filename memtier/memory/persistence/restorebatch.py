@@ -15,8 +15,9 @@ from typing import Final
 
 from memtier import limits
 from memtier.engine import ScriptCall
+from memtier.keys import PartitionKeys
 from memtier.memory.core import MemoryCore, new_session_id
-from memtier.memory.models import Channel, ConversationKey
+from memtier.memory.models import Channel
 from memtier.memory.scriptspecs import RESTORE_SESSION
 from memtier.memory.snapshot.fileformat import SnapshotValidationError
 from memtier.memory.snapshot.validation import (
@@ -25,6 +26,7 @@ from memtier.memory.snapshot.validation import (
     fit_session,
     iter_generation_sized,
 )
+from memtier.scriptspec import BoundSpec
 
 __all__ = [
     "RESTORE_BATCH_BYTES",
@@ -32,6 +34,7 @@ __all__ = [
     "RESTORE_BATCH_SESSIONS",
     "BatchReader",
     "Restore",
+    "RestoreCalls",
     "restore_session_call",
 ]
 
@@ -47,6 +50,107 @@ RESTORE_BATCH_BYTES: Final = 48 * 1024
 RESTORE_BATCH_RECORDS: Final = 4096
 
 
+# What each restore_session call gives besides its partition's bound inputs, in the
+# order RestoreCalls.call passes them (checked against the spec when bound).
+_RESTORE_FREE: Final = (
+    ("session", "turns", "turn_ids"),
+    (
+        "member",
+        "session_id",
+        "created_ms",
+        "created_wall_ms",
+        "last_ms",
+        "last_wall_ms",
+        "seq",
+        "summary",
+        "summary_version",
+        "age_ms",
+        "read_wall_ms",
+        "clock_override",
+        "detail",
+        "n_records",
+    ),
+)
+
+
+class RestoreCalls:
+    """The ``restore_session`` calls of one restore.  The inputs every session of one
+    partition and channel sends alike -- its partition's keys, TTL, bounds and the
+    generation's flush time -- are bound once (a :class:`~memtier.scriptspec.BoundSpec`
+    per partition and channel, at most two per partition); each session gives the rest
+    by position, with no mapping built and no names checked per call.  About a fifth of
+    pass 2's reading work per session was building the call from names (bench note in
+    docs/performance.md, "The restore's calls bound per partition")."""
+
+    __slots__ = ("_bounds", "core", "flush_wall_ms")
+
+    def __init__(self, core: MemoryCore, flush_wall_ms: int = 0) -> None:
+        self.core = core
+        self.flush_wall_ms = flush_wall_ms
+        self._bounds: dict[tuple[int, str], BoundSpec] = {}
+
+    def call(
+        self, session: ValidatedSession, detail: str, session_id: str | None = None
+    ) -> ScriptCall:
+        """``session``'s call; ``session_id``: the id the restored session gets
+        (recovery passes a new one), else the one it had."""
+        member = session.member
+        part, sk = self.core.route(member)
+        channel = session.channel
+        bound = self._bounds.get((part.partition, channel))
+        if bound is None:
+            bound = self._bounds[(part.partition, channel)] = self._bind(part, channel)
+        tail: list[str | int | bytes] = [r.encode() for r in session.records]
+        for turn_id, receipt in session.receipts:
+            tail += (turn_id, receipt)
+        return bound.call_with_tail(
+            (sk.session, sk.turns, sk.turn_ids),
+            (
+                member,
+                session_id or session.session_id,
+                session.created_ms,
+                session.created_wall_ms,
+                session.last_ms,
+                session.last_wall_ms,
+                session.seq,
+                session.summary or "",
+                session.summary_version,
+                session.age_ms,
+                session.read_wall_ms,
+                self.core.clock_arg(),
+                detail,
+                len(session.records),
+            ),
+            tail,
+        )
+
+    def _bind(self, part: PartitionKeys, channel_name: str) -> BoundSpec:
+        core = self.core
+        channel = Channel(channel_name)
+        other = Channel.IM if channel is Channel.PUBLIC else Channel.PUBLIC
+        keys = {
+            "lru": part.lru(channel.value),
+            "other_lru": part.lru(other.value),
+            "index": part.index,
+            "meta": part.meta,
+            "events": part.events,
+        }
+        argv: dict[str, str | int | bytes] = {
+            "flush_wall_ms": self.flush_wall_ms,
+            "ttl_ms": core.ttl_ms(channel),
+            "grace_ms": limits.EXPIRY_GRACE_MS,
+            "max_sessions": core.max_sessions_per_partition,
+            "max_aggregate": core.max_bytes_per_partition,
+            "max_session_bytes": core.conv.max_session_bytes,
+            "max_turns": core.conv.max_turns_per_session,
+            "max_events": core.conv.max_events,
+        }
+        bound = RESTORE_SESSION.bind(keys, argv)
+        if bound.names != _RESTORE_FREE:  # a spec change must update call's order
+            raise AssertionError(f"restore_session's free inputs are {bound.names}")
+        return bound
+
+
 def restore_session_call(
     core: MemoryCore,
     session: ValidatedSession,
@@ -55,51 +159,9 @@ def restore_session_call(
     session_id: str | None = None,
     flush_wall_ms: int = 0,
 ) -> ScriptCall:
-    """``session_id``: the id the restored session gets (recovery passes a new one);
-    ``flush_wall_ms``: the generation header's (recovery passes it)."""
-    key = ConversationKey.from_member(session.member)
-    part = core.partition_for(key)
-    sk = part.session(session.member)
-    other = Channel.IM if key.channel is Channel.PUBLIC else Channel.PUBLIC
-    receipts: list[str] = []
-    for turn_id, receipt in session.receipts:
-        receipts += (turn_id, receipt)
-    keys = {
-        "session": sk.session,
-        "turns": sk.turns,
-        "turn_ids": sk.turn_ids,
-        "lru": part.lru(key.channel.value),
-        "other_lru": part.lru(other.value),
-        "index": part.index,
-        "meta": part.meta,
-        "events": part.events,
-    }
-    return RESTORE_SESSION.call_with_tail(
-        keys,
-        (*(r.encode() for r in session.records), *receipts),
-        member=session.member,
-        session_id=session_id or session.session_id,
-        created_ms=session.created_ms,
-        created_wall_ms=session.created_wall_ms,
-        last_ms=session.last_ms,
-        last_wall_ms=session.last_wall_ms,
-        seq=session.seq,
-        summary=session.summary or "",
-        summary_version=session.summary_version,
-        age_ms=session.age_ms,
-        read_wall_ms=session.read_wall_ms,
-        flush_wall_ms=flush_wall_ms,
-        ttl_ms=core.ttl_ms(key.channel),
-        grace_ms=limits.EXPIRY_GRACE_MS,
-        max_sessions=core.max_sessions_per_partition,
-        max_aggregate=core.max_bytes_per_partition,
-        max_session_bytes=core.conv.max_session_bytes,
-        max_turns=core.conv.max_turns_per_session,
-        max_events=core.conv.max_events,
-        clock_override=core.clock_arg(),
-        detail=detail,
-        n_records=len(session.records),
-    )
+    """One session's call (:class:`RestoreCalls`, for a single call); ``session_id``:
+    the id the restored session gets; ``flush_wall_ms``: the generation header's."""
+    return RestoreCalls(core, flush_wall_ms).call(session, detail, session_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +189,7 @@ class BatchReader:
     def __init__(self, core: MemoryCore, verified: VerifiedGeneration, detail: str) -> None:
         self.core = core
         self.detail = detail
-        self.flush_wall = int(verified.header["flush_wall_ms"])
+        self.calls = RestoreCalls(core, int(verified.header["flush_wall_ms"]))
         self.sessions = iter_generation_sized(verified)
         self.carried: Restore | None = None  # read, but past the last batch's bound
         self.skipped: list[tuple[ValidatedSession, str, int]] = []  # (session, why, bytes)
@@ -184,9 +246,7 @@ class BatchReader:
         if fitted.dropped:
             note += f" trimmed={fitted.dropped}"
         kept = fitted.session
-        call = restore_session_call(
-            self.core, kept, note, session_id=new_session_id(), flush_wall_ms=self.flush_wall
-        )
+        call = self.calls.call(kept, note, new_session_id())
         return Restore(call, fitted.dropped, line_bytes, kept.nbytes, len(kept.records))
 
     def read_ahead(self) -> None:
