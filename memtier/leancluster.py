@@ -134,8 +134,11 @@ class ClusterLean(SlotCache):
         was read or dropped (none goes back with a reply unread)."""
         self._run_due_refresh()
         by_node: dict[str, tuple[Any, list[int]]] = {}
+        owners: dict[int, Any] = {}  # slot -> primary, looked up once per batch
         for at, slot in enumerate(slots):
-            node = self._primary(slot)
+            node = owners.get(slot)
+            if node is None:
+                node = owners[slot] = self._primary(slot)
             by_node.setdefault(node.name, (node, []))[1].append(at)
         written: list[tuple[Any, LeanPool, Any, list[int]]] = []
         replies: list[Any] = [None] * len(commands)
