@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                     "server_max_page_ms": res["server_max_page_us"] / 1000,
                     "server_page_p99_ms": res["server_page_p99_us"] / 1000,
                     "server_preempted": res["server_preempted"],
+                    "sessions_flushed": res["sessions"],
+                    "page_calls_alone": res["page_calls"],
                     **sched,
                 }
             )
