@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in names[shift:] + names[:shift]:
                     use_asyncio, patch = modes[mode]
                     for node in primaries:
-                        delete_namespace(_On(node), NAMESPACE)
+                        delete_namespace(node, NAMESPACE)
                     with _patched(patch):
                         s0 = redis_cpu(primaries)
                         c0, w0 = time.process_time(), time.perf_counter()
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                         series[what].setdefault(mode, []).append(value)
         finally:
             for node in primaries:
-                delete_namespace(_On(node), NAMESPACE)
+                delete_namespace(node, NAMESPACE)
             store.close()
 
     result_json: dict[str, Any] = {
@@ -238,13 +238,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"wrote {args.out}")
     return 0
-
-
-class _On:
-    """What ``delete_namespace`` needs of a store: its ``client`` (here one node's)."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
 
 
 if __name__ == "__main__":

@@ -387,7 +387,7 @@ def bench_flush_blocking(
             "blocked_extra_max_s": under["max_s"] - base["max_s"],
         }
     finally:
-        delete_namespace(store, namespace)
+        delete_namespace(store.client, namespace)
         store.close()
         if owned_dir is not None:
             owned_dir.cleanup()
@@ -482,9 +482,9 @@ class _SlowLog:
         }
 
 
-def delete_namespace(store: Any, namespace: str) -> None:
-    """Delete every key of ``namespace`` (SCAN, 500 keys per DEL): a server of our own."""
-    client = store.client
+def delete_namespace(client: Any, namespace: str) -> None:
+    """Delete every key of ``namespace`` on ``client``'s server (SCAN, 500 keys per DEL):
+    a server of our own (on a cluster, call it with each primary's own client)."""
     batch: list[Any] = []
     for key in client.scan_iter(match=f"*{namespace}*", count=1000):
         batch.append(key)
@@ -525,7 +525,7 @@ def bench_flush_restore(
         t0 = time.perf_counter()
         flushed = store.flush()
         flush_s = time.perf_counter() - t0
-        delete_namespace(store, namespace)
+        delete_namespace(store.client, namespace)
         t0 = time.perf_counter()
         report = store.recover(force=True)
         restore_s = time.perf_counter() - t0
@@ -543,7 +543,7 @@ def bench_flush_restore(
             "restore_sessions_per_s": report.restored / restore_s,
         }
     finally:
-        delete_namespace(store, namespace)
+        delete_namespace(store.client, namespace)
         store.close()
         if owned_dir is not None:
             owned_dir.cleanup()
@@ -577,7 +577,7 @@ def bench_compaction(
             "sessions_per_s": stats.outcomes.get("applied", 0) / elapsed,
         }
     finally:
-        delete_namespace(store, namespace)
+        delete_namespace(store.client, namespace)
         store.close()
 
 

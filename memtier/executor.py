@@ -339,7 +339,8 @@ class SyncExecutor:
         if (
             len(calls) < 2
             or lean is None
-            or any(c.durable is not None or not c.keys for c in calls)
+            or any(c.durable is not None for c in calls)
+            or (isinstance(lean, ClusterLean) and not all(c.keys for c in calls))
             or not all(isinstance(self.scripts[c.script], LuaScript) for c in calls)
         ):
             return None

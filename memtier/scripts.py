@@ -896,20 +896,21 @@ def run_script_batch(
     commands = tuple(
         ("EVALSHA", *script._args(script.sha, keys, args)) for script, keys, args in items
     )
+    cluster: ClusterLean | None = None
     if isinstance(lean, ClusterLean):  # (every memtier script has keys, all on one slot)
+        cluster = lean
         slots = [lean.slot(keys[0]) for _, keys, _ in items]
         replies = lean.pipeline(slots, commands, during)
     else:
         replies = lean.pipeline(commands, during)
     elapsed = time.perf_counter() - started - (during.seconds if during is not None else 0.0)
     share = max(0.0, elapsed) / max(1, len(items))
-    on_cluster = isinstance(lean, ClusterLean)
     out: list[Any] = []
     for (script, keys, args), reply in zip(items, replies, strict=True):
-        moved = on_cluster and _is_moved(reply)
+        moved = cluster is not None and _is_moved(reply)
         if moved or isinstance(reply, NoScriptError):
-            if moved:
-                lean.redirects += 1  # type: ignore[union-attr]
+            if moved and cluster is not None:
+                cluster.redirects += 1
             reply = script(client, keys, args)
         else:
             script._duration.observe(share)

@@ -42,7 +42,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redispy import LEAN_CLUSTER
 from servers import RedisClusterServers
 from test_lean_call import PROBE_LUA
-from test_lean_cluster import _in_use
+from test_lean_cluster import SETTINGS, _in_use
 
 from memtier import AvatarMessage, ConversationKey, ConversationStore, MemtierConfig
 from memtier.connection import LeanPool, SyncClientGuard, connect_sync
@@ -58,12 +58,6 @@ PUSH_LUA = """#!lua
 -- KEYS[1] a list; ARGV[1] a value: pushed; returns the list's length.
 return redis.call("RPUSH", KEYS[1], ARGV[1])
 """
-SETTINGS = {
-    "max_connections": 2,
-    "socket_timeout_seconds": 2.0,
-    "connect_timeout_seconds": 2.0,
-    "pool_timeout_seconds": 5.0,
-}
 TAGS = 12  # list keys {batchN}:list, spread over every primary
 
 
