@@ -18,6 +18,13 @@ the last one is restored):
 * ``sequential``: the next batch is read, then the batch is sent: what the restore did
   before the twenty-seventh round (one batch at a time, the client waiting on Redis).
 
+and of an asyncio store on a plain ``redis.asyncio.Redis`` (auto-pipelined):
+
+* ``async_batched``: what the asyncio executor does: each batch queued at once by one
+  coroutine and retried whole (``memtier.scriptbatch.run_script_batch_pipelined``);
+* ``async_tasks``: what it did before the twenty-ninth round: each call of a batch a
+  task of its own (its own retries and guard), all queued in the same tick.
+
 With ``--cluster`` (file ``restoreprobe-cluster.json``) the same on a private 3-primary
 Redis Cluster (no replicas; every node stopped by pid), in four modes: how a batch of
 ``restore_session`` calls goes out there,
@@ -32,7 +39,8 @@ Redis Cluster (no replicas; every node stopped by pid), in four modes: how a bat
 Redis CPU is the sum over the primaries.
 
 Why: docs/performance.md, "The restore reads its next batch while Redis restores the
-last one" and "A restore on Redis Cluster: one pipeline per primary".
+last one", "A restore on Redis Cluster: one pipeline per primary" and "The asyncio
+restore's batches in one coroutine".
 """
 
 from __future__ import annotations
@@ -85,12 +93,32 @@ async def _one_by_one(self: AsyncExecutor, batch: ScriptBatch, operation: str | 
     return [await self.execute(call, operation) for call in batch.calls]
 
 
+async def _task_per_call(self: AsyncExecutor, batch: ScriptBatch, operation: str | None) -> Any:
+    """The asyncio standalone batch before the twenty-ninth round: a task per call, all
+    queued in the tick's batch (``AutoPipeline.queue_only``), each with its own retries."""
+    pipeline = self.pipeline_for(self.client)
+    if pipeline is None or len(batch.calls) < 2:
+        return await _one_by_one(self, batch, operation)
+    tasks = [asyncio.ensure_future(self.execute(call, operation)) for call in batch.calls]
+    try:
+        with pipeline.queue_only():
+            await asyncio.sleep(0)
+    finally:
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
+
+
 _LEAN_BATCH = SyncExecutor._lean_batch_attempt
 # mode -> (asyncio store?, the executor method it replaces and with what, or None)
 Patch = tuple[type, str, Callable[..., Any]] | None
 MODES: dict[str, tuple[bool, Patch]] = {
     "read_ahead": (False, None),
     "sequential": (False, (SyncExecutor, "_overlap", _sequential)),
+    "async_batched": (True, None),
+    "async_tasks": (True, (AsyncExecutor, "_script_batch", _task_per_call)),
 }
 CLUSTER_MODES: dict[str, tuple[bool, Patch]] = {
     "pipelined": (False, None),
@@ -121,7 +149,7 @@ def _server(cluster: bool) -> Iterator[tuple[Any, list[Any], dict[str, Any]]]:
     if not cluster:
         with BenchRedis() as server:
             plain = server.client()
-            yield plain, [plain], {"server_pid": server.pid()}
+            yield plain, [plain], {"server_pid": server.pid(), "url": server.url}
         return
     from redis.cluster import RedisCluster
 
@@ -141,18 +169,18 @@ def _server(cluster: bool) -> Iterator[tuple[Any, list[Any], dict[str, Any]]]:
         nodes.stop()
 
 
-def _restore(store: ConversationStore, config: Any, url: str | None) -> Any:
+def _restore(store: ConversationStore, config: Any, url: str | None, cluster: bool) -> Any:
     """A full restore by ``store`` (``url``: by an asyncio store on a plain asyncio client
-    of that cluster instead)."""
+    of that server or cluster instead)."""
     if url is None:
         return store.recover(force=True)
 
     async def restore() -> Any:
+        from redis.asyncio import Redis
         from redis.asyncio.cluster import RedisCluster
 
-        astore = AsyncConversationStore(
-            RedisCluster.from_url(url), config, snapshots=snapshot_dir_for(config)
-        )
+        client = RedisCluster.from_url(url) if cluster else Redis.from_url(url)
+        astore = AsyncConversationStore(client, config, snapshots=snapshot_dir_for(config))
         try:
             return await astore.recover(force=True)
         finally:
@@ -199,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                     with _patched(patch):
                         s0 = redis_cpu(primaries)
                         c0, w0 = time.process_time(), time.perf_counter()
-                        report = _restore(store, config, url if use_asyncio else None)
+                        report = _restore(store, config, url if use_asyncio else None, cluster)
                         seconds = time.perf_counter() - w0
                         cpu = time.process_time() - c0
                     if report.outcome != "restored" or report.restored != args.ops:

@@ -153,11 +153,11 @@ class ScriptBatch:
     on different slots), but the batch is not a transaction: other clients' commands
     may run between its calls, and the calls may run in another order (a lost reply
     re-sends the whole batch, a call the server did not have loaded is re-sent alone,
-    an asyncio call is retried alone).  Only for calls that are safe to re-send and
-    either do not depend on each other (create-only restores, reads) or check their
-    order themselves (``append_many``: each ``append_turn`` names the call before it).
-    Sync standalone clients send one pipeline; asyncio standalone clients send the
-    calls at once through the auto-pipeline; other clients (cluster, fakeredis, no
+    a call on an asyncio cluster client is retried alone).  Only for calls that are
+    safe to re-send and do not depend on each other (the restore's create-only
+    ``restore_session`` calls).  Sync clients send one pipeline (on a Redis Cluster one
+    per primary); asyncio standalone clients queue the calls at once in the
+    auto-pipeline, asyncio cluster clients in each node's; other clients (fakeredis, no
     auto-pipelining) run the calls one by one: the same replies, more round trips.  The
     plan bounds the batch (its calls and bytes).
     """

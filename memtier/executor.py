@@ -44,7 +44,8 @@ from memtier.engine import (
 )
 from memtier.leancluster import ClusterLean, lean_cluster
 from memtier.retry import RetryPolicy, retry_async, retry_sync
-from memtier.scripts import LuaScript, ScriptRegistry, run_script_batch
+from memtier.scriptbatch import run_script_batch, run_script_batch_pipelined
+from memtier.scripts import LuaScript, ScriptRegistry
 
 __all__ = ["AsyncExecutor", "ScriptHook", "SyncExecutor"]
 
@@ -577,11 +578,12 @@ class AsyncExecutor:
         return attempt
 
     async def _script_batch(self, batch: ScriptBatch, operation: str | None) -> list[Any]:
-        """On an auto-pipelined client every call at once, so they join the loop tick's
-        batch in their order and share its round trip (on a Redis Cluster, each node's
-        batch); else one by one.  Each call keeps its own retries; every one has ended
-        before an error (the first in call order) is raised, so nothing of the batch is
-        left in flight."""
+        """On a standalone auto-pipelined client the whole batch queued at once by this
+        coroutine and retried as one (:meth:`_pipelined_batch`).  On a Redis Cluster's
+        node pipelines every call at once as a task of its own, so they join each node's
+        batch in their order; each keeps its own retries, and every one has ended before
+        an error (the first in call order) is raised, so nothing of the batch is left in
+        flight.  Else one by one."""
         calls = batch.calls
         client = self.client
         # (a durable call waits for replicas on its own connection: not pipelined)
@@ -590,6 +592,12 @@ class AsyncExecutor:
         pipeline = self.pipeline_for(client)
         queued: contextlib.AbstractContextManager[None]
         if pipeline is not None:
+            if all(isinstance(self.scripts[c.script], LuaScript) for c in calls):
+                attempt = self._pipelined_batch(calls, pipeline)
+                result: list[Any] = await retry_async(
+                    operation or calls[0].script, attempt, self.policy
+                )
+                return result
             queued = pipeline.queue_only()
         else:
             cluster = self.lean_cluster_for(client)
@@ -606,6 +614,33 @@ class AsyncExecutor:
             if isinstance(outcome, BaseException):
                 raise outcome
         return outcomes
+
+    def _pipelined_batch(
+        self, calls: tuple[ScriptCall, ...], pipeline: AutoPipeline
+    ) -> Callable[[], Awaitable[list[Any]]]:
+        """``attempt`` for a script batch on a standalone asyncio client: every call
+        packed on the first attempt and queued at once in the pipeline's batch
+        (:func:`~memtier.scriptbatch.run_script_batch_pipelined`); a retry re-queues the
+        whole batch's bytes, as the sync lean batch re-sends its pipeline (the calls are
+        safe to re-send: :class:`~memtier.engine.ScriptBatch`).  Same hooks and attempt
+        counts per call as the calls one by one."""
+        client, hooks = self.client, self.on_script
+        items = [(self.scripts[c.script], c.keys, c.args) for c in calls]
+        packed: list[list[bytes]] = []
+
+        async def attempt() -> list[Any]:
+            for call in calls:
+                if call.attempts is not None:
+                    call.attempts[0] += 1
+            replies = await self.guard.call_pipelined(  # the batch takes the slot
+                lambda: run_script_batch_pipelined(pipeline, client, items, packed)
+            )
+            for call, reply in zip(calls, replies, strict=True):
+                for hook in hooks:
+                    hook(call.script, call.args, reply)
+            return replies
+
+        return attempt
 
     async def _overlap(self, overlap: Overlap, operation: str | None) -> Any:
         """The request as a task on this loop while the work runs in a worker thread

@@ -55,7 +55,6 @@ __all__ = [
     "is_embedded_client",
     "load_registry",
     "lua_root",
-    "run_script_batch",
 ]
 
 _NAME_RE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)\.lua$")
@@ -870,54 +869,3 @@ def _parse_folder(root: Path, folder: str) -> ScriptRegistry:
     if not scripts:
         raise ScriptError(f"no Lua scripts under {root / folder}")
     return ScriptRegistry(scripts)
-
-
-def run_script_batch(
-    lean: LeanPool | ClusterLean,
-    client: Any,
-    items: Sequence[tuple[LuaScript, Sequence[str], Sequence[Any]]],
-    during: DuringWork | None = None,
-) -> list[Any]:
-    """Run several scripts in one non-transactional pipeline on a sync client
-    (:class:`~memtier.engine.ScriptBatch`), packed and sent by its lean path ``lean``: on
-    a standalone server one write on one connection (:class:`~memtier.connection.LeanPool`),
-    on a Redis Cluster one write to each primary (:meth:`ClusterLean.pipeline`).  Their
-    replies, in order.
-
-    A call the server answers NOSCRIPT, ``MOVED`` or ``ASK`` is re-sent alone through
-    :meth:`LuaScript.__call__` on ``client`` (which loads the script, or follows the
-    redirect and patches the slot map), in its place in the batch's order (the calls
-    after it already ran).  Errors as :meth:`LuaScript.__call__` (the first failed call
-    raises); each script's duration metric gets its share of the round trip (less
-    ``during``'s time: it runs between the write and the first read, as in
-    :meth:`LeanPool.pipeline`).
-    """
-    started = time.perf_counter()
-    commands = tuple(
-        ("EVALSHA", *script._args(script.sha, keys, args)) for script, keys, args in items
-    )
-    cluster: ClusterLean | None = None
-    if isinstance(lean, ClusterLean):  # (every memtier script has keys, all on one slot)
-        cluster = lean
-        slots = [lean.slot(keys[0]) for _, keys, _ in items]
-        replies = lean.pipeline(slots, commands, during)
-    else:
-        replies = lean.pipeline(commands, during)
-    elapsed = time.perf_counter() - started - (during.seconds if during is not None else 0.0)
-    share = max(0.0, elapsed) / max(1, len(items))
-    out: list[Any] = []
-    for (script, keys, args), reply in zip(items, replies, strict=True):
-        moved = cluster is not None and _is_moved(reply)
-        if moved or isinstance(reply, NoScriptError):
-            if moved and cluster is not None:
-                cluster.redirects += 1
-            reply = script(client, keys, args)
-        else:
-            script._duration.observe(share)
-            if isinstance(reply, RedisResponseError):
-                _raise_script_error(script.name, reply)
-                raise reply
-            if isinstance(reply, Exception):
-                raise reply
-        out.append(reply)
-    return out

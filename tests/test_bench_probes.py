@@ -528,7 +528,7 @@ def test_flushoverlap_quick(tmp_path: Path) -> None:
 
 def test_restoreprobe_quick(tmp_path: Path) -> None:
     data = _run("bench.restoreprobe", tmp_path)
-    modes = {"read_ahead", "sequential"}
+    modes = {"read_ahead", "sequential", "async_batched", "async_tasks"}
     rounds = data["rounds"]
     assert set(rounds) == {"mib_per_s", "wall_s", "cpu_s", "redis_cpu_s"}
     for what, by_mode in rounds.items():  # one restore each, of the whole generation
