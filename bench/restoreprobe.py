@@ -26,15 +26,22 @@ and of an asyncio store on a plain ``redis.asyncio.Redis`` (auto-pipelined):
   task of its own (its own retries and guard), all queued in the same tick.
 
 With ``--cluster`` (file ``restoreprobe-cluster.json``) the same on a private 3-primary
-Redis Cluster (no replicas; every node stopped by pid), in four modes: how a batch of
+Redis Cluster (no replicas; every node stopped by pid), in five modes: how a batch of
 ``restore_session`` calls goes out there,
 
 * ``pipelined``: what the sync executor does: one pipeline per primary, every node
   written, then every node read (``ClusterLean.pipeline``);
 * ``call_by_call``: what it did before the twenty-eighth round: one round trip per call;
-* ``async_queued``: an asyncio store: the batch's calls queued at once in each node's
-  auto-pipeline (``AsyncClusterLean.queue_only``);
+* ``async_batched``: an asyncio store now: each batch queued at once by one coroutine
+  in each call's primary's auto-pipeline;
+* ``async_tasks``: the asyncio store of the twenty-eighth round: a task per call, all
+  queued in their nodes' pipelines in the same tick (called ``async_queued`` in that
+  round's files);
 * ``async_one_by_one``: the asyncio store before: one call after the other.
+
+The old asyncio paths are reproduced here, not kept in the library: a pipeline marked
+busy (its ``_direct`` flag, as while a caller writes its own call) queues every call,
+which is what the library's ``queue_only`` did until the twenty-ninth round.
 
 Redis CPU is the sum over the primaries.
 
@@ -94,21 +101,41 @@ async def _one_by_one(self: AsyncExecutor, batch: ScriptBatch, operation: str | 
 
 
 async def _task_per_call(self: AsyncExecutor, batch: ScriptBatch, operation: str | None) -> Any:
-    """The asyncio standalone batch before the twenty-ninth round: a task per call, all
-    queued in the tick's batch (``AutoPipeline.queue_only``), each with its own retries."""
-    pipeline = self.pipeline_for(self.client)
-    if pipeline is None or len(batch.calls) < 2:
+    """The asyncio batch before the twenty-ninth round: a task per call, each with its own
+    retries, all queued in the tick's batch of their pipeline (standalone, or each
+    call's primary's)."""
+    calls = batch.calls
+    pipelines = _pipelines_of(self, calls)
+    if not pipelines or len(calls) < 2:
         return await _one_by_one(self, batch, operation)
-    tasks = [asyncio.ensure_future(self.execute(call, operation)) for call in batch.calls]
+    tasks = [asyncio.ensure_future(self.execute(call, operation)) for call in calls]
+    busy = [p for p in pipelines if not p._direct]
     try:
-        with pipeline.queue_only():
-            await asyncio.sleep(0)
+        for pipeline in busy:  # (queue_only, as it was: no call writes its own)
+            pipeline._direct = True
+        await asyncio.sleep(0)  # one iteration: each call queues, in order
     finally:
+        for pipeline in busy:
+            pipeline._direct = False
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
     return outcomes
+
+
+def _pipelines_of(executor: AsyncExecutor, calls: tuple[Any, ...]) -> list[Any]:
+    """The auto-pipelines ``calls`` go to (empty: none, the generic path)."""
+    client = executor.client
+    pipeline = executor.pipeline_for(client)
+    if pipeline is not None:
+        return [pipeline]
+    lean = executor.lean_cluster_for(client)
+    if lean is None or not lean.pipelined:
+        return []
+    manager = client.nodes_manager
+    nodes = {n.name: n for n in (manager.get_node_from_slot(lean.slot(c.keys[0])) for c in calls)}
+    return [p for p in map(lean.pipeline_for, nodes.values()) if p is not None]
 
 
 _LEAN_BATCH = SyncExecutor._lean_batch_attempt
@@ -123,7 +150,8 @@ MODES: dict[str, tuple[bool, Patch]] = {
 CLUSTER_MODES: dict[str, tuple[bool, Patch]] = {
     "pipelined": (False, None),
     "call_by_call": (False, (SyncExecutor, "_lean_batch_attempt", _call_by_call)),
-    "async_queued": (True, None),
+    "async_batched": (True, None),
+    "async_tasks": (True, (AsyncExecutor, "_script_batch", _task_per_call)),
     "async_one_by_one": (True, (AsyncExecutor, "_script_batch", _one_by_one)),
 }
 

@@ -32,10 +32,11 @@ Faults keep redis-py's meaning, and memtier's retry layer stays the one that ret
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
@@ -209,24 +210,40 @@ class AsyncClusterLean(SlotCache):
             self._failed(node, exc)
             raise
 
-    @contextlib.contextmanager
-    def queue_only(self, keys: Sequence[Any]) -> Iterator[None]:
-        """:meth:`AutoPipeline.queue_only` on the pipeline of each primary that owns one of
-        ``keys``' slots: calls made inside queue in their node's batch, in their order (a
-        ``ScriptBatch`` goes out as one write per node).  A slot no node covers is left to
-        its call, which raises as :meth:`execute` does."""
-        with contextlib.ExitStack() as stack:
-            entered: set[str] = set()
-            for key in keys:
-                try:
-                    node = self.client.nodes_manager.get_node_from_slot(self.slot(key))
-                except SlotNotCoveredError:
-                    continue
-                pipeline = None if node is None else self.pipeline_for(node)
-                if pipeline is not None and node.name not in entered:
-                    entered.add(node.name)
-                    stack.enter_context(pipeline.queue_only())
-            yield
+    def submit(self, slot: int, packed: Sequence[bytes]) -> asyncio.Future[Any]:
+        """:meth:`execute` for a ``ScriptBatch``: ``packed`` queued in the batch of
+        ``slot``'s primary (:meth:`AutoPipeline.submit`), its reply as a future, so a
+        batch's calls go out as one write per node with no task per call.  A failure is
+        the future's, with the bookkeeping :meth:`execute` does for it (a refresh of the
+        slot map, the node marked) done when the future fails.  With node pipelines only
+        (:attr:`pipelined`)."""
+        loop = asyncio.get_running_loop()
+        try:
+            node = self.client.nodes_manager.get_node_from_slot(slot)
+            if node is None:  # pragma: no cover - a map being rebuilt
+                raise TransientBackendError("no primary known for the keys' slot; retrying")
+        except (SlotNotCoveredError, TransientBackendError) as exc:
+            request_refresh(self.client)  # redis-py re-reads the map for this too
+            failed: asyncio.Future[Any] = loop.create_future()
+            failed.set_exception(exc)
+            return failed
+        pipeline = self.pipeline_for(node)
+        if pipeline is None:
+            raise RuntimeError("AsyncClusterLean.submit needs node pipelines")
+        self.calls += 1
+        future = pipeline.submit(packed)
+        future.add_done_callback(functools.partial(self._settled, node))
+        return future
+
+    def _settled(self, node: Any, future: asyncio.Future[Any]) -> None:
+        """:meth:`execute`'s bookkeeping of a failure, for a submitted call."""
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if isinstance(exc, ClusterDownError):
+            request_refresh(self.client)
+        elif isinstance(exc, RedisConnectionError | RedisTimeoutError):
+            self._failed(node, exc)
 
     def pipeline_for(self, node: Any) -> AutoPipeline | None:
         """``node``'s auto-pipeline (None with auto-pipelining off); a node object the

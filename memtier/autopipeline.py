@@ -49,9 +49,8 @@ answered with an unknown-outcome ``ConnectionError`` (written) or a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -394,7 +393,6 @@ class AutoPipeline:
         "_direct",
         "_kept",
         "_open",
-        "_queue_only",
         "_sending",
         "batches",
         "bounds",
@@ -413,7 +411,6 @@ class AutoPipeline:
         self.pack = Packer(pool.connection_class, getattr(pool, "connection_kwargs", {}))
         self._open: _Batch | None = None
         self._direct = False  # a call written by its own caller is in flight
-        self._queue_only = 0  # > 0: every call is queued in a batch (see queue_only)
         self._kept = KeptConnections.of(pool)
         self._sending: set[asyncio.Task[None]] = set()  # strong references to send tasks
         self.batches = 0  # batches written (tests and the bench read them)
@@ -424,24 +421,13 @@ class AutoPipeline:
         """``packed``'s reply: written at once by this coroutine when the pipeline is idle
         (no batch open, none being sent, no other call written this way in flight), else
         queued in this tick's batch (:meth:`submit`)."""
-        if self._open is None and not self._sending and not self._direct and not self._queue_only:
+        if self._open is None and not self._sending and not self._direct:
             self._direct = True
             try:
                 return await self._direct_call(packed, replies)
             finally:
                 self._direct = False
         return await self.submit(packed, replies)
-
-    @contextlib.contextmanager
-    def queue_only(self) -> Iterator[None]:
-        """While inside, no call is written by its own caller: calls queue in the tick's
-        batch, in the order they are made (a ``ScriptBatch`` started here goes out as
-        one write on one connection, not its first call alone on another)."""
-        self._queue_only += 1
-        try:
-            yield
-        finally:
-            self._queue_only -= 1
 
     async def _checkout(self, loop: asyncio.AbstractEventLoop | None) -> Any:
         """One slot and one connection (with ``loop``: a kept one first), or neither."""

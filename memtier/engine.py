@@ -152,13 +152,13 @@ class ScriptBatch:
     Each script still runs alone and atomically (its keys on one slot; the calls may be
     on different slots), but the batch is not a transaction: other clients' commands
     may run between its calls, and the calls may run in another order (a lost reply
-    re-sends the whole batch, a call the server did not have loaded is re-sent alone,
-    a call on an asyncio cluster client is retried alone).  Only for calls that are
-    safe to re-send and do not depend on each other (the restore's create-only
-    ``restore_session`` calls).  Sync clients send one pipeline (on a Redis Cluster one
-    per primary); asyncio standalone clients queue the calls at once in the
-    auto-pipeline, asyncio cluster clients in each node's; other clients (fakeredis, no
-    auto-pipelining) run the calls one by one: the same replies, more round trips.  The
+    re-sends the whole batch, a call the server did not have loaded, or on a cluster
+    whose slot moved, is re-sent alone).  Only for calls that are safe to re-send and
+    do not depend on each other (the restore's create-only ``restore_session`` calls).
+    Sync clients send one pipeline (on a Redis Cluster one per primary); asyncio clients
+    queue the calls at once in the auto-pipeline (on a cluster, each call's primary's);
+    other clients (fakeredis, no auto-pipelining) run the calls one by one: the same
+    replies, more round trips.  The
     plan bounds the batch (its calls and bytes).
     """
 

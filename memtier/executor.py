@@ -13,7 +13,6 @@ each script reply is handed to the ``on_script`` hooks (metrics, progress).  A
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -578,48 +577,30 @@ class AsyncExecutor:
         return attempt
 
     async def _script_batch(self, batch: ScriptBatch, operation: str | None) -> list[Any]:
-        """On a standalone auto-pipelined client the whole batch queued at once by this
-        coroutine and retried as one (:meth:`_pipelined_batch`).  On a Redis Cluster's
-        node pipelines every call at once as a task of its own, so they join each node's
-        batch in their order; each keeps its own retries, and every one has ended before
-        an error (the first in call order) is raised, so nothing of the batch is left in
-        flight.  Else one by one."""
+        """On an auto-pipelined client the whole batch queued at once by this coroutine,
+        in the standalone pipeline or each call's primary's, and retried as one
+        (:meth:`_pipelined_batch`); else the calls one by one."""
         calls = batch.calls
         client = self.client
         # (a durable call waits for replicas on its own connection: not pipelined)
         if len(calls) < 2 or any(c.durable is not None for c in calls):
             return [await self.execute(call, operation) for call in calls]
-        pipeline = self.pipeline_for(client)
-        queued: contextlib.AbstractContextManager[None]
-        if pipeline is not None:
-            if all(isinstance(self.scripts[c.script], LuaScript) for c in calls):
-                attempt = self._pipelined_batch(calls, pipeline)
-                result: list[Any] = await retry_async(
-                    operation or calls[0].script, attempt, self.policy
-                )
-                return result
-            queued = pipeline.queue_only()
-        else:
+        router: AutoPipeline | AsyncClusterLean | None = self.pipeline_for(client)
+        if router is None:
             cluster = self.lean_cluster_for(client)
-            if cluster is None or not cluster.pipelined or not all(c.keys for c in calls):
-                return [await self.execute(call, operation) for call in calls]
-            queued = cluster.queue_only([call.keys[0] for call in calls])
-        tasks = [asyncio.ensure_future(self.execute(call, operation)) for call in calls]
-        try:
-            with queued:
-                await asyncio.sleep(0)  # one iteration: each call queues, in order
-        finally:  # cancelled or not, every call has ended before this returns or raises
-            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        return outcomes
+            if cluster is not None and cluster.pipelined and all(c.keys for c in calls):
+                router = cluster
+        if router is None or not all(isinstance(self.scripts[c.script], LuaScript) for c in calls):
+            return [await self.execute(call, operation) for call in calls]
+        attempt = self._pipelined_batch(calls, router)
+        result: list[Any] = await retry_async(operation or calls[0].script, attempt, self.policy)
+        return result
 
     def _pipelined_batch(
-        self, calls: tuple[ScriptCall, ...], pipeline: AutoPipeline
+        self, calls: tuple[ScriptCall, ...], router: AutoPipeline | AsyncClusterLean
     ) -> Callable[[], Awaitable[list[Any]]]:
-        """``attempt`` for a script batch on a standalone asyncio client: every call
-        packed on the first attempt and queued at once in the pipeline's batch
+        """``attempt`` for a script batch on an auto-pipelined asyncio client: every call
+        packed on the first attempt and queued at once in its pipeline's batch
         (:func:`~memtier.scriptbatch.run_script_batch_pipelined`); a retry re-queues the
         whole batch's bytes, as the sync lean batch re-sends its pipeline (the calls are
         safe to re-send: :class:`~memtier.engine.ScriptBatch`).  Same hooks and attempt
@@ -632,8 +613,8 @@ class AsyncExecutor:
             for call in calls:
                 if call.attempts is not None:
                     call.attempts[0] += 1
-            replies = await self.guard.call_pipelined(  # the batch takes the slot
-                lambda: run_script_batch_pipelined(pipeline, client, items, packed)
+            replies = await self.guard.call_pipelined(  # each batch takes a slot
+                lambda: run_script_batch_pipelined(router, client, items, packed)
             )
             for call, reply in zip(calls, replies, strict=True):
                 for hook in hooks:

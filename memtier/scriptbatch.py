@@ -2,21 +2,22 @@
 
 :func:`run_script_batch` sends a batch on a sync client's lean path: one pipeline on a
 standalone server, one per primary on a Redis Cluster.  :func:`run_script_batch_pipelined`
-is its asyncio twin on a standalone client: every call queued at once in the
-auto-pipeline, awaited by the one coroutine that sent the batch.  Both give the replies
+is its asyncio twin: every call queued at once in the auto-pipeline (on a cluster, its
+primary's), awaited by the one coroutine that sent the batch.  Both give the replies
 in the calls' order, re-send a call the server answered NOSCRIPT (or, on a cluster,
 ``MOVED`` / ``ASK``) alone in its place, and raise the first failed call's error only
 after every reply of the batch was read, so nothing of it is left in flight.
 
 Why a batch path of its own on asyncio: sent as one task per call (each with its own
 retries, guard and future), a restore's batches of 16 ``restore_session`` calls cost
-the restoring process about twice the client CPU of the sync restore
+the restoring process about 1.6 times the client CPU of the sync restore
 (docs/performance.md, "The asyncio restore's batches in one coroutine").
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import NoScriptError
 from redis.exceptions import ResponseError as RedisResponseError
 
+from memtier.aioleancluster import AsyncClusterLean
 from memtier.leancluster import ClusterLean
 from memtier.scripts import LuaScript, _is_moved, _raise_script_error
 
@@ -81,36 +83,57 @@ def run_script_batch(
 
 
 async def run_script_batch_pipelined(
-    pipeline: AutoPipeline,
+    router: AutoPipeline | AsyncClusterLean,
     client: Any,
     items: Sequence[tuple[LuaScript, Sequence[str], Sequence[Any]]],
     packed: list[list[bytes]],
 ) -> list[Any]:
-    """:func:`run_script_batch` on a standalone asyncio client: every call queued at once
-    in ``pipeline``'s batch (:meth:`~memtier.autopipeline.AutoPipeline.submit`: one
-    write while the calls fit the pipeline's bounds, one future per call and no task),
-    awaited together.
+    """:func:`run_script_batch` on an asyncio client: every call queued at once, by the
+    one coroutine that sent the batch, in the auto-pipeline of a standalone client
+    (:meth:`AutoPipeline.submit`) or of each call's primary on a Redis Cluster
+    (:meth:`AsyncClusterLean.submit`): one write per pipeline while the calls fit its
+    bounds, one future per call and no task, the futures awaited together.
 
     Each call is packed once into ``packed`` (empty on the first attempt; the caller keeps
     it across its retries, which re-queue the same bytes, as a single pipelined call
     does), whole with hiredis, as :func:`run_script_batch` packs (a bound call's wire
     plan packs the restore's counted tail of records slower than that).  A call answered
-    NOSCRIPT is re-queued alone after the script is loaded
-    (:meth:`LuaScript.call_pipelined`), in its place in the order.  The first failed
-    call raises, after every reply arrived; each script's duration metric gets its share
-    of the round trip.
+    NOSCRIPT is sent again alone on its lean path, which loads the script; on a cluster a
+    call answered ``MOVED`` / ``ASK`` goes once through redis-py's generic path (which
+    follows the redirect and patches the slot map) under a guard slot; both in the
+    call's place in the order.  The first failed call raises, after every reply arrived;
+    each script's duration metric gets its share of the round trip.
     """
+    pack = router.pack
     if not packed:
-        pack = pipeline.pack
         packed.extend(pack(("EVALSHA", *s._args(s.sha, k, a))) for s, k, a in items)
     started = time.perf_counter()
+    cluster: AsyncClusterLean | None = None
+    slots: list[int] = []
     # (gather, not a loop of awaits: a cancelled caller cancels every call not yet sent)
-    replies = await asyncio.gather(*map(pipeline.submit, packed), return_exceptions=True)
+    if isinstance(router, AsyncClusterLean):
+        cluster = router
+        slots = [router.slot(keys[0]) for _, keys, _ in items]
+        futures = list(map(router.submit, slots, packed))
+    else:
+        futures = list(map(router.submit, packed))
+    replies = await asyncio.gather(*futures, return_exceptions=True)
     share = (time.perf_counter() - started) / max(1, len(items))
     out: list[Any] = []
-    for (script, keys, args), one, reply in zip(items, packed, replies, strict=True):
-        if isinstance(reply, NoScriptError):
-            reply = await script.call_pipelined(pipeline, client, keys, args, one)
+    for n, ((script, keys, args), one, reply) in enumerate(
+        zip(items, packed, replies, strict=True)
+    ):
+        if cluster is not None and _is_moved(reply):
+            cluster.redirects += 1
+            reply = await cluster.generic(functools.partial(script.call_async, client, keys, args))
+        elif isinstance(reply, NoScriptError):
+            if cluster is not None:
+                reply = await script.call_lean_cluster_async(
+                    cluster, slots[n], client, keys, args, one
+                )
+            else:
+                assert not isinstance(router, AsyncClusterLean)
+                reply = await script.call_pipelined(router, client, keys, args, one)
         else:
             script._duration.observe(share)
             _raise_failed(script, reply)

@@ -542,7 +542,7 @@ def test_restoreprobe_quick(tmp_path: Path) -> None:
 @pytest.mark.cluster
 def test_restoreprobe_cluster_quick(tmp_path: Path) -> None:
     data = _run("bench.restoreprobe", tmp_path, "--cluster", name="restoreprobe-cluster")
-    modes = {"pipelined", "call_by_call", "async_queued", "async_one_by_one"}
+    modes = {"pipelined", "call_by_call", "async_batched", "async_tasks", "async_one_by_one"}
     for what, by_mode in data["rounds"].items():
         assert set(by_mode) == modes == set(data[what]), what
         assert all(len(v) == 1 and v[0] >= 0 for v in by_mode.values()), what

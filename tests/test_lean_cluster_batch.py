@@ -3,9 +3,10 @@
 A ``ScriptBatch`` (the restore's batches of ``restore_session`` calls) on a plain sync
 ``RedisCluster`` goes out as one pipeline per primary that owns one of its calls' slots:
 every node written, then every node read (:meth:`memtier.leancluster.ClusterLean.pipeline`);
-on an asyncio cluster client the calls queue in each node's auto-pipeline at once
-(:meth:`memtier.aioleancluster.AsyncClusterLean.queue_only`).  Before, both sent a
-cluster batch call by call.  Held here, on the session's Redis Cluster and Valkey 9
+on an asyncio cluster client one coroutine queues the calls at once in each node's
+auto-pipeline (:meth:`memtier.aioleancluster.AsyncClusterLean.submit`,
+:func:`memtier.scriptbatch.run_script_batch_pipelined`).  Before, both sent a cluster
+batch call by call.  Held here, on the session's Redis Cluster and Valkey 9
 cluster:
 
 * a Hypothesis property over batches of pushes and script replies (error replies among
@@ -19,7 +20,11 @@ cluster:
 * a connection lost while a node's replies are read: every other written connection is
   dropped, none is left checked out, a slot-map refresh is asked for that node, and the
   next batch runs in step;
-* the asyncio executor: one batch per primary, the same replies as the calls one by one;
+* the asyncio executor: the same property against the standalone batch (one write per
+  primary, no call on the per-call path, no connection or guard slot left taken), one
+  batch per primary with the replies of the calls one by one, a stale slot map (the
+  moved slot's calls each redirected once), and a connection lost mid-batch (the node's
+  bookkeeping done, nothing left taken, the next batch in step);
 * a store's restore on the cluster sends its batches this way (sync and asyncio), and
   restores every session.
 """
@@ -283,6 +288,156 @@ def test_a_connection_lost_while_reading_drops_every_written_connection(
     lengths = executor.execute(ScriptBatch(tuple(_script_call(c) for c in calls)))
     assert lengths == [len(client.lrange(_list_key(t), 0, -1)) for t in range(TAGS)]
     assert all(n == 3 for n in lengths)  # the first batch ran on every node (its replies lost)
+
+
+def _async_executor(aclient: Any, scripts: ScriptRegistry, **policy: Any) -> Any:
+    from memtier.connection import AsyncClientGuard
+    from memtier.executor import AsyncExecutor
+
+    config = MemtierConfig.load(redis=SETTINGS)
+    return AsyncExecutor(
+        aclient, scripts, AsyncClientGuard(aclient, config.redis), RetryPolicy(**policy)
+    )
+
+
+def _async_taken(executor: Any) -> list[str]:
+    """What an asyncio cluster executor left taken: node connections, guard slots."""
+    taken = [
+        node.name
+        for node in executor.client.get_nodes()
+        if len(node._connections) != len(node._free)
+    ]
+    guard = executor.guard
+    return taken + (["guard"] if guard._slots._value != guard.limit else [])
+
+
+async def _async_cluster_run(
+    url: str, scripts: ScriptRegistry, batch: ScriptBatch
+) -> tuple[tuple[Any, ...], int, list[str], list[str]]:
+    """(outcome, node writes, calls on the per-call path, what was left taken)."""
+    from memtier.connection import connect_async
+    from memtier.executor import AsyncExecutor
+
+    aclient, _ = connect_async(MemtierConfig.load(redis_url=url, redis=SETTINGS))
+    executor = _async_executor(aclient, scripts)
+    per_call: list[str] = []
+    original = AsyncExecutor._script
+
+    def counted(self: Any, call: ScriptCall) -> Any:
+        per_call.append(call.script)
+        return original(self, call)
+
+    try:
+        await aclient.initialize()
+        lean = executor.lean_cluster_for(aclient)
+        assert lean is not None and lean.pipelined
+        with mock.patch.object(AsyncExecutor, "_script", counted):
+            try:
+                outcome: tuple[Any, ...] = ("replies", await executor.execute(batch))
+            except Exception as exc:
+                outcome = ("error", type(exc).__name__, str(exc))
+        writes = sum(p.batches for p in lean._pipelines.values())
+        return outcome, writes, per_call, _async_taken(executor)
+    finally:
+        await aclient.aclose()
+
+
+@settings(max_examples=30, deadline=None)
+@given(calls=st.lists(_CALL, min_size=2, max_size=24))
+@example(calls=[("push", t, str(t)) for t in range(TAGS)] * 2)
+@example(calls=[("push", 0, "a"), ("probe", 5, ("memtier", "m")), ("push", 0, "b")])
+@example(calls=[("probe", 3, ("err", "e")), ("push", 3, "a"), ("probe", 9, ("memtier", "m"))])
+def test_an_async_cluster_batch_is_the_standalone_batch_in_one_write_per_primary(
+    probe: Any, standalone: Any, calls: list[tuple[Any, ...]]
+) -> None:
+    client, scripts, cluster = probe
+    reference_client, reference = standalone
+    for node in client.get_primaries():  # loaded: no NOSCRIPT re-sends in the counts
+        for script in scripts:
+            client.get_redis_connection(node).script_load(script.source)
+    batch = ScriptBatch(tuple(_script_call(c) for c in calls))
+    _fresh_lists(client)
+    _fresh_lists(reference_client)
+    got, writes, per_call, taken = asyncio.run(_async_cluster_run(cluster.url, scripts, batch))
+    assert got == _outcome(reference, batch)
+    assert _lists(client) == _lists(reference_client)
+    assert writes == len(_primaries_of(client, [tag for _, tag, _ in calls]))
+    assert (per_call, taken) == ([], [])
+
+
+async def test_an_async_batchs_calls_of_a_moved_slot_are_redirected_once_each(probe: Any) -> None:
+    from memtier.connection import connect_async
+
+    client, scripts, cluster = probe
+    _fresh_lists(client)
+    aclient, _ = connect_async(MemtierConfig.load(redis_url=cluster.url, redis=SETTINGS))
+    executor = _async_executor(aclient, scripts)
+    try:
+        await aclient.initialize()
+        lean = executor.lean_cluster_for(aclient)
+        assert lean is not None
+        moved_tag = 0
+        slot = lean.slot(_list_key(moved_tag))
+        manager = aclient.nodes_manager
+        owner = manager.get_node_from_slot(slot)
+        other = next(n for n in aclient.get_primaries() if n.name != owner.name)
+        manager.slots_cache[slot] = [other]  # the client now believes another primary owns it
+        calls = [("push", moved_tag, "a"), ("push", 1, "b"), ("push", moved_tag, "c")]
+        replies = await executor.execute(ScriptBatch(tuple(_script_call(c) for c in calls)))
+        assert replies == [2, 2, 3]  # each ran once, in the batch's order on its key
+        assert lean.redirects == 2
+        assert manager.get_node_from_slot(slot).name == owner.name  # redis-py patched its map
+        assert client.lrange(_list_key(moved_tag), 0, -1) == [b"x", b"a", b"c"]
+        again = await executor.execute(ScriptBatch(tuple(_script_call(c) for c in calls)))
+        assert again == [4, 3, 5] and lean.redirects == 2  # lean again, to the right node
+        assert _async_taken(executor) == []
+    finally:
+        await aclient.aclose()
+
+
+def test_an_async_batchs_lost_connection_marks_the_node_and_leaves_nothing_taken(
+    probe: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memtier import autopipeline
+    from memtier.aioleancluster import AsyncClusterLean
+    from memtier.connection import connect_async
+
+    client, scripts, cluster = probe
+    _fresh_lists(client)
+    calls = [("push", t, "v") for t in range(TAGS)]
+    read_call, reads, failed = autopipeline._read_call, [0], []
+
+    async def lost_on_fifth(read: Any, replies: int) -> Any:
+        reads[0] += 1
+        if reads[0] == 5:
+            raise RedisConnectionError("lost while reading")
+        return await read_call(read, replies)
+
+    monkeypatch.setattr(autopipeline, "_read_call", lost_on_fifth)
+    monkeypatch.setattr(AsyncClusterLean, "_failed", lambda _, node, exc: failed.append(node.name))
+
+    async def run() -> list[Any]:
+        aclient, _ = connect_async(MemtierConfig.load(redis_url=cluster.url, redis=SETTINGS))
+        executor = _async_executor(aclient, scripts, max_attempts=1)
+        try:
+            with pytest.raises(Exception) as caught:
+                await executor.execute(ScriptBatch(tuple(_script_call(c) for c in calls)))
+            assert "lost while reading" in str(caught.value) or isinstance(
+                caught.value.__cause__, RedisConnectionError
+            )
+            assert len(set(failed)) == 1  # the node whose connection was lost, marked
+            assert _async_taken(executor) == []
+            monkeypatch.setattr(autopipeline, "_read_call", read_call)
+            lengths: list[Any] = await executor.execute(
+                ScriptBatch(tuple(_script_call(c) for c in calls))
+            )
+            return lengths
+        finally:
+            await aclient.aclose()
+
+    lengths = asyncio.run(run())
+    assert lengths == [len(client.lrange(_list_key(t), 0, -1)) for t in range(TAGS)]
+    assert all(n == 3 for n in lengths)  # the lost batch ran on every node (all written)
 
 
 async def test_an_async_cluster_batch_is_one_batch_per_primary(probe: Any) -> None:
