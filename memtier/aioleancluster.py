@@ -183,15 +183,7 @@ class AsyncClusterLean(SlotCache):
     async def execute(self, slot: int, packed: Sequence[bytes], replies: int = 1) -> Any:
         """Write ``packed`` (one command, or a whole transaction of ``replies`` replies)
         on a connection of ``slot``'s primary and read its (the ``EXEC``'s) reply."""
-        client = self.client
-        try:
-            node = client.nodes_manager.get_node_from_slot(slot)
-        except SlotNotCoveredError:
-            request_refresh(client)  # redis-py re-reads the map for this too
-            raise
-        if node is None:  # pragma: no cover - a map being rebuilt
-            request_refresh(client)
-            raise TransientBackendError("no primary known for the keys' slot; retrying")
+        node = self._primary(slot)
         self.calls += 1
         pipeline = self.pipeline_for(node)
         try:
@@ -202,29 +194,20 @@ class AsyncClusterLean(SlotCache):
                 return await call_on(conn, packed, replies)
             finally:
                 node.release(conn)
-        except ClusterDownError:
-            request_refresh(client)
-            raise
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            # The connection is dropped already; the node may be gone (as redis-py does).
-            self._failed(node, exc)
+        except (ClusterDownError, RedisConnectionError, RedisTimeoutError) as exc:
+            self._note_failure(node, exc)
             raise
 
     def submit(self, slot: int, packed: Sequence[bytes]) -> asyncio.Future[Any]:
         """:meth:`execute` for a ``ScriptBatch``: ``packed`` queued in the batch of
         ``slot``'s primary (:meth:`AutoPipeline.submit`), its reply as a future, so a
         batch's calls go out as one write per node with no task per call.  A failure is
-        the future's, with the bookkeeping :meth:`execute` does for it (a refresh of the
-        slot map, the node marked) done when the future fails.  With node pipelines only
-        (:attr:`pipelined`)."""
-        loop = asyncio.get_running_loop()
+        the future's, with :meth:`execute`'s bookkeeping done when the future fails.
+        With node pipelines only (:attr:`pipelined`)."""
         try:
-            node = self.client.nodes_manager.get_node_from_slot(slot)
-            if node is None:  # pragma: no cover - a map being rebuilt
-                raise TransientBackendError("no primary known for the keys' slot; retrying")
+            node = self._primary(slot)
         except (SlotNotCoveredError, TransientBackendError) as exc:
-            request_refresh(self.client)  # redis-py re-reads the map for this too
-            failed: asyncio.Future[Any] = loop.create_future()
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
             return failed
         pipeline = self.pipeline_for(node)
@@ -235,15 +218,33 @@ class AsyncClusterLean(SlotCache):
         future.add_done_callback(functools.partial(self._settled, node))
         return future
 
-    def _settled(self, node: Any, future: asyncio.Future[Any]) -> None:
-        """:meth:`execute`'s bookkeeping of a failure, for a submitted call."""
-        if future.cancelled():
-            return
-        exc = future.exception()
+    def _primary(self, slot: int) -> Any:
+        """``slot``'s primary, or the error after asking for a new slot map."""
+        try:
+            node = self.client.nodes_manager.get_node_from_slot(slot)
+        except SlotNotCoveredError:
+            request_refresh(self.client)  # redis-py re-reads the map for this too
+            raise
+        if node is None:  # pragma: no cover - a map being rebuilt
+            request_refresh(self.client)
+            raise TransientBackendError("no primary known for the keys' slot; retrying")
+        return node
+
+    def _note_failure(self, node: Any, exc: BaseException) -> None:
+        """What redis-py does after ``exc`` from ``node``: a new slot map after
+        ``CLUSTERDOWN``; after a lost connection (dropped already) the node marked, as it
+        may be gone."""
         if isinstance(exc, ClusterDownError):
             request_refresh(self.client)
         elif isinstance(exc, RedisConnectionError | RedisTimeoutError):
             self._failed(node, exc)
+
+    def _settled(self, node: Any, future: asyncio.Future[Any]) -> None:
+        """:meth:`_note_failure` for a submitted call whose future failed."""
+        if not future.cancelled():
+            exc = future.exception()
+            if exc is not None:
+                self._note_failure(node, exc)
 
     def pipeline_for(self, node: Any) -> AutoPipeline | None:
         """``node``'s auto-pipeline (None with auto-pipelining off); a node object the

@@ -108,11 +108,9 @@ async def run_script_batch_pipelined(
     if not packed:
         packed.extend(pack(("EVALSHA", *s._args(s.sha, k, a))) for s, k, a in items)
     started = time.perf_counter()
-    cluster: AsyncClusterLean | None = None
     slots: list[int] = []
     # (gather, not a loop of awaits: a cancelled caller cancels every call not yet sent)
     if isinstance(router, AsyncClusterLean):
-        cluster = router
         slots = [router.slot(keys[0]) for _, keys, _ in items]
         futures = list(map(router.submit, slots, packed))
     else:
@@ -123,16 +121,15 @@ async def run_script_batch_pipelined(
     for n, ((script, keys, args), one, reply) in enumerate(
         zip(items, packed, replies, strict=True)
     ):
-        if cluster is not None and _is_moved(reply):
-            cluster.redirects += 1
-            reply = await cluster.generic(functools.partial(script.call_async, client, keys, args))
-        elif isinstance(reply, NoScriptError):
-            if cluster is not None:
+        if isinstance(router, AsyncClusterLean) and _is_moved(reply):
+            router.redirects += 1
+            reply = await router.generic(functools.partial(script.call_async, client, keys, args))
+        elif isinstance(reply, NoScriptError):  # the call's own lean path loads the script
+            if isinstance(router, AsyncClusterLean):
                 reply = await script.call_lean_cluster_async(
-                    cluster, slots[n], client, keys, args, one
+                    router, slots[n], client, keys, args, one
                 )
             else:
-                assert not isinstance(router, AsyncClusterLean)
                 reply = await script.call_pipelined(router, client, keys, args, one)
         else:
             script._duration.observe(share)
