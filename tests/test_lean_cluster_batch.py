@@ -208,6 +208,16 @@ def test_a_cluster_batch_is_the_standalone_batch_in_one_write_per_primary(
     assert _in_use(client) == []
 
 
+def _map_slot_elsewhere(client: Any, slot: int) -> Any:
+    """Make ``client`` (sync or asyncio cluster) believe another primary owns ``slot``, as
+    a stale slot map does; returns the true owner."""
+    manager = client.nodes_manager
+    owner = manager.get_node_from_slot(slot)
+    other = next(n for n in client.get_primaries() if n.name != owner.name)
+    manager.slots_cache[slot] = [other]
+    return owner
+
+
 def test_the_calls_of_a_moved_slot_are_redirected_once_each(probe: Any) -> None:
     client, scripts, _ = probe
     executor = _executor(client, scripts)
@@ -217,9 +227,7 @@ def test_the_calls_of_a_moved_slot_are_redirected_once_each(probe: Any) -> None:
     moved_tag = 0
     slot = router.slot(_list_key(moved_tag))
     manager = client.nodes_manager
-    owner = manager.get_node_from_slot(slot)
-    other = next(n for n in client.get_primaries() if n.name != owner.name)
-    manager.slots_cache[slot] = [other]  # the client now believes another primary owns it
+    owner = _map_slot_elsewhere(client, slot)
     redirects = router.redirects
     calls = [("push", moved_tag, "a"), ("push", 1, "b"), ("push", moved_tag, "c")]
     replies = executor.execute(ScriptBatch(tuple(_script_call(c) for c in calls)))
@@ -379,9 +387,7 @@ async def test_an_async_batchs_calls_of_a_moved_slot_are_redirected_once_each(pr
         moved_tag = 0
         slot = lean.slot(_list_key(moved_tag))
         manager = aclient.nodes_manager
-        owner = manager.get_node_from_slot(slot)
-        other = next(n for n in aclient.get_primaries() if n.name != owner.name)
-        manager.slots_cache[slot] = [other]  # the client now believes another primary owns it
+        owner = _map_slot_elsewhere(aclient, slot)
         calls = [("push", moved_tag, "a"), ("push", 1, "b"), ("push", moved_tag, "c")]
         replies = await executor.execute(ScriptBatch(tuple(_script_call(c) for c in calls)))
         assert replies == [2, 2, 3]  # each ran once, in the batch's order on its key
